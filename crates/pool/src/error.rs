@@ -1,0 +1,170 @@
+//! The pool's error enums, one per family of operations, each variant carrying the context
+//! a user needs (paths, pids, exit status, log tails). They become HTTP only in `pglease-api`.
+
+use std::path::PathBuf;
+
+use crate::names::TemplateName;
+
+/// Starting (or restarting) postgres failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No postgres binaries were found anywhere we look.
+    #[error(
+        "no PostgreSQL server binaries found: --pg-bin-dir was not given, {pg_config}, \
+         and no /usr/lib/postgresql/*/bin/postgres exists; install the server \
+         (e.g. `apt-get install postgresql`) or pass --pg-bin-dir"
+    )]
+    BinariesNotFound {
+        /// What `pg_config --bindir` did.
+        pg_config: String,
+    },
+    /// The data directory is on persistent storage and fsync would be off.
+    #[error(
+        "{path} is on {fs_type}, not tmpfs/ramfs: running postgres with fsync=off there can \
+         corrupt data on a crash; use a directory on tmpfs (the default is under /dev/shm), \
+         --tmpfs-size, or pass --allow-unsafe-on-disk"
+    )]
+    NotTmpfs {
+        /// The directory checked.
+        path: PathBuf,
+        /// The filesystem it is on.
+        fs_type: String,
+    },
+    /// The OS user to run postgres as does not exist.
+    #[error("OS user {user:?} not found: postgres refuses to run as root, so pglease runs it as --pg-user (default `postgres`, else `nobody`)")]
+    UserNotFound {
+        /// The user name.
+        user: String,
+    },
+    /// A dedicated tmpfs was requested without the privilege to mount it.
+    #[error("--tmpfs-size needs root (or CAP_SYS_ADMIN) to mount a tmpfs on {path}")]
+    MountNeedsRoot {
+        /// The mount point.
+        path: PathBuf,
+    },
+    /// A file system operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done, e.g. "cannot create".
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A system call (mount, chown, kill, ...) failed.
+    #[error("{action} {path}: {source}")]
+    Sys {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The errno.
+        source: nix::Error,
+    },
+    /// initdb failed.
+    #[error("initdb failed ({status}); its output:\n{output}")]
+    Initdb {
+        /// Exit status.
+        status: String,
+        /// stdout and stderr.
+        output: String,
+    },
+    /// postgres exited before accepting connections.
+    #[error("postgres exited during start-up ({status}); last lines of {}:\n{tail}", log_path.display())]
+    EarlyExit {
+        /// Exit status.
+        status: String,
+        /// The server log.
+        log_path: PathBuf,
+        /// Its last lines.
+        tail: String,
+    },
+    /// postgres did not accept connections in time.
+    #[error("postgres (pid {pid}) did not accept connections within {timeout_secs} s; last lines of {}:\n{tail}", log_path.display())]
+    NotReady {
+        /// The postmaster pid.
+        pid: u32,
+        /// How long we waited.
+        timeout_secs: u64,
+        /// The server log.
+        log_path: PathBuf,
+        /// Its last lines.
+        tail: String,
+    },
+    /// The external server's URL does not parse.
+    #[error("invalid --postgres-url: {0}")]
+    BadUrl(String),
+    /// Connecting to postgres failed.
+    #[error("cannot connect to postgres at {target}: {source}")]
+    Connect {
+        /// Host/port or socket.
+        target: String,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+    /// SQL run while setting up the server failed.
+    #[error("{context}: {source}")]
+    Sql {
+        /// What the SQL was for.
+        context: String,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+}
+
+/// A lease could not be handed out.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// No template has this name.
+    #[error("unknown template {0:?}")]
+    UnknownTemplate(TemplateName),
+    /// The template's build failed; the message names the file, postgres' message and line.
+    #[error("template {template:?} failed to build: {message}")]
+    BuildFailed {
+        /// The template.
+        template: TemplateName,
+        /// What went wrong.
+        message: String,
+    },
+    /// No clone became ready within the request's wait.
+    #[error("no database of template {template:?} became ready within {waited_ms} ms ({leased} leased, max_total {max_total})")]
+    TimedOut {
+        /// The template.
+        template: TemplateName,
+        /// How long the request waited.
+        waited_ms: u64,
+        /// Leases open on that template.
+        leased: usize,
+        /// The template's cap.
+        max_total: usize,
+    },
+    /// The pool is stopping.
+    #[error("pglease is shutting down")]
+    ShuttingDown,
+    /// Postgres is down or restarting.
+    #[error("postgres is unavailable: {0}")]
+    PostgresDown(String),
+    /// A clone failed to be made (disk full, postgres error).
+    #[error("could not create a database from template {template:?}: {message}")]
+    CloneFailed {
+        /// The template.
+        template: TemplateName,
+        /// Postgres' message.
+        message: String,
+    },
+}
+
+/// A lease could not be released or renewed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseOpError {
+    /// No open lease has this id (never existed, released, or expired).
+    #[error("no open lease with id {0}")]
+    NotFound(String),
+    /// The lease's database was lost when postgres died and was restarted.
+    #[error("lease {0} was lost: postgres stopped unexpectedly and was restarted, so its database is gone")]
+    Lost(String),
+    /// The pool is stopping.
+    #[error("pglease is shutting down")]
+    ShuttingDown,
+}

@@ -1,0 +1,39 @@
+use super::*;
+
+#[test]
+fn template_names_follow_the_pattern() {
+    for good in ["default", "a", "my-app_2", &"x".repeat(48)] {
+        assert!(TemplateName::new(good).is_ok(), "{good}");
+    }
+    for bad in ["", "Default", "a b", "a;drop", "é", "../x", "a\"b", &"x".repeat(49)] {
+        assert!(TemplateName::new(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn generated_database_names_fit_postgres_identifiers() {
+    let name = TemplateName::new(&"z".repeat(48)).expect("valid");
+    let fp = "f".repeat(64);
+    let tpl = DbName::template(&name, &fp);
+    assert!(tpl.as_str().len() <= MAX_IDENT_BYTES);
+    assert!(tpl.as_str().starts_with(PREFIX));
+    let clone = DbName::clone_db("abcdef", u64::MAX);
+    assert!(clone.as_str().len() <= MAX_IDENT_BYTES);
+    // Two names with the same source still get different template databases.
+    let other = TemplateName::new("other").expect("valid");
+    assert_ne!(DbName::template(&name, &fp), DbName::template(&other, &fp));
+}
+
+#[test]
+fn lease_ids_round_trip_and_reject_garbage() {
+    let id = LeaseId::random();
+    assert_eq!(LeaseId::parse(id.as_str()), Some(id));
+    assert_eq!(LeaseId::parse("../../etc"), None);
+    assert_eq!(LeaseId::parse(&"A".repeat(32)), None);
+}
+
+#[test]
+fn quoting_doubles_quotes() {
+    assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    assert_eq!(quote_literal("it's"), "'it''s'");
+}
