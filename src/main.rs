@@ -1,1 +1,111 @@
-fn main() {}
+//! The `pglease` binary: parses the command line, and either runs the daemon (pool + HTTP
+//! API) or acts as a client of one. It only wires the crates together.
+
+mod cli;
+mod client;
+mod signal;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use cli::{Cli, Command, ServeArgs};
+
+/// Exit code for configuration that parses but does not validate (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+/// How long shutdown may take before the daemon gives up waiting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("pglease: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(*args).await,
+            Command::Lease(args) => client::lease(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Release(args) => client::release(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Renew(args) => client::renew(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Status(args) => client::status(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Run(args) => client::run(args).await,
+        }
+        .or_else(|client::ClientError(message)| {
+            eprintln!("pglease: {message}");
+            Ok::<_, ()>(ExitCode::FAILURE)
+        })
+    });
+    outcome.unwrap_or(ExitCode::FAILURE)
+}
+
+/// Logs go to stderr; `RUST_LOG` filters (default: info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Runs the daemon until SIGTERM/SIGINT: binds, starts the pool, serves, then stops in
+/// order — stop accepting HTTP, stop the pool (postgres, data dir), within a grace period.
+async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("pglease: {message}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(listen = %config.listen, %error, "cannot listen for HTTP");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let (pool, mut pool_task) = match pglease_pool::start(config.pool).await {
+        Ok(started) => started,
+        Err(error) => {
+            tracing::error!("cannot start: {error}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let state = pglease_api::AppState::new(pool.clone(), config.api);
+    let stop_http = tokio_util::sync::CancellationToken::new();
+    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(addr = %address, "listening; lease with: curl -X POST http://{address}/lease");
+    let server = tokio::spawn(pglease_api::serve(
+        listener,
+        state.clone(),
+        stop_http.clone().cancelled_owned(),
+    ));
+    tokio::select! {
+        () = signal::shutdown_signal() => {}
+        _ = &mut pool_task => {
+            tracing::error!("the pool stopped unexpectedly");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    state.begin_shutdown();
+    stop_http.cancel();
+    let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        pool.shutdown().await;
+        let _ = pool_task.await;
+        let _ = server.await;
+    })
+    .await;
+    if stopped.is_err() {
+        tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "shutdown did not finish in time; exiting anyway");
+        return Ok(ExitCode::FAILURE);
+    }
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}

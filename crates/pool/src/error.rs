@@ -18,6 +18,58 @@ pub enum StartError {
         /// What `pg_config --bindir` did.
         pg_config: String,
     },
+    /// `--pg-bin-dir` was given but holds no server binaries.
+    #[error(
+        "--pg-bin-dir {} has no executable `postgres` and `initdb`; point it at the server's \
+         bin directory (e.g. /usr/lib/postgresql/15/bin)",
+        bin_dir.display()
+    )]
+    BinDirWithoutPostgres {
+        /// The directory given.
+        bin_dir: PathBuf,
+    },
+    /// `postgres --version` could not be run or printed nothing useful.
+    #[error("cannot read the server version with `{} --version`: {detail}", postgres.display())]
+    Version {
+        /// The postgres binary.
+        postgres: PathBuf,
+        /// What went wrong (spawn error, exit status, output).
+        detail: String,
+    },
+    /// The instance directory belongs to a running pglease.
+    #[error(
+        "{} is in use by another running pglease (pid {pid}); choose another --data-dir",
+        path.display()
+    )]
+    InstanceDirInUse {
+        /// The instance directory.
+        path: PathBuf,
+        /// The pid its marker names.
+        pid: u32,
+    },
+    /// The configured instance directory holds files pglease did not create.
+    #[error(
+        "{} exists, is not empty and has no pglease marker: refusing to use it, since \
+         pglease deletes its instance directory at exit; choose an empty or new directory",
+        path.display()
+    )]
+    InstanceDirNotOurs {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The unix socket path would exceed the kernel's limit.
+    #[error(
+        "the unix socket path {} is {len} bytes, over the limit of {max}; choose a shorter --data-dir",
+        path.display()
+    )]
+    SocketPathTooLong {
+        /// The socket's path (with the longest possible port).
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest path the kernel accepts.
+        max: usize,
+    },
     /// The data directory is on persistent storage and fsync would be off.
     #[error(
         "{path} is on {fs_type}, not tmpfs/ramfs: running postgres with fsync=off there can \
@@ -117,10 +169,10 @@ pub enum StartError {
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// No template has this name.
-    #[error("unknown template {0:?}")]
+    #[error("unknown template \"{0}\"")]
     UnknownTemplate(TemplateName),
     /// The template's build failed; the message names the file, postgres' message and line.
-    #[error("template {template:?} failed to build: {message}")]
+    #[error("template \"{template}\" failed to build: {message}")]
     BuildFailed {
         /// The template.
         template: TemplateName,
@@ -128,7 +180,7 @@ pub enum LeaseError {
         message: String,
     },
     /// No clone became ready within the request's wait.
-    #[error("no database of template {template:?} became ready within {waited_ms} ms ({leased} leased, max_total {max_total})")]
+    #[error("no database of template \"{template}\" became ready within {waited_ms} ms ({leased} leased, max_total {max_total})")]
     TimedOut {
         /// The template.
         template: TemplateName,
@@ -145,8 +197,11 @@ pub enum LeaseError {
     /// Postgres is down or restarting.
     #[error("postgres is unavailable: {0}")]
     PostgresDown(String),
+    /// Something inside the pool failed (the actor did not answer).
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A clone failed to be made (disk full, postgres error).
-    #[error("could not create a database from template {template:?}: {message}")]
+    #[error("could not create a database from template \"{template}\": {message}")]
     CloneFailed {
         /// The template.
         template: TemplateName,

@@ -1,10 +1,30 @@
 //! pglease-pool: everything that touches a postgres process or SQL — supervision of the
 //! embedded server, template builds, and the pool of ready clones handed out as leases.
 //!
-//! It has no HTTP types. The pool's state is owned by one private actor task; callers hold
-//! a cloneable [`PoolHandle`] and talk to it through commands.
+//! It has no HTTP types. The pool's state is owned by one private actor task (`actor.rs`,
+//! rules in `state.rs`); callers hold a cloneable [`PoolHandle`] and talk to it through
+//! commands. [`start`] brings postgres up and spawns the actor.
 
+mod actor;
 pub mod config;
 pub mod error;
+mod handle;
 pub mod names;
 pub mod postgres;
+mod session;
+mod state;
+mod template;
+pub mod types;
+
+pub use actor::start;
+pub use config::{
+    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig,
+    TemplateConfig, TemplateSource,
+};
+pub use error::{LeaseError, LeaseOpError, StartError};
+pub use handle::PoolHandle;
+pub use names::{DbName, InvalidName, LeaseId, TemplateName};
+pub use types::{
+    ConnectInfo, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness, StatusReport,
+    TemplateStatus,
+};

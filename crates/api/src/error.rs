@@ -1,0 +1,132 @@
+//! `ApiError`: every error the API answers, the conversions from pool errors, and the one
+//! `IntoResponse` impl that renders `{"error": {"code", "message"}}` with the right status.
+//! 4xx are not logged; each 5xx is logged once with its cause, and internal ones reach the
+//! client only as a generic message.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pglease_pool::{LeaseError, LeaseOpError};
+
+use crate::wire::{ErrorBody, ErrorDetail};
+
+/// Seconds a client should wait before retrying a 503.
+const RETRY_AFTER_SECS: &str = "1";
+
+/// An error answered to an HTTP client.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    /// 400: the request cannot be parsed.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "malformed_request", message)
+    }
+
+    /// 422: the request parses but a value is not acceptable.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_value", message)
+    }
+
+    /// 413: the body is over the limit.
+    pub fn too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request bodies are limited to {} bytes", crate::MAX_BODY_BYTES),
+        )
+    }
+
+    /// 404 for a path no route serves.
+    pub fn no_route(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {path}"))
+    }
+
+    /// 405 for a known path with the wrong method.
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this path")
+    }
+
+    /// 503 while the daemon stops.
+    pub fn shutting_down() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "pglease is shutting down")
+    }
+
+    /// 404 for a lease id that is not one of ours.
+    pub fn lease_not_found(id: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "lease_not_found", format!("no open lease with id {id:?}"))
+    }
+
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+impl From<LeaseError> for ApiError {
+    fn from(error: LeaseError) -> Self {
+        let message = error.to_string();
+        match error {
+            LeaseError::UnknownTemplate(_) => Self::new(StatusCode::NOT_FOUND, "unknown_template", message),
+            // The template's own sources are broken: the client must see postgres' words.
+            LeaseError::BuildFailed { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "template_build_failed", message)
+            }
+            LeaseError::TimedOut { .. } => Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
+            LeaseError::ShuttingDown => Self::shutting_down(),
+            LeaseError::PostgresDown(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "postgres_unavailable", message)
+            }
+            LeaseError::CloneFailed { .. } => Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message),
+            LeaseError::Internal(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
+        }
+    }
+}
+
+impl From<LeaseOpError> for ApiError {
+    fn from(error: LeaseOpError) -> Self {
+        let message = error.to_string();
+        match error {
+            LeaseOpError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "lease_not_found", message),
+            LeaseOpError::Lost(_) => Self::new(StatusCode::GONE, "lease_lost", message),
+            LeaseOpError::ShuttingDown => Self::shutting_down(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut message = self.message;
+        if self.status.is_server_error() {
+            tracing::error!(status = self.status.as_u16(), code = self.code, error = %message, "request failed");
+            if self.status == StatusCode::INTERNAL_SERVER_ERROR {
+                message = "internal error; see the pglease log".into();
+            }
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

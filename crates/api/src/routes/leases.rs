@@ -1,0 +1,103 @@
+//! `POST /lease`, `DELETE /leases/{id}`, `POST /leases/{id}/renew`: validate, call the pool,
+//! render the answer. A lease is handed out by the pool actor (pglease-pool `state.rs`,
+//! `request_lease`); this handler only asks for it.
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName};
+
+use super::parse_body;
+use crate::error::ApiError;
+use crate::wire::{LeaseBody, LeaseResponse, ReleaseQuery, RenewBody, RenewResponse};
+use crate::AppState;
+
+/// `POST /lease` → 201 with connection details.
+pub async fn lease(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<LeaseResponse>), ApiError> {
+    if state.is_shutting_down() {
+        return Err(ApiError::shutting_down());
+    }
+    let body: LeaseBody = parse_body(body)?;
+    let template = match body.template.as_deref() {
+        None => TemplateName::default_name(),
+        Some(name) => TemplateName::new(name).map_err(|e| ApiError::invalid(e.to_string()))?,
+    };
+    let ttl = body.ttl_secs.map(|secs| validate_ttl(&state, secs)).transpose()?;
+    let wait = match body.wait_ms {
+        None => state.config.default_wait,
+        Some(ms) if Duration::from_millis(ms) <= state.config.max_wait => Duration::from_millis(ms),
+        Some(ms) => {
+            return Err(ApiError::invalid(format!(
+                "wait_ms {ms} is over the maximum of {}",
+                state.config.max_wait.as_millis()
+            )))
+        }
+    };
+    // If the client goes away, axum drops this future and with it the reply receiver:
+    // the pool then takes the database back.
+    let lease = state.pool.lease(LeaseRequest { template, ttl, wait }).await?;
+    Ok((StatusCode::CREATED, Json(lease_response(lease))))
+}
+
+/// `DELETE /leases/{id}[?reuse=true]` → 204.
+pub async fn release(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<ReleaseQuery>, QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::malformed(e.body_text()))?;
+    let id = LeaseId::parse(&id).ok_or_else(|| ApiError::lease_not_found(&id))?;
+    state.pool.release(id, query.reuse.unwrap_or(false)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /leases/{id}/renew` `{"ttl_secs": N}` → 200 with the new expiry.
+pub async fn renew(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<RenewResponse>, ApiError> {
+    let body: RenewBody = parse_body(body)?;
+    let ttl = body.ttl_secs.map(|secs| validate_ttl(&state, secs)).transpose()?;
+    let id = LeaseId::parse(&id).ok_or_else(|| ApiError::lease_not_found(&id))?;
+    let expires_at = state.pool.renew(id.clone(), ttl).await?;
+    Ok(Json(RenewResponse {
+        id: id.to_string(),
+        expires_at: rfc3339(expires_at),
+    }))
+}
+
+fn validate_ttl(state: &AppState, secs: u64) -> Result<Duration, ApiError> {
+    let max = state.config.max_ttl.as_secs();
+    if secs == 0 || secs > max {
+        return Err(ApiError::invalid(format!("ttl_secs must be between 1 and {max}, got {secs}")));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+fn lease_response(lease: Lease) -> LeaseResponse {
+    LeaseResponse {
+        url: lease.connect.url(),
+        id: lease.id.to_string(),
+        template: lease.template.to_string(),
+        fingerprint: lease.fingerprint,
+        database: lease.connect.database.to_string(),
+        host: lease.connect.host,
+        port: lease.connect.port,
+        user: lease.connect.user,
+        password: lease.connect.password,
+        expires_at: rfc3339(lease.expires_at),
+    }
+}
+
+/// RFC 3339 in UTC, whole seconds.
+pub(crate) fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
+}

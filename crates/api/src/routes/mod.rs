@@ -1,0 +1,42 @@
+//! Handlers, one module per resource, and the shared body parsing: JSON that does not parse
+//! is 400, JSON of the wrong shape or with bad values is 422, an oversized body is 413.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{StatusCode, Uri};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+pub mod leases;
+pub mod status;
+
+/// Parses an optional JSON body: empty means all defaults.
+fn parse_body<T: DeserializeOwned + Default>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large()
+        } else {
+            ApiError::malformed(rejection.body_text())
+        }
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::malformed(format!("request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("request body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+}
+
+/// JSON 404 for paths no route serves.
+pub async fn not_found(uri: Uri) -> ApiError {
+    ApiError::no_route(uri.path())
+}
+
+/// JSON 405 for known paths with the wrong method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}

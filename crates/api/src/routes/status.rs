@@ -1,0 +1,82 @@
+//! `GET /status`, `/healthz`, `/readyz`: read-only views of the pool.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+
+use super::leases::rfc3339;
+use crate::error::ApiError;
+use crate::wire::{LeaseJson, PostgresJson, ReadyResponse, StatusResponse, TemplateJson};
+use crate::AppState;
+
+/// `GET /status`: postgres, templates and open leases (never credentials).
+pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
+    let report = state.pool.status().await.ok_or_else(ApiError::shutting_down)?;
+    let postgres = report.postgres;
+    Ok(Json(StatusResponse {
+        postgres: PostgresJson {
+            state: postgres.state,
+            external: postgres.external,
+            version: postgres.version,
+            pid: postgres.pid,
+            data_dir: postgres.data_dir.map(|d| d.display().to_string()),
+            host: postgres.host,
+            port: postgres.port,
+            settings: postgres
+                .settings
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect(),
+            restarts: postgres.restarts,
+            last_error: postgres.last_error,
+        },
+        templates: report
+            .templates
+            .into_iter()
+            .map(|t| TemplateJson {
+                name: t.name.to_string(),
+                fingerprint: t.fingerprint,
+                state: t.state,
+                ready: t.ready,
+                leased: t.leased,
+                in_progress: t.in_progress,
+                waiting: t.waiting,
+                last_error: t.last_error,
+            })
+            .collect(),
+        leases: report
+            .leases
+            .into_iter()
+            .map(|l| LeaseJson {
+                id: l.id.to_string(),
+                template: l.template.to_string(),
+                database: l.database.to_string(),
+                expires_at: rfc3339(l.expires_at),
+            })
+            .collect(),
+    }))
+}
+
+/// `GET /healthz`: the daemon answers.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: 200 when postgres is up and the default template built, else 503.
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyResponse>) {
+    let readiness = state.pool.readiness().await;
+    let ready = readiness.postgres_up && readiness.default_template_ready && !state.is_shutting_down();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(ReadyResponse {
+            ready,
+            postgres: readiness.postgres_up,
+            default_template: readiness.default_template_ready,
+        }),
+    )
+}

@@ -1,0 +1,163 @@
+//! The JSON bodies of the API: requests as clients send them, responses as they receive
+//! them. Pool types are converted here; they are never serialized directly.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /lease` body; every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseBody {
+    /// Template name; `default` when absent.
+    pub template: Option<String>,
+    /// Time to live in seconds.
+    pub ttl_secs: Option<u64>,
+    /// How long to wait for a ready database, in milliseconds.
+    pub wait_ms: Option<u64>,
+}
+
+/// `POST /leases/{id}/renew` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// New time to live from now, in seconds.
+    pub ttl_secs: Option<u64>,
+}
+
+/// `DELETE /leases/{id}` query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseQuery {
+    /// The database was left unchanged: recycle it as is.
+    pub reuse: Option<bool>,
+}
+
+/// A granted lease.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LeaseResponse {
+    /// Lease id, for release and renew.
+    pub id: String,
+    /// Template name.
+    pub template: String,
+    /// Template fingerprint.
+    pub fingerprint: String,
+    /// Database name.
+    pub database: String,
+    /// Host to connect to.
+    pub host: String,
+    /// Port to connect to.
+    pub port: u16,
+    /// Role to log in as.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// A ready `postgres://` URL.
+    pub url: String,
+    /// RFC 3339 expiry time.
+    pub expires_at: String,
+}
+
+/// Answer to a renew.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RenewResponse {
+    /// Lease id.
+    pub id: String,
+    /// RFC 3339 new expiry time.
+    pub expires_at: String,
+}
+
+/// `{"error": {...}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// A machine-readable code and a sentence for people.
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail {
+    /// e.g. `unknown_template`, `timeout`.
+    pub code: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// `GET /status`.
+#[derive(Debug, Serialize)]
+pub struct StatusResponse {
+    /// The server.
+    pub postgres: PostgresJson,
+    /// Each template.
+    pub templates: Vec<TemplateJson>,
+    /// Open leases.
+    pub leases: Vec<LeaseJson>,
+}
+
+/// The server in `/status`.
+#[derive(Debug, Serialize)]
+pub struct PostgresJson {
+    /// running, restarting, stopping.
+    pub state: &'static str,
+    /// Attached to an external server.
+    pub external: bool,
+    /// server_version.
+    pub version: Option<String>,
+    /// Postmaster pid.
+    pub pid: Option<u32>,
+    /// Data directory.
+    pub data_dir: Option<String>,
+    /// Host for lease holders.
+    pub host: Option<String>,
+    /// Port for lease holders.
+    pub port: Option<u16>,
+    /// Settings as the server reports them.
+    pub settings: serde_json::Map<String, serde_json::Value>,
+    /// Restarts since start.
+    pub restarts: u32,
+    /// The last restart's reason or start error.
+    pub last_error: Option<String>,
+}
+
+/// A template in `/status`.
+#[derive(Debug, Serialize)]
+pub struct TemplateJson {
+    /// Name.
+    pub name: String,
+    /// Fingerprint of the built version.
+    pub fingerprint: Option<String>,
+    /// idle, building, ready, failed.
+    pub state: &'static str,
+    /// Ready clones.
+    pub ready: usize,
+    /// Leased clones.
+    pub leased: usize,
+    /// Clones being made.
+    pub in_progress: usize,
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Last build or clone error.
+    pub last_error: Option<String>,
+}
+
+/// A lease in `/status` (no credentials).
+#[derive(Debug, Serialize)]
+pub struct LeaseJson {
+    /// Lease id.
+    pub id: String,
+    /// Template.
+    pub template: String,
+    /// Database.
+    pub database: String,
+    /// RFC 3339 expiry.
+    pub expires_at: String,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize)]
+pub struct ReadyResponse {
+    /// Both below are true.
+    pub ready: bool,
+    /// Postgres accepts connections.
+    pub postgres: bool,
+    /// The default template is built.
+    pub default_template: bool,
+}

@@ -1,0 +1,686 @@
+//! The pool actor: the one task that owns the pool's state, the postgres child and the
+//! session with the server. Commands arrive from [`PoolHandle`](crate::PoolHandle)s; slow
+//! SQL (builds, clones, drops) and (re)starts of postgres run in worker tasks that report
+//! back as [`JobResult`]s, so the loop never awaits SQL and answers leases while the pool
+//! refills.
+//!
+//! Rules live in [`PoolState`]; this file only carries out its actions and watches postgres.
+
+use std::collections::{HashMap, VecDeque};
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{CloneStrategy, ExternalConfig, PoolConfig, ServerConfig, TemplateConfig, TemplateSource};
+use crate::error::{LeaseError, StartError};
+use crate::handle::{Command, PoolHandle};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::postgres::{Embedded, RunningPostgres};
+use crate::session::{describe_target, Session, SessionParams};
+use crate::state::{Action, Grant, PoolState, WaiterId};
+use crate::template;
+use crate::types::{
+    ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport,
+};
+
+/// How often the actor checks that postgres is alive ("notices within a second").
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
+/// Pause between failed attempts to bring postgres back.
+const RESTART_BACKOFF: Duration = Duration::from_secs(2);
+/// Fast shutdown of postgres gets this long before SIGKILL.
+const POSTGRES_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Capacity of the command channel; senders wait when it is full.
+const COMMAND_CAPACITY: usize = 1024;
+
+/// Where the server comes from, held by the actor between (re)starts.
+enum Target {
+    Embedded(Embedded),
+    External(ExternalTarget),
+}
+
+#[derive(Clone)]
+struct ExternalTarget {
+    admin_config: tokio_postgres::Config,
+    lease_host: String,
+    lease_port: u16,
+}
+
+impl ExternalTarget {
+    fn parse(config: &ExternalConfig) -> Result<Self, StartError> {
+        let admin_config = tokio_postgres::Config::from_str(&config.url)
+            .map_err(|e| StartError::BadUrl(e.to_string()))?;
+        let host = admin_config.get_hosts().first().map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        });
+        Ok(ExternalTarget {
+            lease_host: config
+                .advertise_host
+                .clone()
+                .or(host)
+                .unwrap_or_else(|| "localhost".into()),
+            lease_port: admin_config.get_ports().first().copied().unwrap_or(5432),
+            admin_config,
+        })
+    }
+}
+
+/// What a successful (re)start hands the actor.
+struct Up {
+    running: Option<RunningPostgres>,
+    session: Session,
+    /// A connection kept open only to notice when the server goes away.
+    monitor: tokio_postgres::Client,
+}
+
+/// What bringing a server up needs besides the target.
+#[derive(Clone)]
+struct UpInputs {
+    templates: Vec<TemplateConfig>,
+    pool_size: usize,
+    clone_strategy: CloneStrategy,
+}
+
+/// Results of worker tasks, tagged with the server generation they ran against.
+enum JobResult {
+    Built {
+        generation: u64,
+        template: TemplateName,
+        outcome: Result<(String, DbName), String>,
+    },
+    Cloned {
+        generation: u64,
+        template: TemplateName,
+        clone: DbName,
+        outcome: Result<(), String>,
+    },
+    Dropped {
+        generation: u64,
+        db: DbName,
+        outcome: Result<(), String>,
+    },
+    ServerUp {
+        generation: u64,
+        target: Target,
+        outcome: Result<Up, StartError>,
+    },
+}
+
+/// Starts postgres (or attaches to the external server), opens a session, and spawns the
+/// actor. Returns once the server accepts connections; templates build in the background.
+pub async fn start(config: PoolConfig) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
+    let mut templates = config.templates.clone();
+    if !templates.iter().any(|t| t.name == TemplateName::default_name()) {
+        templates.insert(
+            0,
+            TemplateConfig {
+                name: TemplateName::default_name(),
+                source: TemplateSource::Empty,
+            },
+        );
+    }
+    let inputs = UpInputs {
+        templates: templates.clone(),
+        pool_size: config.limits.clone_concurrency.max(1) * 2 + 2,
+        clone_strategy: config.clone_strategy,
+    };
+    let target = match &config.server {
+        ServerConfig::Embedded(embedded) => Target::Embedded(Embedded::prepare(embedded).await?),
+        ServerConfig::External(external) => Target::External(ExternalTarget::parse(external)?),
+    };
+    let (target, outcome) = bring_up(target, inputs.clone()).await;
+    let up = match outcome {
+        Ok(up) => up,
+        Err(error) => {
+            if let Target::Embedded(embedded) = target {
+                tracing::error!(instance_dir = %embedded.instance_dir().display(), "start-up failed; instance directory kept for inspection");
+            }
+            return Err(error);
+        }
+    };
+    let instance = hex::encode(rand::random::<[u8; 3]>());
+    let state = PoolState::new(config.limits, instance.clone(), &templates, config.prebuild);
+    let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
+    let (jobs_tx, jobs) = mpsc::unbounded_channel();
+    let mut actor = Actor {
+        state,
+        inputs,
+        external: matches!(config.server, ServerConfig::External(_)),
+        target: Some(target),
+        running: None,
+        session: None,
+        monitor: None,
+        generation: 1,
+        restarts: 0,
+        last_error: None,
+        retry_at: None,
+        stopping: false,
+        waiters: HashMap::new(),
+        next_waiter: 1,
+        jobs_tx,
+        tracker: TaskTracker::new(),
+    };
+    tracing::info!(instance = %instance, "pool started");
+    actor.server_came_up(up);
+    let join = tokio::spawn(actor.run(commands, jobs));
+    Ok((PoolHandle::new(commands_tx), join))
+}
+
+/// Starts postgres (embedded) or connects (external), then opens a session.
+async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, StartError>) {
+    match target {
+        Target::Embedded(mut embedded) => {
+            let outcome = async {
+                let running = embedded.start().await?;
+                let params = SessionParams {
+                    admin_config: running.admin_config(),
+                    lease_host: running.host.clone(),
+                    lease_port: running.port,
+                    pool_size: inputs.pool_size,
+                    clone_strategy: inputs.clone_strategy,
+                    templates: inputs.templates.clone(),
+                    external: false,
+                };
+                match open_session(params).await {
+                    Ok((session, monitor)) => Ok(Up {
+                        running: Some(running),
+                        session,
+                        monitor,
+                    }),
+                    Err(error) => {
+                        running.shutdown(POSTGRES_STOP_TIMEOUT).await;
+                        Err(error)
+                    }
+                }
+            }
+            .await;
+            (Target::Embedded(embedded), outcome)
+        }
+        Target::External(external) => {
+            let params = SessionParams {
+                admin_config: external.admin_config.clone(),
+                lease_host: external.lease_host.clone(),
+                lease_port: external.lease_port,
+                pool_size: inputs.pool_size,
+                clone_strategy: inputs.clone_strategy,
+                templates: inputs.templates.clone(),
+                external: true,
+            };
+            let outcome = open_session(params).await.map(|(session, monitor)| Up {
+                running: None,
+                session,
+                monitor,
+            });
+            (Target::External(external), outcome)
+        }
+    }
+}
+
+async fn open_session(params: SessionParams) -> Result<(Session, tokio_postgres::Client), StartError> {
+    let target = describe_target(&params.admin_config);
+    let (monitor, connection) = params
+        .admin_config
+        .connect(NoTls)
+        .await
+        .map_err(|source| StartError::Connect {
+            target: target.clone(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        // The monitor's connection ends when the server goes; the actor sees `is_closed`.
+        let _ = connection.await;
+    });
+    let session = Session::open(params).await?;
+    Ok((session, monitor))
+}
+
+struct Actor {
+    state: PoolState,
+    inputs: UpInputs,
+    external: bool,
+    /// None while a (re)start task holds it.
+    target: Option<Target>,
+    running: Option<RunningPostgres>,
+    session: Option<Session>,
+    monitor: Option<tokio_postgres::Client>,
+    /// Bumped whenever the server is lost; results of older jobs are ignored.
+    generation: u64,
+    restarts: u32,
+    last_error: Option<String>,
+    retry_at: Option<Instant>,
+    stopping: bool,
+    waiters: HashMap<WaiterId, oneshot::Sender<Result<Lease, LeaseError>>>,
+    next_waiter: WaiterId,
+    jobs_tx: mpsc::UnboundedSender<JobResult>,
+    tracker: TaskTracker,
+}
+
+impl Actor {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        mut jobs: mpsc::UnboundedReceiver<JobResult>,
+    ) {
+        let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let deadline = self.state.next_deadline();
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Shutdown { reply }) => {
+                        self.shutdown(&mut jobs).await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Some(command) => self.handle_command(command),
+                    None => {
+                        self.shutdown(&mut jobs).await;
+                        return;
+                    }
+                },
+                Some(result) = jobs.recv() => self.handle_job(result),
+                _ = liveness.tick() => {
+                    self.check_server();
+                    self.drop_cancelled_waiters();
+                    let actions = self.state.tick(Instant::now());
+                    self.apply(actions);
+                }
+                _ = sleep_until(deadline) => {
+                    let actions = self.state.tick(Instant::now());
+                    self.apply(actions);
+                }
+            }
+        }
+    }
+
+    fn handle_command(&mut self, command: Command) {
+        let now = Instant::now();
+        match command {
+            Command::Lease { request, reply } => {
+                let waiter = self.next_waiter;
+                self.next_waiter += 1;
+                self.waiters.insert(waiter, reply);
+                let actions = self.state.request_lease(waiter, LeaseId::random(), &request, now);
+                self.apply(actions);
+            }
+            Command::Release { id, reuse, reply } => {
+                let (result, actions) = self.state.release(&id, reuse, now);
+                if result.is_ok() {
+                    tracing::info!(lease_id = %id, reuse, "lease released");
+                }
+                let _ = reply.send(result);
+                self.apply(actions);
+            }
+            Command::Renew { id, ttl, reply } => {
+                let result = self.state.renew(&id, ttl, now).map(|ttl| SystemTime::now() + ttl);
+                let _ = reply.send(result);
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Command::Readiness { reply } => {
+                let _ = reply.send(Readiness {
+                    postgres_up: self.state.server_is_up(),
+                    default_template_ready: self.state.ready_for_default(),
+                });
+            }
+            Command::Shutdown { reply } => {
+                // Handled in `run`, which can await; unreachable here but harmless.
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    fn handle_job(&mut self, result: JobResult) {
+        let now = Instant::now();
+        match result {
+            JobResult::ServerUp {
+                generation,
+                target,
+                outcome,
+            } => {
+                self.target = Some(target);
+                if generation != self.generation || self.stopping {
+                    return;
+                }
+                match outcome {
+                    Ok(up) => {
+                        tracing::info!(restarts = self.restarts, "postgres is back; rebuilding templates and pool");
+                        self.server_came_up(up);
+                    }
+                    Err(error) => {
+                        tracing::error!(error = %error, retry_in_secs = RESTART_BACKOFF.as_secs(), "could not bring postgres back");
+                        self.last_error = Some(error.to_string());
+                        self.retry_at = Some(now + RESTART_BACKOFF);
+                    }
+                }
+            }
+            JobResult::Built {
+                generation,
+                template,
+                outcome,
+            } if generation == self.generation => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(template = %template, error = %message, "template build failed");
+                }
+                let actions = self.state.build_finished(&template, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::Cloned {
+                generation,
+                template,
+                clone,
+                outcome,
+            } if generation == self.generation => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
+                }
+                let actions = self.state.clone_finished(&template, clone, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::Dropped {
+                generation,
+                db,
+                outcome,
+            } if generation == self.generation => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(database = %db, error = %message, "drop failed");
+                }
+                let actions = self.state.drop_finished(now);
+                self.apply(actions);
+            }
+            // A job of an earlier server generation: its server is gone, and so is its work.
+            JobResult::Built { .. } | JobResult::Cloned { .. } | JobResult::Dropped { .. } => {}
+        }
+    }
+
+    fn server_came_up(&mut self, up: Up) {
+        self.session = Some(up.session);
+        self.running = up.running;
+        self.monitor = Some(up.monitor);
+        self.retry_at = None;
+        let actions = self.state.server_up();
+        self.apply(actions);
+    }
+
+    /// Notices a dead postmaster or a lost connection, and retries a failed restart.
+    fn check_server(&mut self) {
+        if self.stopping {
+            return;
+        }
+        let exited = self.running.as_mut().and_then(|running| running.poll_exit());
+        if let Some(status) = exited {
+            let tail = self.running.as_ref().map(|r| r.log_tail(10)).unwrap_or_default();
+            tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
+            self.server_lost(format!("postgres exited unexpectedly ({status})"));
+        } else if self.monitor.as_ref().is_some_and(|m| m.is_closed()) {
+            tracing::error!("lost the connection to postgres; reconnecting");
+            self.server_lost("the connection to postgres was lost".into());
+        } else if self.retry_at.is_some_and(|at| at <= Instant::now()) {
+            self.retry_at = None;
+            self.spawn_bring_up();
+        }
+    }
+
+    fn server_lost(&mut self, reason: String) {
+        let actions = self.state.server_lost(&reason);
+        self.apply(actions);
+        self.session = None;
+        self.monitor = None;
+        if let Some(running) = self.running.take() {
+            // Already exited in the usual case; if it lingers, stop it before restarting.
+            self.tracker.spawn(running.shutdown(POSTGRES_STOP_TIMEOUT));
+        }
+        self.generation += 1;
+        self.restarts += 1;
+        self.last_error = Some(reason);
+        self.spawn_bring_up();
+    }
+
+    fn spawn_bring_up(&mut self) {
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        let generation = self.generation;
+        let inputs = self.inputs.clone();
+        let jobs = self.jobs_tx.clone();
+        self.tracker.spawn(async move {
+            let (target, outcome) = bring_up(target, inputs).await;
+            let _ = jobs.send(JobResult::ServerUp {
+                generation,
+                target,
+                outcome,
+            });
+        });
+    }
+
+    fn drop_cancelled_waiters(&mut self) {
+        let cancelled: Vec<WaiterId> = self
+            .waiters
+            .iter()
+            .filter(|(_, reply)| reply.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for waiter in cancelled {
+            self.waiters.remove(&waiter);
+            self.state.cancel_waiter(waiter);
+        }
+    }
+
+    /// Carries out the state's actions; answering a waiter can yield more (a grant nobody
+    /// received goes back to the pool).
+    fn apply(&mut self, actions: Vec<Action>) {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Build { template, source } => self.spawn_build(template, source),
+                Action::Clone {
+                    template,
+                    template_db,
+                    clone,
+                } => self.spawn_clone(template, template_db, clone),
+                Action::Drop { db } => self.spawn_drop(db),
+                Action::Grant { waiter, grant } => {
+                    if let Some(more) = self.deliver(waiter, grant) {
+                        queue.extend(more);
+                    }
+                }
+                Action::Fail { waiter, error } => {
+                    if let Some(reply) = self.waiters.remove(&waiter) {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a granted lease to its waiter; if nobody is listening any more, returns the
+    /// actions that put the database back.
+    fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
+        let lease_id = grant.lease_id.clone();
+        let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref()) else {
+            return Some(self.state.grant_undelivered(&lease_id, Instant::now()));
+        };
+        let span = tracing::info_span!("lease", lease_id = %lease_id, fingerprint = %grant.fingerprint);
+        let _entered = span.enter();
+        let lease = Lease {
+            id: grant.lease_id,
+            template: grant.template,
+            fingerprint: grant.fingerprint,
+            connect: ConnectInfo {
+                host: session.lease_host.clone(),
+                port: session.lease_port,
+                user: session.lease_role.clone(),
+                password: session.lease_password.clone(),
+                database: grant.database,
+            },
+            expires_at: SystemTime::now() + grant.ttl,
+        };
+        let (template, database) = (lease.template.clone(), lease.connect.database.clone());
+        match reply.send(Ok(lease)) {
+            Ok(()) => {
+                tracing::info!(template = %template, database = %database, ttl_secs = grant.ttl.as_secs(), "lease granted");
+                None
+            }
+            Err(_) => {
+                tracing::info!(database = %database, "client went away before its lease was delivered; database returned to the pool");
+                Some(self.state.grant_undelivered(&lease_id, Instant::now()))
+            }
+        }
+    }
+
+    fn spawn_build(&mut self, template: TemplateName, source: TemplateSource) {
+        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
+        let Some(session) = self.session.clone() else {
+            let _ = jobs.send(JobResult::Built {
+                generation,
+                template,
+                outcome: Err("postgres is not running".into()),
+            });
+            return;
+        };
+        tracing::info!(template = %template, ?source, "building template");
+        self.tracker.spawn(async move {
+            let outcome = template::build(&session, &template, &source).await;
+            let _ = jobs.send(JobResult::Built {
+                generation,
+                template,
+                outcome,
+            });
+        });
+    }
+
+    fn spawn_clone(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
+        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
+        let Some(session) = self.session.clone() else {
+            let _ = jobs.send(JobResult::Cloned {
+                generation,
+                template,
+                clone,
+                outcome: Err("postgres is not running".into()),
+            });
+            return;
+        };
+        self.tracker.spawn(async move {
+            let outcome = session.clone_database(&template_db, &clone).await;
+            let _ = jobs.send(JobResult::Cloned {
+                generation,
+                template,
+                clone,
+                outcome,
+            });
+        });
+    }
+
+    fn spawn_drop(&mut self, db: DbName) {
+        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
+        let Some(session) = self.session.clone() else {
+            let _ = jobs.send(JobResult::Dropped {
+                generation,
+                db,
+                outcome: Err("postgres is not running".into()),
+            });
+            return;
+        };
+        self.tracker.spawn(async move {
+            let outcome = session.drop_database(&db).await;
+            let _ = jobs.send(JobResult::Dropped {
+                generation,
+                db,
+                outcome,
+            });
+        });
+    }
+
+    fn status(&self) -> StatusReport {
+        let session = self.session.as_ref();
+        let state = if self.stopping {
+            "stopping"
+        } else if self.state.server_is_up() {
+            "running"
+        } else {
+            "restarting"
+        };
+        let now = Instant::now();
+        let wall_now = SystemTime::now();
+        StatusReport {
+            postgres: PostgresStatus {
+                state,
+                external: self.external,
+                version: session.map(|s| s.version.clone()),
+                pid: self.running.as_ref().map(|r| r.pid),
+                data_dir: self.running.as_ref().map(|r| r.data_dir.clone()),
+                host: session.map(|s| s.lease_host.clone()),
+                port: session.map(|s| s.lease_port),
+                settings: session.map(|s| s.settings.clone()).unwrap_or_default(),
+                restarts: self.restarts,
+                last_error: self.last_error.clone(),
+            },
+            templates: self.state.template_status(),
+            leases: self
+                .state
+                .lease_list()
+                .into_iter()
+                .map(|lease| LeaseSummary {
+                    id: lease.id,
+                    template: lease.template,
+                    database: lease.database,
+                    expires_at: wall_now + lease.expires_at.saturating_duration_since(now),
+                })
+                .collect(),
+        }
+    }
+
+    async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<JobResult>) {
+        tracing::info!("pool stopping");
+        self.stopping = true;
+        let actions = self.state.stopping();
+        self.apply(actions);
+        // An external server outlives us: drop our clones there (templates stay for reuse).
+        if self.external {
+            if let Some(session) = self.session.clone() {
+                for db in self.state.all_clones() {
+                    if let Err(message) = session.drop_database(&db).await {
+                        tracing::warn!(database = %db, error = %message, "could not drop a clone at shutdown");
+                    }
+                }
+            }
+        }
+        self.tracker.close();
+        // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
+        while self.target.is_none() {
+            match tokio::time::timeout(Duration::from_secs(60), jobs.recv()).await {
+                Ok(Some(JobResult::ServerUp { target, outcome, .. })) => {
+                    self.target = Some(target);
+                    if let Ok(up) = outcome {
+                        self.running = up.running;
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.session = None;
+        self.monitor = None;
+        if let Some(running) = self.running.take() {
+            running.shutdown(POSTGRES_STOP_TIMEOUT).await;
+        }
+        // Workers fail fast once postgres is gone; give them a moment to finish.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
+        if let Some(Target::Embedded(embedded)) = self.target.take() {
+            let _ = tokio::task::spawn_blocking(move || embedded.cleanup()).await;
+        }
+        tracing::info!("pool stopped");
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,119 @@
+//! `PoolHandle`: the cloneable front of the pool actor. Each method sends one command with a
+//! oneshot reply channel and awaits the answer; no pool state lives here.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{LeaseError, LeaseOpError};
+use crate::names::LeaseId;
+use crate::types::{Lease, LeaseRequest, Readiness, StatusReport};
+
+/// How long past a request's own wait the handle gives the actor before giving up on it.
+const ACTOR_MARGIN: Duration = Duration::from_secs(10);
+
+/// Commands the actor serves.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Lease {
+        request: LeaseRequest,
+        reply: oneshot::Sender<Result<Lease, LeaseError>>,
+    },
+    Release {
+        id: LeaseId,
+        reuse: bool,
+        reply: oneshot::Sender<Result<(), LeaseOpError>>,
+    },
+    Renew {
+        id: LeaseId,
+        ttl: Option<Duration>,
+        reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    Status {
+        reply: oneshot::Sender<StatusReport>,
+    },
+    Readiness {
+        reply: oneshot::Sender<Readiness>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A cloneable handle to the pool. When every handle is dropped the pool shuts down.
+#[derive(Debug, Clone)]
+pub struct PoolHandle {
+    commands: mpsc::Sender<Command>,
+}
+
+impl PoolHandle {
+    pub(crate) fn new(commands: mpsc::Sender<Command>) -> Self {
+        PoolHandle { commands }
+    }
+
+    /// Leases a database of `request.template`, waiting up to `request.wait` for one.
+    /// If this future is dropped before it resolves, a granted database goes back to the pool.
+    pub async fn lease(&self, request: LeaseRequest) -> Result<Lease, LeaseError> {
+        let wait = request.wait;
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Lease { request, reply })
+            .await
+            .map_err(|()| LeaseError::ShuttingDown)?;
+        match tokio::time::timeout(wait + ACTOR_MARGIN, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LeaseError::ShuttingDown),
+            Err(_) => Err(LeaseError::Internal("the pool did not answer in time".into())),
+        }
+    }
+
+    /// Ends a lease. With `reuse` the caller vouches the database is unchanged.
+    pub async fn release(&self, id: LeaseId, reuse: bool) -> Result<(), LeaseOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Release { id, reuse, reply })
+            .await
+            .map_err(|()| LeaseOpError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+    }
+
+    /// Extends a lease to `ttl` (the default when None) from now; returns the new expiry.
+    pub async fn renew(&self, id: LeaseId, ttl: Option<Duration>) -> Result<SystemTime, LeaseOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Renew { id, ttl, reply })
+            .await
+            .map_err(|()| LeaseOpError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+    }
+
+    /// A snapshot for `/status`; None once the pool has stopped.
+    pub async fn status(&self) -> Option<StatusReport> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Status { reply }).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Whether postgres is up and the default template built; all false once stopped.
+    pub async fn readiness(&self) -> Readiness {
+        let stopped = Readiness {
+            postgres_up: false,
+            default_template_ready: false,
+        };
+        let (reply, answer) = oneshot::channel();
+        if self.send(Command::Readiness { reply }).await.is_err() {
+            return stopped;
+        }
+        answer.await.unwrap_or(stopped)
+    }
+
+    /// Asks the pool to stop: waiting requests fail, postgres is stopped, the data
+    /// directory removed. Resolves once the actor has answered (or is already gone).
+    pub async fn shutdown(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.send(Command::Shutdown { reply }).await.is_ok() {
+            let _ = answer.await;
+        }
+    }
+
+    async fn send(&self, command: Command) -> Result<(), ()> {
+        self.commands.send(command).await.map_err(|_| ())
+    }
+}

@@ -1,0 +1,637 @@
+//! The instance directory and the OS user: creating the directory (optionally a dedicated
+//! tmpfs mounted on it), checking that it lives in memory, the marker file that identifies
+//! it, removing it at exit, and sweeping the instances a killed daemon left behind.
+//!
+//! Layout of an instance directory:
+//! - `pglease-instance`: the marker, written by the daemon (owned by its euid), holding
+//!   `pid=<daemon pid>` and `start_time=<its start time in clock ticks since boot>`, or
+//!   `kept=1` once a `keep_data` run has ended (the sweep leaves those alone);
+//! - `pgdata-<generation>/`: one cluster per start, see [`super::Embedded::start`];
+//! - `socket/`: the private unix socket directory (mode 0700, owned by the server's user);
+//! - `postgres.log`: the server's stdout and stderr, appended to by every generation.
+//!
+//! It starts no server; the only processes it signals are postmasters of stale instances.
+
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::signal::Signal;
+use nix::unistd::{geteuid, Pid, User};
+use tracing::{info, warn};
+
+use crate::config::EmbeddedConfig;
+use crate::error::StartError;
+
+/// Name of the marker file that makes a directory a pglease instance.
+pub(crate) const MARKER_FILE: &str = "pglease-instance";
+/// Prefix of the default instance directories under [`SHM_ROOT`], and of cluster dirs.
+pub(crate) const INSTANCE_PREFIX: &str = "pglease-";
+/// Where default instance directories live: tmpfs on every Linux system.
+pub(crate) const SHM_ROOT: &str = "/dev/shm";
+/// Prefix of the per-generation cluster directories inside an instance.
+pub(crate) const CLUSTER_PREFIX: &str = "pgdata-";
+/// Prefix of the temporary initdb output directories inside an instance.
+pub(crate) const INITDB_TMP_PREFIX: &str = "initdb-tmp-";
+
+/// The kernel's limit on a unix socket path, `sizeof(sun_path)` minus the final NUL.
+const MAX_SOCKET_PATH: usize = 107;
+/// `statfs` magic of ramfs (not among nix's constants).
+const RAMFS_MAGIC: u32 = 0x8584_58f6;
+/// `statfs` magic of tmpfs.
+const TMPFS_MAGIC: u32 = 0x0102_1994;
+
+/// The OS user that runs initdb and postgres.
+#[derive(Debug, Clone)]
+pub(crate) struct RunAs {
+    /// User name, for logs.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid.
+    pub gid: u32,
+    /// Whether the children switch to this user (the daemon is root) and files we create
+    /// are chowned to it.
+    pub switch: bool,
+}
+
+impl RunAs {
+    /// When root: `configured`, else `postgres` if that user exists, else `nobody`.
+    /// Otherwise the current user, since only root can switch.
+    pub fn resolve(configured: Option<&str>) -> Result<RunAs, StartError> {
+        let euid = geteuid();
+        if !euid.is_root() {
+            let name = User::from_uid(euid)
+                .ok()
+                .flatten()
+                .map(|user| user.name)
+                .unwrap_or_else(|| euid.to_string());
+            if let Some(wanted) = configured.filter(|wanted| *wanted != name) {
+                warn!(
+                    pg_user = wanted,
+                    running_as = %name,
+                    "pg_user is ignored: only root can run postgres as another user"
+                );
+            }
+            return Ok(RunAs {
+                name,
+                uid: euid.as_raw(),
+                gid: nix::unistd::getegid().as_raw(),
+                switch: false,
+            });
+        }
+        let lookup = |name: &str| User::from_name(name).ok().flatten();
+        let user = match configured {
+            Some(name) => lookup(name).ok_or_else(|| StartError::UserNotFound {
+                user: name.to_owned(),
+            })?,
+            None => lookup("postgres")
+                .or_else(|| lookup("nobody"))
+                .ok_or_else(|| StartError::UserNotFound {
+                    user: "postgres".to_owned(),
+                })?,
+        };
+        if user.uid.is_root() {
+            // postgres would refuse to start; say so now rather than in the server log.
+            return Err(StartError::UserNotFound {
+                user: format!("{} (uid 0 cannot run postgres)", user.name),
+            });
+        }
+        Ok(RunAs {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            switch: true,
+        })
+    }
+
+    /// `(uid, gid)` for children and chown, when switching.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.switch.then_some((self.uid, self.gid))
+    }
+
+    /// Hands `path` to the server's user (a no-op when not root).
+    pub fn chown(&self, path: &Path) -> Result<(), StartError> {
+        match self.owner() {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|source| io_error("cannot chown", path, source)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A prepared instance directory.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The unix socket directory inside it.
+    pub socket_dir: PathBuf,
+    /// The server log inside it.
+    pub log_path: PathBuf,
+    /// We created the directory (so cleanup removes it, not only its contents).
+    created: bool,
+    /// We mounted a tmpfs on it (so cleanup unmounts it).
+    mounted: bool,
+}
+
+impl Instance {
+    /// Creates (or adopts) the instance directory, mounts its tmpfs if asked, writes the
+    /// marker, checks the file system and makes the socket directory. On error, whatever
+    /// was created is removed again.
+    pub fn create(config: &EmbeddedConfig, run_as: &RunAs) -> Result<Instance, StartError> {
+        let (dir, created) = match &config.data_dir {
+            Some(dir) => adopt_configured(dir)?,
+            None => {
+                let dir = Path::new(SHM_ROOT).join(format!(
+                    "{INSTANCE_PREFIX}{}-{}",
+                    std::process::id(),
+                    random_hex(8)
+                ));
+                std::fs::create_dir(&dir)
+                    .map_err(|source| io_error("cannot create", &dir, source))?;
+                (dir, true)
+            }
+        };
+        let mut instance = Instance {
+            socket_dir: dir.join("socket"),
+            log_path: dir.join("postgres.log"),
+            dir,
+            created,
+            mounted: false,
+        };
+        match instance.set_up(config, run_as) {
+            Ok(()) => Ok(instance),
+            Err(e) => {
+                instance.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// The steps of [`Instance::create`] after the directory exists.
+    fn set_up(&mut self, config: &EmbeddedConfig, run_as: &RunAs) -> Result<(), StartError> {
+        if let Some(bytes) = config.tmpfs_size {
+            self.mount_tmpfs(bytes, run_as)?;
+        }
+        // The marker goes first, so that a crash from here on leaves a sweepable directory.
+        write_marker(&self.dir, false)?;
+        check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
+        run_as.chown(&self.dir)?;
+        match std::fs::create_dir(&self.socket_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(io_error("cannot create", &self.socket_dir, e))
+            }
+            _ => {}
+        }
+        // Private: the socket accepts the superuser without a password.
+        std::fs::set_permissions(&self.socket_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| io_error("cannot chmod", &self.socket_dir, source))?;
+        run_as.chown(&self.socket_dir)?;
+        let longest = self.socket_dir.join(".s.PGSQL.65535.lock");
+        let len = longest.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(StartError::SocketPathTooLong {
+                path: longest,
+                len,
+                max: MAX_SOCKET_PATH,
+            });
+        }
+        Ok(())
+    }
+
+    /// Mounts a tmpfs of `bytes` on the directory.
+    fn mount_tmpfs(&mut self, bytes: u64, run_as: &RunAs) -> Result<(), StartError> {
+        if !geteuid().is_root() {
+            return Err(StartError::MountNeedsRoot {
+                path: self.dir.clone(),
+            });
+        }
+        let mut options = format!("size={bytes},mode=0700");
+        if let Some((uid, gid)) = run_as.owner() {
+            options.push_str(&format!(",uid={uid},gid={gid}"));
+        }
+        nix::mount::mount(
+            Some("pglease"),
+            &self.dir,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|source| match source {
+            nix::Error::EPERM => StartError::MountNeedsRoot {
+                path: self.dir.clone(),
+            },
+            source => StartError::Sys {
+                action: "cannot mount a tmpfs on",
+                path: self.dir.clone(),
+                source,
+            },
+        })?;
+        self.mounted = true;
+        info!(path = %self.dir.display(), bytes, "mounted a dedicated tmpfs");
+        Ok(())
+    }
+
+    /// The cluster directory of `generation`.
+    pub fn cluster_dir(&self, generation: u32) -> PathBuf {
+        self.dir.join(format!("{CLUSTER_PREFIX}{generation}"))
+    }
+
+    /// The highest generation already present (a reused directory), or 0.
+    pub fn last_generation(&self) -> u32 {
+        std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| {
+                entry
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix(CLUSTER_PREFIX)?
+                    .parse()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Removes the directory (and unmounts its tmpfs), or with `keep` leaves it in place
+    /// marked as kept so that later sweeps ignore it.
+    pub fn cleanup(self, keep: bool) {
+        if keep {
+            if let Err(e) = write_marker(&self.dir, true) {
+                warn!(error = %e, "cannot mark the kept instance directory; a later pglease may sweep it");
+            }
+            info!(
+                path = %self.dir.display(),
+                mounted = self.mounted,
+                "keeping the instance directory (keep_data); its tmpfs, if any, stays mounted"
+            );
+            return;
+        }
+        self.remove();
+    }
+
+    /// Unmounts and removes what we made; tolerant of a directory already gone.
+    fn remove(&self) {
+        if self.mounted {
+            // Detach: a straggling backend with a file open must not make this fail.
+            if let Err(e) = nix::mount::umount2(&self.dir, MntFlags::MNT_DETACH) {
+                warn!(path = %self.dir.display(), error = %e, "cannot unmount the instance tmpfs");
+            }
+        }
+        let result = if self.created {
+            std::fs::remove_dir_all(&self.dir)
+        } else {
+            // A directory the user gave us existed before: empty it, keep it.
+            remove_contents(&self.dir)
+        };
+        match result {
+            Ok(()) => info!(path = %self.dir.display(), "removed the instance directory"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(path = %self.dir.display(), error = %e, "cannot remove the instance directory")
+            }
+        }
+    }
+}
+
+/// Removes every cluster directory of `instance_dir` but `keep`, and leftover initdb
+/// output (best effort: a failure costs memory, not correctness).
+pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
+    for entry in std::fs::read_dir(instance_dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = name.starts_with(CLUSTER_PREFIX) || name.starts_with(INITDB_TMP_PREFIX);
+        if ours && path != keep {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => info!(path = %path.display(), "removed a previous cluster directory"),
+                Err(e) => warn!(path = %path.display(), error = %e, "cannot remove a previous cluster directory"),
+            }
+        }
+    }
+}
+
+/// Decides whether a configured directory may be used: `(dir, created)`.
+fn adopt_configured(dir: &Path) -> Result<(PathBuf, bool), StartError> {
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|source| io_error("cannot create", dir, source))?;
+            Ok((dir.to_path_buf(), true))
+        }
+        Err(e) => Err(io_error("cannot read", dir, e)),
+        Ok(mut entries) => match read_marker(dir) {
+            // A live owner: the sweep ran before this and left it, so it is not stale.
+            Some(Marker { pid: Some(pid), kept: false, .. }) => Err(StartError::InstanceDirInUse {
+                path: dir.to_path_buf(),
+                pid,
+            }),
+            // Kept by an earlier run of ours: reuse it.
+            Some(_) => Ok((dir.to_path_buf(), false)),
+            None if entries.next().is_none() => Ok((dir.to_path_buf(), false)),
+            None => Err(StartError::InstanceDirNotOurs {
+                path: dir.to_path_buf(),
+            }),
+        },
+    }
+}
+
+/// Refuses a directory that is not on tmpfs or ramfs, unless `allow_unsafe`.
+pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<(), StartError> {
+    let stat = nix::sys::statfs::statfs(dir).map_err(|source| StartError::Sys {
+        action: "cannot statfs",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // The magic numbers are 32-bit; the field's width varies by platform.
+    let magic = stat.filesystem_type().0 as u32;
+    if magic == TMPFS_MAGIC || magic == RAMFS_MAGIC {
+        return Ok(());
+    }
+    let fs_type = fs_type_name(magic);
+    if allow_unsafe {
+        warn!(
+            path = %dir.display(),
+            fs_type = %fs_type,
+            "UNSAFE: running postgres with fsync=off on persistent storage (allow_unsafe_on_disk); \
+             a crash of the machine can corrupt this cluster"
+        );
+        return Ok(());
+    }
+    Err(StartError::NotTmpfs {
+        path: dir.to_path_buf(),
+        fs_type,
+    })
+}
+
+/// A readable name for a file system magic number.
+fn fs_type_name(magic: u32) -> String {
+    let name = match magic {
+        0xef53 => "ext2/3/4",
+        0x5846_5342 => "xfs",
+        0x9123_683e => "btrfs",
+        0x794c_7630 => "overlayfs",
+        0x2fc1_2fc1 => "zfs",
+        0x6969 => "nfs",
+        0x6573_5546 => "fuse",
+        0x0102_1997 => "9p",
+        0xff53_4d42 => "cifs",
+        _ => return format!("file system type {magic:#x}"),
+    };
+    name.to_owned()
+}
+
+/// What a marker file says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Marker {
+    /// The daemon that owns the instance.
+    pub pid: Option<u32>,
+    /// Its start time, which tells it apart from a later process with the same pid.
+    pub start_time: Option<u64>,
+    /// Left behind on purpose (`keep_data`).
+    pub kept: bool,
+}
+
+/// Writes the marker naming this process.
+pub(crate) fn write_marker(dir: &Path, kept: bool) -> Result<(), StartError> {
+    let pid = std::process::id();
+    let mut text = format!("pid={pid}\n");
+    if let Some(stat) = proc_stat(pid) {
+        text.push_str(&format!("start_time={}\n", stat.start_time));
+    }
+    if kept {
+        text.push_str("kept=1\n");
+    }
+    let path = dir.join(MARKER_FILE);
+    let mut file =
+        std::fs::File::create(&path).map_err(|source| io_error("cannot create", &path, source))?;
+    file.write_all(text.as_bytes())
+        .map_err(|source| io_error("cannot write", &path, source))
+}
+
+/// Reads the marker of `dir`; `None` unless it is a regular file owned by our euid: a
+/// marker anyone else could have written (e.g. in world-writable /dev/shm) is ignored,
+/// since the sweep kills processes on its word.
+pub(crate) fn read_marker(dir: &Path) -> Option<Marker> {
+    let path = dir.join(MARKER_FILE);
+    let meta = std::fs::symlink_metadata(&path).ok()?;
+    if !meta.is_file() || meta.uid() != geteuid().as_raw() {
+        return None;
+    }
+    let text = std::fs::read_to_string(&path).ok()?;
+    let mut marker = Marker {
+        pid: None,
+        start_time: None,
+        kept: false,
+    };
+    for line in text.lines() {
+        match line.split_once('=') {
+            Some(("pid", value)) => marker.pid = value.trim().parse().ok(),
+            Some(("start_time", value)) => marker.start_time = value.trim().parse().ok(),
+            Some(("kept", value)) => marker.kept = value.trim() == "1",
+            _ => {}
+        }
+    }
+    Some(marker)
+}
+
+/// Whether the daemon a marker names is still running.
+pub(crate) fn owner_alive(marker: &Marker) -> bool {
+    let Some(pid) = marker.pid else {
+        // Not a marker we wrote: not ours to judge.
+        return true;
+    };
+    if pid == std::process::id() {
+        return true;
+    }
+    let Some(stat) = proc_stat(pid).filter(|stat| stat.state != 'Z') else {
+        return false;
+    };
+    match marker.start_time {
+        // The same pid and start time can only be the same process.
+        Some(start_time) => stat.start_time == start_time,
+        // Without a start time, a live pid counts only if it looks like pglease.
+        None => ["comm", "cmdline"].iter().any(|file| {
+            std::fs::read(format!("/proc/{pid}/{file}"))
+                .map(|bytes| String::from_utf8_lossy(&bytes).contains("pglease"))
+                .unwrap_or(false)
+        }),
+    }
+}
+
+/// The fields of `/proc/<pid>/stat` we use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProcStat {
+    /// R, S, D, Z, ...
+    pub state: char,
+    /// Clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Reads `/proc/<pid>/stat`; `None` when there is no such process.
+pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Field 3 (state) is fields[0]; field 22 (starttime) is fields[19].
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Whether `pid` is running (a zombie has finished running).
+pub(crate) fn process_alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|stat| stat.state != 'Z')
+}
+
+/// Sweeps stale instances: every `pglease-*` directory of `shm_root`, and `configured`.
+/// Returns the directories removed.
+pub(crate) fn sweep_stale(shm_root: &Path, configured: Option<&Path>) -> Vec<PathBuf> {
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(shm_root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(INSTANCE_PREFIX))
+        // Not a symlink: file_type does not follow them.
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+        .map(|entry| entry.path())
+        .collect();
+    if let Some(dir) = configured {
+        if !candidates.iter().any(|candidate| candidate == dir) {
+            candidates.push(dir.to_path_buf());
+        }
+    }
+    candidates
+        .into_iter()
+        .filter(|dir| sweep_one(dir))
+        .collect()
+}
+
+/// Sweeps `dir` if it is a stale instance; returns whether it did.
+fn sweep_one(dir: &Path) -> bool {
+    // Never touch a directory without our marker.
+    let Some(marker) = read_marker(dir) else {
+        return false;
+    };
+    if marker.kept || owner_alive(&marker) {
+        return false;
+    }
+    info!(path = %dir.display(), daemon_pid = ?marker.pid, "sweeping a stale pglease instance");
+    for cluster in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let cluster = cluster.path();
+        let Some(pid) = postmaster_pid(&cluster) else {
+            continue;
+        };
+        if process_alive(pid) && is_postmaster_of(pid, &cluster) {
+            let stopped = stop_process(pid);
+            info!(pid, data_dir = %cluster.display(), stopped, "stopped a stale postmaster");
+        }
+    }
+    if is_mount_point(dir) {
+        match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
+            Ok(()) => info!(path = %dir.display(), "unmounted a stale instance tmpfs"),
+            Err(e) => warn!(path = %dir.display(), error = %e, "cannot unmount a stale instance tmpfs"),
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {
+            info!(path = %dir.display(), "removed a stale instance directory");
+            true
+        }
+        Err(e) => {
+            warn!(path = %dir.display(), error = %e, "cannot remove a stale instance directory");
+            false
+        }
+    }
+}
+
+/// The pid on the first line of `<data_dir>/postmaster.pid`.
+pub(crate) fn postmaster_pid(data_dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+/// Whether `pid` is the postmaster of `data_dir`: it works in that directory or names it
+/// on its command line. A stale pid file may name an unrelated process by now.
+fn is_postmaster_of(pid: u32, data_dir: &Path) -> bool {
+    if std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == data_dir) {
+        return true;
+    }
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|cmdline| {
+            cmdline
+                .split(|byte| *byte == 0)
+                .any(|arg| arg == data_dir.as_os_str().as_encoded_bytes())
+        })
+        .unwrap_or(false)
+}
+
+/// SIGQUIT (immediate shutdown: the postmaster stops its backends and frees its shared
+/// memory), then SIGKILL if it is still there; returns whether it ended.
+fn stop_process(pid: u32) -> bool {
+    let target = Pid::from_raw(pid as i32);
+    for (signal, grace) in [
+        (Signal::SIGQUIT, Duration::from_secs(3)),
+        (Signal::SIGKILL, Duration::from_secs(2)),
+    ] {
+        if nix::sys::signal::kill(target, signal).is_err() {
+            // ESRCH: gone already.
+            return !process_alive(pid);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if !process_alive(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    !process_alive(pid)
+}
+
+/// Whether `dir` is the root of a mount (its device differs from its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    let Some(parent) = dir.parent() else {
+        return false;
+    };
+    match (std::fs::metadata(dir), std::fs::metadata(parent)) {
+        (Ok(own), Ok(parent)) => own.dev() != parent.dev(),
+        _ => false,
+    }
+}
+
+/// Removes everything inside `dir`, keeping `dir`.
+fn remove_contents(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// `bytes` random bytes as lowercase hex.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let raw: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
+    hex::encode(raw)
+}
+
+/// A [`StartError::Io`].
+pub(crate) fn io_error(action: &'static str, path: &Path, source: std::io::Error) -> StartError {
+    StartError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}

@@ -1,0 +1,669 @@
+//! Supervision of the embedded postgres: finding the binaries, the instance directory on
+//! tmpfs (optionally a dedicated mount), the OS user when we are root, the initdb cache,
+//! spawning postgres from a long-lived thread with a parent-death signal, readiness,
+//! fast shutdown, and the sweep of instances a killed daemon left behind.
+//!
+//! It runs no SQL beyond the readiness probe and knows nothing of templates or leases;
+//! the actor owns the values returned here.
+//!
+//! Submodules: `binaries` (discovery and version), `instance` (directory, tmpfs, OS user,
+//! stale sweep), `initdb` (initdb and its cache), `spawn` (the spawner thread).
+
+mod binaries;
+mod initdb;
+mod instance;
+mod spawn;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::OsString;
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tracing::{error, info, warn};
+
+use self::binaries::Binaries;
+use self::initdb::Cache;
+use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
+use self::spawn::{CommandSpec, Output};
+use crate::config::EmbeddedConfig;
+use crate::error::StartError;
+
+/// The superuser role initdb creates; it connects only over the private unix socket.
+pub const ADMIN_USER: &str = "postgres";
+
+/// Ceiling on start-up: generous, since a loaded CI machine can be slow, and an early
+/// exit is noticed at once anyway.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often readiness is polled: a start takes ~150 ms, so this adds little latency.
+const READY_POLL: Duration = Duration::from_millis(20);
+/// How often shutdown checks whether the postmaster has exited.
+const EXIT_POLL: Duration = Duration::from_millis(10);
+/// Log lines quoted in start-up errors.
+const ERROR_TAIL_LINES: usize = 20;
+
+/// The `pg_hba.conf` written at every start (first match wins).
+const PG_HBA: &str = "\
+# Written by pglease at every start; edits are lost.
+# The socket directory is private (mode 0700, owned by the server's OS user), so only the
+# daemon (root or that user) can use the trusted local connections.
+local   all   all                  trust
+# The superuser never over TCP.
+host    all   postgres   all       reject
+host    all   all        all       scram-sha-256
+";
+
+/// How a start obtained its cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterOrigin {
+    /// Copied from the initdb cache; initdb did not run.
+    CopiedFromCache,
+    /// initdb ran and its result was stored in the cache for later starts.
+    InitdbCached,
+    /// initdb ran; the cache could not be used.
+    InitdbUncached,
+}
+
+impl ClusterOrigin {
+    /// Whether initdb ran for this start.
+    pub fn ran_initdb(self) -> bool {
+        self != ClusterOrigin::CopiedFromCache
+    }
+}
+
+/// A prepared instance: binaries found, user resolved, directory made (and mounted), stale
+/// instances swept. [`Embedded::start`] can run many times (after a crash, a restart).
+#[derive(Debug)]
+pub struct Embedded {
+    config: EmbeddedConfig,
+    binaries: Binaries,
+    run_as: RunAs,
+    instance: Instance,
+    cache: Option<Cache>,
+    initdb_args: Vec<String>,
+    /// The generation of the last start; each start uses `pgdata-<generation>`.
+    generation: u32,
+    /// The port of the last start, reused when still free so clients' settings survive.
+    last_port: Option<u16>,
+}
+
+impl Embedded {
+    /// Finds binaries, resolves the OS user, sweeps stale instances, creates (and mounts)
+    /// the instance directory and checks that it is on tmpfs.
+    pub async fn prepare(config: &EmbeddedConfig) -> Result<Embedded, StartError> {
+        let config = config.clone();
+        // Runs processes, sleeps while stopping stale postmasters and walks directories.
+        blocking(move || Embedded::prepare_blocking(config)).await
+    }
+
+    /// [`Embedded::prepare`] on a thread that may block.
+    fn prepare_blocking(config: EmbeddedConfig) -> Result<Embedded, StartError> {
+        let binaries = Binaries::find(config.bin_dir.as_deref())?;
+        let run_as = RunAs::resolve(config.pg_user.as_deref())?;
+        let swept = instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+        if !swept.is_empty() {
+            info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
+        }
+        let instance = Instance::create(&config, &run_as)?;
+        let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
+        let cache_root = config
+            .cache_dir
+            .clone()
+            .unwrap_or_else(initdb::default_cache_root);
+        let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
+        let generation = instance.last_generation();
+        info!(
+            instance_dir = %instance.dir.display(),
+            bin_dir = %binaries.bin_dir.display(),
+            version = %binaries.version,
+            pg_user = %run_as.name,
+            initdb_cache = ?cache.as_ref().map(|cache| &cache.entry),
+            "prepared the embedded postgres"
+        );
+        Ok(Embedded {
+            config,
+            binaries,
+            run_as,
+            instance,
+            cache,
+            initdb_args,
+            generation,
+            last_port: None,
+        })
+    }
+
+    /// Starts a fresh cluster (copied from the initdb cache) in a new data directory,
+    /// removing the previous one, and returns once a connection succeeds.
+    pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
+        let started = Instant::now();
+        self.generation += 1;
+        let launch = Launch {
+            binaries: self.binaries.clone(),
+            run_as: self.run_as.clone(),
+            instance_dir: self.instance.dir.clone(),
+            socket_dir: self.instance.socket_dir.clone(),
+            log_path: self.instance.log_path.clone(),
+            data_dir: self.instance.cluster_dir(self.generation),
+            cache: self.cache.clone(),
+            initdb_args: self.initdb_args.clone(),
+            config: self.config.clone(),
+            generation: self.generation,
+            previous_port: self.last_port,
+        };
+        let launched = blocking(move || launch.run()).await?;
+        self.last_port = Some(launched.port);
+        // From here on the value owns the child: if this future is dropped, Drop kills it.
+        let mut running = RunningPostgres {
+            pid: launched.child.id(),
+            port: launched.port,
+            host: advertised_host(&self.config),
+            data_dir: launched.data_dir,
+            socket_dir: self.instance.socket_dir.clone(),
+            log_path: self.instance.log_path.clone(),
+            version: self.binaries.version.clone(),
+            generation: self.generation,
+            cluster_origin: launched.origin,
+            child: Some(launched.child),
+        };
+        match running.wait_ready().await {
+            Ok(()) => {
+                info!(
+                    pid = running.pid,
+                    port = running.port,
+                    generation = running.generation,
+                    cluster_origin = ?running.cluster_origin,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "postgres is ready"
+                );
+                Ok(running)
+            }
+            Err(e) => {
+                error!(
+                    data_dir = %running.data_dir.display(),
+                    log = %running.log_path.display(),
+                    error = %e,
+                    "postgres failed to start; its data directory is kept for inspection"
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// The instance directory.
+    pub fn instance_dir(&self) -> &Path {
+        &self.instance.dir
+    }
+
+    /// What `postgres --version` printed.
+    pub fn version(&self) -> &str {
+        &self.binaries.version
+    }
+
+    /// The directory of the server binaries in use.
+    pub fn bin_dir(&self) -> &Path {
+        &self.binaries.bin_dir
+    }
+
+    /// The OS user that runs initdb and postgres.
+    pub fn pg_user(&self) -> &str {
+        &self.run_as.name
+    }
+
+    /// The initdb cache entry for this server version and settings (it exists once a
+    /// start has filled it), or `None` when the cache is unusable.
+    pub fn initdb_cache_entry(&self) -> Option<&Path> {
+        self.cache.as_ref().map(|cache| cache.entry.as_path())
+    }
+
+    /// Removes the instance directory (unless `keep_data`) and unmounts its tmpfs.
+    /// Call it after the [`RunningPostgres`] has been shut down.
+    pub fn cleanup(self) {
+        self.instance.cleanup(self.config.keep_data);
+    }
+}
+
+/// Everything one start needs, detached from [`Embedded`] so it can run on a blocking thread.
+struct Launch {
+    binaries: Binaries,
+    run_as: RunAs,
+    instance_dir: PathBuf,
+    socket_dir: PathBuf,
+    log_path: PathBuf,
+    data_dir: PathBuf,
+    cache: Option<Cache>,
+    initdb_args: Vec<String>,
+    config: EmbeddedConfig,
+    generation: u32,
+    previous_port: Option<u16>,
+}
+
+/// A spawned (not yet ready) postmaster.
+struct Launched {
+    child: Child,
+    data_dir: PathBuf,
+    port: u16,
+    origin: ClusterOrigin,
+}
+
+impl Launch {
+    /// Makes the cluster, configures it and spawns postgres.
+    fn run(self) -> Result<Launched, StartError> {
+        // First, so that a size-limited tmpfs has room for the new cluster. A new
+        // directory per generation also gives the new postmaster a new SysV shared
+        // memory key, so backends lingering from a killed one cannot block it.
+        instance::remove_stale_clusters(&self.instance_dir, &self.data_dir);
+        if self.data_dir.exists() {
+            std::fs::remove_dir_all(&self.data_dir)
+                .map_err(|e| io_error("cannot remove", &self.data_dir, e))?;
+        }
+        let origin = self.make_cluster()?;
+        let hba = self.data_dir.join("pg_hba.conf");
+        // Overwriting keeps the file's owner (the server's user) and mode.
+        std::fs::write(&hba, PG_HBA).map_err(|e| io_error("cannot write", &hba, e))?;
+        let port = choose_port(self.config.port, self.previous_port, &self.config.listen_host)?;
+
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| io_error("cannot open", &self.log_path, e))?;
+        let spec = CommandSpec {
+            program: self.binaries.postgres(),
+            args: server_args(&self.config, &self.data_dir, &self.socket_dir, port),
+            cwd: self.instance_dir.clone(),
+            user: self.run_as.owner(),
+            // SIGQUIT, not SIGKILL: it is an immediate shutdown, so the postmaster at once
+            // stops its backends (SIGKILLing them after 5 s) and releases its shared
+            // memory. After a SIGKILL the backends are orphaned and a backend in a long
+            // query runs on until it next checks for postmaster death; the next start's
+            // stale sweep escalates to SIGKILL should SIGQUIT ever not be enough.
+            death_signal: Signal::SIGQUIT,
+            output: Output::File(log.try_clone().map_err(|e| io_error("cannot open", &self.log_path, e))?),
+        };
+        // A header line separates generations in the shared log.
+        let _ = writeln!(log, "---- pglease: starting generation {}: {spec}", self.generation);
+        info!(
+            command = %spec,
+            user = %self.run_as.name,
+            data_dir = %self.data_dir.display(),
+            port,
+            generation = self.generation,
+            log = %self.log_path.display(),
+            "starting postgres"
+        );
+        let child =
+            spawn::spawn(spec).map_err(|e| io_error("cannot run", &self.binaries.postgres(), e))?;
+        Ok(Launched {
+            child,
+            data_dir: self.data_dir,
+            port,
+            origin,
+        })
+    }
+
+    /// Fills the data directory: from the cache, else by initdb (filling the cache).
+    fn make_cluster(&self) -> Result<ClusterOrigin, StartError> {
+        let owner = self.run_as.owner();
+        let Some(cache) = &self.cache else {
+            initdb::run_initdb(
+                &self.binaries,
+                &self.run_as,
+                &self.initdb_args,
+                &self.data_dir,
+                &self.instance_dir,
+            )?;
+            return Ok(ClusterOrigin::InitdbUncached);
+        };
+        if let Some(entry) = cache.lookup() {
+            let started = Instant::now();
+            initdb::copy_tree(entry, &self.data_dir, owner)?;
+            info!(
+                from = %entry.display(),
+                to = %self.data_dir.display(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "copied the cached initdb result"
+            );
+            return Ok(ClusterOrigin::CopiedFromCache);
+        }
+        // initdb runs as the server's user into the instance (on tmpfs, owned by that
+        // user): the cache directory may not be reachable for it, e.g. under /root.
+        let fresh = self
+            .instance_dir
+            .join(format!("{INITDB_TMP_PREFIX}{}", instance::random_hex(4)));
+        initdb::run_initdb(
+            &self.binaries,
+            &self.run_as,
+            &self.initdb_args,
+            &fresh,
+            &self.instance_dir,
+        )?;
+        let origin = match cache.store(&fresh) {
+            Ok(()) => {
+                info!(entry = %cache.entry.display(), "stored the initdb result in the cache");
+                ClusterOrigin::InitdbCached
+            }
+            Err(e) => {
+                warn!(
+                    entry = %cache.entry.display(),
+                    error = %e,
+                    "cannot store the initdb result in the cache; initdb will run again next start"
+                );
+                ClusterOrigin::InitdbUncached
+            }
+        };
+        std::fs::rename(&fresh, &self.data_dir)
+            .map_err(|e| io_error("cannot rename into", &self.data_dir, e))?;
+        Ok(origin)
+    }
+}
+
+/// postgres' command line after the binary: tuned for throw-away data on tmpfs.
+fn server_args(config: &EmbeddedConfig, data_dir: &Path, socket_dir: &Path, port: u16) -> Vec<OsString> {
+    let mut settings: Vec<(String, String)> = [
+        // The data is thrown away: crash safety buys nothing.
+        ("fsync", "off"),
+        ("synchronous_commit", "off"),
+        ("full_page_writes", "off"),
+        ("wal_level", "minimal"),
+        // Required by wal_level=minimal.
+        ("max_wal_senders", "0"),
+        // JIT compilation slows the short queries tests run.
+        ("jit", "off"),
+        // Checkpoints only when CREATE/DROP DATABASE force them.
+        ("max_wal_size", "8GB"),
+        ("checkpoint_timeout", "1d"),
+        ("password_encryption", "scram-sha-256"),
+        // stderr goes to our log file; a collector would write elsewhere.
+        ("logging_collector", "off"),
+    ]
+    .iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    settings.extend([
+        ("shared_buffers".to_string(), config.shared_buffers.clone()),
+        ("max_connections".to_string(), config.max_connections.to_string()),
+        ("listen_addresses".to_string(), config.listen_host.clone()),
+        ("port".to_string(), port.to_string()),
+        (
+            "unix_socket_directories".to_string(),
+            guc_list_element(&socket_dir.to_string_lossy()),
+        ),
+    ]);
+    // Last, so that the user's settings override ours.
+    settings.extend(config.settings.iter().cloned());
+
+    let mut args: Vec<OsString> = vec!["-D".into(), data_dir.into()];
+    for (key, value) in settings {
+        args.push("-c".into());
+        args.push(format!("{key}={value}").into());
+    }
+    args
+}
+
+/// Double-quotes one element of a list setting when it holds a separator.
+fn guc_list_element(value: &str) -> String {
+    if value.contains([',', ' ', '"']) {
+        format!("\"{}\"", value.replace('"', "\"\""))
+    } else {
+        value.to_owned()
+    }
+}
+
+/// The host lease holders should use: `advertise_host`, else the first listen address,
+/// with a wildcard replaced by the loopback address.
+fn advertised_host(config: &EmbeddedConfig) -> String {
+    if let Some(host) = &config.advertise_host {
+        return host.clone();
+    }
+    let first = config.listen_host.split(',').next().unwrap_or("").trim();
+    match first {
+        "" | "*" | "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
+        host => host.to_owned(),
+    }
+}
+
+/// The port to use: the configured one, else the previous one if still free, else a
+/// free one the kernel picks. (Another process may take it before postgres binds it;
+/// postgres then fails at start-up with a clear log line.)
+fn choose_port(configured: Option<u16>, previous: Option<u16>, listen_host: &str) -> Result<u16, StartError> {
+    if let Some(port) = configured {
+        return Ok(port);
+    }
+    let host = match listen_host.split(',').next().unwrap_or("").trim() {
+        "" | "*" => "0.0.0.0",
+        host => host,
+    };
+    if let Some(port) = previous {
+        if TcpListener::bind((host, port)).is_ok() {
+            return Ok(port);
+        }
+        warn!(port, "the previous port is taken; postgres gets a new one");
+    }
+    TcpListener::bind((host, 0))
+        .or_else(|_| TcpListener::bind(("127.0.0.1", 0)))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| io_error("cannot find a free port on", Path::new(listen_host), e))
+}
+
+/// A running postmaster, child of this daemon.
+#[derive(Debug)]
+pub struct RunningPostgres {
+    /// The postmaster's pid.
+    pub pid: u32,
+    /// TCP port for lease holders.
+    pub port: u16,
+    /// Host lease holders use (advertise_host or listen_host).
+    pub host: String,
+    /// The cluster's data directory.
+    pub data_dir: PathBuf,
+    /// Directory of the unix socket the daemon connects through.
+    pub socket_dir: PathBuf,
+    /// The server log.
+    pub log_path: PathBuf,
+    /// What `postgres --version` printed, e.g. "postgres (PostgreSQL) 15.18 (Debian ...)".
+    pub version: String,
+    /// Which start of the instance this is (1 for the first); names `pgdata-<generation>`.
+    pub generation: u32,
+    /// Whether initdb ran or the cluster came from the cache.
+    pub cluster_origin: ClusterOrigin,
+    /// The postmaster; `None` once reaped by shutdown.
+    child: Option<Child>,
+}
+
+impl RunningPostgres {
+    /// Connection settings for the superuser over the unix socket, database `postgres`.
+    pub fn admin_config(&self) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(&self.socket_dir)
+            .port(self.port)
+            .user(ADMIN_USER)
+            .dbname("postgres")
+            .application_name("pglease")
+            // A local socket answers at once unless the server is overloaded.
+            .connect_timeout(Duration::from_secs(5));
+        config
+    }
+
+    /// `Some(status)` once the postmaster has exited (reaping it); never blocks.
+    pub fn poll_exit(&mut self) -> Option<String> {
+        let Some(child) = self.child.as_mut() else {
+            return Some("already stopped".to_owned());
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => Some(status.to_string()),
+            Ok(None) => None,
+            // ECHILD: it was reaped elsewhere, so it is gone.
+            Err(e) => Some(format!("cannot wait for it ({e})")),
+        }
+    }
+
+    /// The last `lines` lines of the server log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail_lines(&self.log_path, lines)
+            .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log_path.display()))
+    }
+
+    /// Fast shutdown (SIGINT), then SIGKILL after `timeout`; always reaps.
+    pub async fn shutdown(mut self, timeout: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let started = Instant::now();
+        if let Ok(Some(status)) = child.try_wait() {
+            info!(pid = self.pid, %status, "postgres had already exited");
+            return;
+        }
+        // SIGINT is postgres' fast shutdown: sessions are ended, a checkpoint is written.
+        if let Err(e) = signal(self.pid, Signal::SIGINT) {
+            warn!(pid = self.pid, error = %e, "cannot send SIGINT to postgres");
+        }
+        if let Some(status) = wait_exit(&mut child, timeout).await {
+            info!(
+                pid = self.pid,
+                %status,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "postgres stopped"
+            );
+            return;
+        }
+        warn!(
+            pid = self.pid,
+            timeout_ms = timeout.as_millis() as u64,
+            "postgres did not stop in time; sending SIGKILL"
+        );
+        let _ = signal(self.pid, Signal::SIGKILL);
+        // SIGKILL completes unless the process is stuck in the kernel.
+        match wait_exit(&mut child, Duration::from_secs(10)).await {
+            Some(status) => info!(pid = self.pid, %status, "postgres killed"),
+            None => error!(pid = self.pid, "postgres survived SIGKILL for 10 s; leaving it"),
+        }
+    }
+
+    /// Polls until a connection succeeds, the postmaster exits, or [`READY_TIMEOUT`].
+    async fn wait_ready(&mut self) -> Result<(), StartError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut config = self.admin_config();
+        config.connect_timeout(Duration::from_secs(2));
+        loop {
+            if let Some(status) = self.poll_exit() {
+                return Err(StartError::EarlyExit {
+                    status,
+                    log_path: self.log_path.clone(),
+                    tail: self.log_tail(ERROR_TAIL_LINES),
+                });
+            }
+            // postmaster.pid says when it accepts connections (PG 10+); probing before
+            // that would only fill the log with "the database system is starting up".
+            let status = postmaster_status(&self.data_dir);
+            if !matches!(status.as_deref(), Some("starting" | "stopping")) {
+                let attempt = tokio::time::timeout(Duration::from_secs(3), config.connect(tokio_postgres::NoTls));
+                if let Ok(Ok((client, connection))) = attempt.await {
+                    // The handshake succeeding is the readiness signal; close at once.
+                    drop(client);
+                    drop(connection);
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                self.kill_and_reap();
+                return Err(StartError::NotReady {
+                    pid: self.pid,
+                    timeout_secs: READY_TIMEOUT.as_secs(),
+                    log_path: self.log_path.clone(),
+                    tail: self.log_tail(ERROR_TAIL_LINES),
+                });
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+    }
+
+    /// SIGKILL and reap, without the warning of `Drop`.
+    fn kill_and_reap(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = signal(self.pid, Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RunningPostgres {
+    /// A last resort: the actor shuts postgres down explicitly. Blocks briefly to reap.
+    fn drop(&mut self) {
+        let still_running = self
+            .child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
+        if still_running {
+            warn!(pid = self.pid, "postgres dropped while running; killing it");
+            self.kill_and_reap();
+        }
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit, polling without blocking the runtime.
+async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status.to_string()),
+            Ok(None) => {}
+            Err(e) => return Some(format!("cannot wait for it ({e})")),
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(EXIT_POLL).await;
+    }
+}
+
+/// Sends `signal` to `pid`.
+fn signal(pid: u32, signal: Signal) -> nix::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| nix::Error::EINVAL)?;
+    nix::sys::signal::kill(Pid::from_raw(pid), signal)
+}
+
+/// Line 8 of `postmaster.pid`: "starting", "ready", "stopping" or "standby" (PG 10+).
+fn postmaster_status(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+    Some(text.lines().nth(7)?.trim().to_owned())
+}
+
+/// The last `lines` lines of the file at `path`, reading at most its last 64 KiB.
+fn tail_lines(path: &Path, lines: usize) -> std::io::Result<String> {
+    const WINDOW: u64 = 64 * 1024;
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(WINDOW)))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.lines().collect();
+    Ok(all[all.len().saturating_sub(lines)..].join("\n"))
+}
+
+/// Runs `work` on tokio's blocking pool, re-raising its panic if it panics.
+async fn blocking<T, F>(work: F) -> Result<T, StartError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StartError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Only when the runtime is shutting down.
+            Err(e) => Err(StartError::Io {
+                action: "interrupted while preparing postgres in",
+                path: PathBuf::from(instance::SHM_ROOT),
+                source: std::io::Error::other(e),
+            }),
+        },
+    }
+}

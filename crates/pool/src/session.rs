@@ -1,0 +1,369 @@
+//! A session with one running server: the admin connection pool, the lease role, the sweep
+//! of databases an earlier run left behind, the settings read back for `/status`, and the
+//! SQL the pool's workers run (clone, drop).
+//!
+//! A new `Session` is opened every time postgres (re)starts or is reconnected; it does not
+//! decide what to clone or drop, it only carries it out.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use crate::config::{CloneStrategy, TemplateConfig};
+use crate::error::StartError;
+use crate::names::{quote_ident, quote_literal, DbName, MARKER, PREFIX};
+use crate::template;
+
+/// The role lease holders log in as.
+pub const LEASE_ROLE: &str = "pglease_tests";
+
+/// Settings shown in `/status`, read back from the server.
+const SHOWN_SETTINGS: &[&str] = &[
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_level",
+    "jit",
+    "shared_buffers",
+    "max_connections",
+    "checkpoint_timeout",
+    "max_wal_size",
+];
+
+/// How many times a clone is retried while stray sessions leave its template.
+const CLONE_BUSY_RETRIES: u32 = 40;
+
+/// What opening a session needs to know.
+#[derive(Debug, Clone)]
+pub struct SessionParams {
+    /// Superuser connection settings.
+    pub admin_config: tokio_postgres::Config,
+    /// Host lease holders connect to.
+    pub lease_host: String,
+    /// Port lease holders connect to.
+    pub lease_port: u16,
+    /// Connections the workers may hold at once.
+    pub pool_size: usize,
+    /// `CREATE DATABASE … STRATEGY`.
+    pub clone_strategy: CloneStrategy,
+    /// Templates whose complete template databases survive the sweep.
+    pub templates: Vec<TemplateConfig>,
+    /// True for an external server (warn when it runs with fsync on).
+    pub external: bool,
+}
+
+/// An open session with the server. Cheap to clone: the pool is shared.
+#[derive(Clone)]
+pub struct Session {
+    pool: Pool,
+    /// Superuser connection settings (to reach template databases during builds).
+    pub admin_config: tokio_postgres::Config,
+    /// `server_version_num / 10000`.
+    pub pg_major: u32,
+    /// `server_version`.
+    pub version: String,
+    /// The lease role's name.
+    pub lease_role: String,
+    /// The lease role's password (random per session).
+    pub lease_password: String,
+    /// Host lease holders connect to.
+    pub lease_host: String,
+    /// Port lease holders connect to.
+    pub lease_port: u16,
+    /// Settings read back with the server's values.
+    pub settings: Vec<(String, String)>,
+    clone_strategy: CloneStrategy,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The lease password stays out of debug output and logs.
+        f.debug_struct("Session")
+            .field("version", &self.version)
+            .field("lease_host", &self.lease_host)
+            .field("lease_port", &self.lease_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Connects, checks privileges, (re)creates the lease role with a fresh password,
+    /// reads the settings back and sweeps what earlier runs left.
+    pub async fn open(params: SessionParams) -> Result<Session, StartError> {
+        let target = describe_target(&params.admin_config);
+        let manager = Manager::from_config(
+            params.admin_config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(params.pool_size.max(2))
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StartError::BadUrl(e.to_string()))?;
+        let client = pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(source) => StartError::Connect {
+                target: target.clone(),
+                source,
+            },
+            other => StartError::BadUrl(format!("cannot connect to {target}: {other}")),
+        })?;
+        let sql_error = |context: &str| {
+            let context = context.to_owned();
+            move |source| StartError::Sql { context, source }
+        };
+        let row = client
+            .query_one(
+                "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                 (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+                &[],
+            )
+            .await
+            .map_err(sql_error("reading the server version"))?;
+        let version_num: i32 = row.get(0);
+        let version: String = row.get(1);
+        let superuser: Option<bool> = row.get(2);
+        if superuser != Some(true) {
+            return Err(StartError::BadUrl(format!(
+                "the role pglease connects as on {target} is not a superuser; pglease creates databases and roles"
+            )));
+        }
+        let lease_password = hex::encode(rand::random::<[u8; 32]>());
+        let role = quote_ident(LEASE_ROLE);
+        client
+            .batch_execute(&format!(
+                "DO $$ BEGIN \
+                   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN \
+                     CREATE ROLE {role} LOGIN; \
+                   END IF; \
+                 END $$; \
+                 ALTER ROLE {role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {password}; \
+                 COMMENT ON ROLE {role} IS {marker};",
+                name = quote_literal(LEASE_ROLE),
+                password = quote_literal(&lease_password),
+                marker = quote_literal(MARKER),
+            ))
+            .await
+            .map_err(sql_error("creating the lease role"))?;
+        let rows = client
+            .query(
+                "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY($1) ORDER BY name",
+                &[&SHOWN_SETTINGS],
+            )
+            .await
+            .map_err(sql_error("reading settings"))?;
+        let settings: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if params.external && settings.iter().any(|(k, v)| k == "fsync" && v == "on") {
+            tracing::warn!(
+                server = %target,
+                "the external postgres runs with fsync=on: clones and drops will be much slower than on a tuned server"
+            );
+        }
+        drop(client);
+        let session = Session {
+            pool,
+            admin_config: params.admin_config,
+            pg_major: (version_num / 10000) as u32,
+            version,
+            lease_role: LEASE_ROLE.to_owned(),
+            lease_password,
+            lease_host: params.lease_host,
+            lease_port: params.lease_port,
+            settings,
+            clone_strategy: params.clone_strategy,
+        };
+        session
+            .sweep(&params.templates)
+            .await
+            .map_err(|message| StartError::BadUrl(format!("sweeping old databases: {message}")))?;
+        Ok(session)
+    }
+
+    /// Drops every database with our prefix and marker except complete templates of the
+    /// current configuration; nothing without the marker is touched.
+    async fn sweep(&self, templates: &[TemplateConfig]) -> Result<(), String> {
+        let keep: HashSet<String> = templates
+            .iter()
+            .filter_map(|t| {
+                let fingerprint = template::fingerprint(&t.source, self.pg_major).ok()?;
+                Some(DbName::template(&t.name, &fingerprint).as_str().to_owned())
+            })
+            .collect();
+        let client = self.client().await?;
+        let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        let rows = client
+            .query(
+                "SELECT datname, datistemplate AND NOT datallowconn FROM pg_database \
+                 WHERE datname LIKE $1 AND shobj_description(oid, 'pg_database') LIKE $2",
+                &[&pattern, &format!("{MARKER}%")],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        drop(client);
+        for row in rows {
+            let name: String = row.get(0);
+            let complete: bool = row.get(1);
+            if complete && keep.contains(&name) {
+                continue;
+            }
+            tracing::info!(database = %name, "dropping a database left by an earlier run");
+            self.drop_database(&DbName::from_server(name)).await?;
+        }
+        Ok(())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, String> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(error) => pg_message(&error),
+            other => other.to_string(),
+        })
+    }
+
+    /// Runs one statement outside a transaction (CREATE/DROP DATABASE need that).
+    pub async fn execute(&self, sql: &str) -> Result<(), String> {
+        let client = self.client().await?;
+        client.batch_execute(sql).await.map_err(|e| pg_message(&e))
+    }
+
+    /// True when `db` exists, is marked a template and refuses connections: a finished build.
+    pub async fn is_complete_template(&self, db: &DbName) -> Result<bool, String> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT datistemplate AND NOT datallowconn FROM pg_database WHERE datname = $1",
+                &[&db.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    /// Waits until no session is connected to `db` (a build's connection may take a moment
+    /// to go), terminating stragglers after half the time.
+    pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), String> {
+        let client = self.client().await?;
+        let started = tokio::time::Instant::now();
+        loop {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                    &[&db.as_str()],
+                )
+                .await
+                .map_err(|e| pg_message(&e))?;
+            if row.get::<_, i64>(0) == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > limit / 2 {
+                client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                        &[&db.as_str()],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+            }
+            if started.elapsed() > limit {
+                return Err(format!("sessions still connected to {db} after {limit:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// `CREATE DATABASE clone TEMPLATE template_db`, owned by the lease role and marked.
+    pub async fn clone_database(&self, template_db: &DbName, clone: &DbName) -> Result<(), String> {
+        let client = self.client().await?;
+        let create = format!(
+            "CREATE DATABASE {} TEMPLATE {} STRATEGY {} OWNER {}",
+            clone.quoted(),
+            template_db.quoted(),
+            self.clone_strategy.as_sql(),
+            quote_ident(&self.lease_role)
+        );
+        let mut attempt = 0;
+        loop {
+            match client.batch_execute(&create).await {
+                Ok(()) => break,
+                // "source database is being accessed by other users": a session is leaving.
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && attempt < CLONE_BUSY_RETRIES =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                Err(e) => return Err(pg_message(&e)),
+            }
+        }
+        client
+            .batch_execute(&format!(
+                "COMMENT ON DATABASE {} IS {}",
+                clone.quoted(),
+                quote_literal(MARKER)
+            ))
+            .await
+            .map_err(|e| pg_message(&e))
+    }
+
+    /// Drops `db` if it exists, ending its sessions; a template is unmarked first.
+    pub async fn drop_database(&self, db: &DbName) -> Result<(), String> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT datistemplate FROM pg_database WHERE datname = $1", &[&db.as_str()])
+            .await
+            .map_err(|e| pg_message(&e))?;
+        let Some(row) = row else {
+            return Ok(());
+        };
+        if row.get::<_, bool>(0) {
+            client
+                .batch_execute(&format!("ALTER DATABASE {} WITH IS_TEMPLATE false", db.quoted()))
+                .await
+                .map_err(|e| pg_message(&e))?;
+        }
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.quoted()))
+            .await
+            .map_err(|e| pg_message(&e))
+    }
+}
+
+/// Postgres' own words for an error: severity, message, detail and hint when the server
+/// sent them, else the driver's description with its causes.
+pub fn pg_message(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!("{}: {}", db.severity(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" DETAIL: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!(" HINT: {hint}"));
+        }
+        return text;
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// Host(s) and port of a config, for messages (never the password).
+pub fn describe_target(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}

@@ -1,0 +1,692 @@
+//! `PoolState`: the rules of the pool, with no I/O. It takes events (a lease requested, a
+//! build or clone finished, a lease released or expired, postgres lost or back), each with
+//! the current instant, and returns the [`Action`]s the actor must carry out.
+//!
+//! It never awaits, spawns or talks SQL; the actor owns it and is its only caller, which is
+//! what makes "no database is leased twice" a property of this file alone: a database name
+//! sits in exactly one place — a template's ready queue, a lease record, or the drop queue.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
+use crate::error::{LeaseError, LeaseOpError};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::types::{LeaseRequest, TemplateStatus};
+
+/// Identifies a parked lease request; the actor maps it to the reply channel.
+pub(crate) type WaiterId = u64;
+
+/// How many lost lease ids are remembered to answer "lost" rather than "not found".
+const LOST_MEMORY: usize = 4096;
+
+/// After a clone fails, wait this long before trying that template's clones again.
+const CLONE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// What the actor must do next.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Compute the template's fingerprint and build its template database.
+    Build {
+        template: TemplateName,
+        source: TemplateSource,
+    },
+    /// `CREATE DATABASE clone TEMPLATE template_db`.
+    Clone {
+        template: TemplateName,
+        template_db: DbName,
+        clone: DbName,
+    },
+    /// `DROP DATABASE db WITH (FORCE)`.
+    Drop { db: DbName },
+    /// Hand a lease to a parked request.
+    Grant { waiter: WaiterId, grant: Grant },
+    /// Answer a parked request with an error.
+    Fail { waiter: WaiterId, error: LeaseError },
+}
+
+/// A lease decided by the state, to be completed with connection details by the actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub lease_id: LeaseId,
+    pub template: TemplateName,
+    pub fingerprint: String,
+    pub database: DbName,
+    pub ttl: Duration,
+}
+
+/// An open lease as `/status` shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenLease {
+    pub id: LeaseId,
+    pub template: TemplateName,
+    pub database: DbName,
+    pub expires_at: Instant,
+}
+
+#[derive(Debug)]
+enum Build {
+    Idle,
+    Building,
+    Ready { fingerprint: String, db: DbName },
+    Failed,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: WaiterId,
+    lease_id: LeaseId,
+    ttl: Duration,
+    enqueued: Instant,
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct TemplateEntry {
+    source: TemplateSource,
+    build: Build,
+    /// Clones are kept warm only for templates someone asked for (or prebuilt).
+    wanted: bool,
+    ready: VecDeque<DbName>,
+    creating: usize,
+    leased: usize,
+    waiters: VecDeque<Waiter>,
+    last_error: Option<String>,
+    clones_paused_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct LeaseRecord {
+    template: TemplateName,
+    fingerprint: String,
+    database: DbName,
+    expires_at: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Server {
+    Down(String),
+    Up,
+    Stopping,
+}
+
+/// The pool's bookkeeping. See the module docs.
+#[derive(Debug)]
+pub(crate) struct PoolState {
+    limits: PoolLimits,
+    instance: String,
+    next_seq: u64,
+    server: Server,
+    templates: BTreeMap<TemplateName, TemplateEntry>,
+    leases: HashMap<LeaseId, LeaseRecord>,
+    lost: HashSet<LeaseId>,
+    lost_order: VecDeque<LeaseId>,
+    drop_queue: VecDeque<DbName>,
+    clones_running: usize,
+    drops_running: usize,
+}
+
+impl PoolState {
+    /// A pool whose server is not up yet. `default` is wanted from the start so `/readyz`
+    /// and the first lease do not wait for a build; others only with `prebuild`.
+    pub fn new(
+        limits: PoolLimits,
+        instance: String,
+        templates: &[TemplateConfig],
+        prebuild: bool,
+    ) -> Self {
+        let mut entries = BTreeMap::new();
+        for template in templates {
+            let wanted = prebuild || template.name == TemplateName::default_name();
+            entries.insert(
+                template.name.clone(),
+                TemplateEntry {
+                    source: template.source.clone(),
+                    build: Build::Idle,
+                    wanted,
+                    ready: VecDeque::new(),
+                    creating: 0,
+                    leased: 0,
+                    waiters: VecDeque::new(),
+                    last_error: None,
+                    clones_paused_until: None,
+                },
+            );
+        }
+        PoolState {
+            limits,
+            instance,
+            next_seq: 1,
+            server: Server::Down("starting".into()),
+            templates: entries,
+            leases: HashMap::new(),
+            lost: HashSet::new(),
+            lost_order: VecDeque::new(),
+            drop_queue: VecDeque::new(),
+            clones_running: 0,
+            drops_running: 0,
+        }
+    }
+
+    /// Postgres accepts connections (first start, restart or reconnect): build what is wanted.
+    pub fn server_up(&mut self) -> Vec<Action> {
+        if self.server == Server::Stopping {
+            return Vec::new();
+        }
+        self.server = Server::Up;
+        let mut actions = Vec::new();
+        for (name, entry) in &mut self.templates {
+            if entry.wanted && matches!(entry.build, Build::Idle) {
+                entry.build = Build::Building;
+                actions.push(Action::Build {
+                    template: name.clone(),
+                    source: entry.source.clone(),
+                });
+            }
+        }
+        actions
+    }
+
+    /// Postgres died or the connection to it was lost: everything on it is gone. Open leases
+    /// become "lost", waiting requests fail, builds must be redone.
+    pub fn server_lost(&mut self, reason: &str) -> Vec<Action> {
+        if self.server != Server::Stopping {
+            self.server = Server::Down(reason.to_owned());
+        }
+        let lost_ids: Vec<LeaseId> = self.leases.drain().map(|(id, _)| id).collect();
+        for id in lost_ids {
+            self.remember_lost(id);
+        }
+        let mut actions = Vec::new();
+        for entry in self.templates.values_mut() {
+            entry.ready.clear();
+            entry.creating = 0;
+            entry.leased = 0;
+            entry.clones_paused_until = None;
+            entry.build = Build::Idle;
+            for waiter in entry.waiters.drain(..) {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::PostgresDown(reason.to_owned()),
+                });
+            }
+        }
+        self.drop_queue.clear();
+        self.clones_running = 0;
+        self.drops_running = 0;
+        actions
+    }
+
+    /// The daemon is stopping: refuse new work and answer everyone waiting.
+    pub fn stopping(&mut self) -> Vec<Action> {
+        self.server = Server::Stopping;
+        let mut actions = Vec::new();
+        for entry in self.templates.values_mut() {
+            for waiter in entry.waiters.drain(..) {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::ShuttingDown,
+                });
+            }
+        }
+        actions
+    }
+
+    /// A caller wants a lease. It is granted at once from the ready queue when nobody is
+    /// ahead of it, otherwise parked until a clone is ready or `request.wait` runs out.
+    pub fn request_lease(
+        &mut self,
+        waiter: WaiterId,
+        lease_id: LeaseId,
+        request: &LeaseRequest,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match &self.server {
+            Server::Up => {}
+            Server::Stopping => {
+                actions.push(Action::Fail {
+                    waiter,
+                    error: LeaseError::ShuttingDown,
+                });
+                return actions;
+            }
+            Server::Down(reason) => {
+                actions.push(Action::Fail {
+                    waiter,
+                    error: LeaseError::PostgresDown(reason.clone()),
+                });
+                return actions;
+            }
+        }
+        let ttl = request
+            .ttl
+            .unwrap_or(self.limits.default_ttl)
+            .min(self.limits.max_ttl);
+        let Some(entry) = self.templates.get_mut(&request.template) else {
+            actions.push(Action::Fail {
+                waiter,
+                error: LeaseError::UnknownTemplate(request.template.clone()),
+            });
+            return actions;
+        };
+        entry.wanted = true;
+        if matches!(entry.build, Build::Idle | Build::Failed) {
+            // A failed build is retried by the next request: the sources may have been fixed.
+            entry.build = Build::Building;
+            actions.push(Action::Build {
+                template: request.template.clone(),
+                source: entry.source.clone(),
+            });
+        }
+        entry.waiters.push_back(Waiter {
+            id: waiter,
+            lease_id,
+            ttl,
+            enqueued: now,
+            deadline: now + request.wait,
+        });
+        let template = request.template.clone();
+        self.serve_waiters(&template, now, &mut actions);
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A parked request's caller went away: forget it, so it does not hold up others or
+    /// make the pool grow for nobody.
+    pub fn cancel_waiter(&mut self, waiter: WaiterId) {
+        for entry in self.templates.values_mut() {
+            entry.waiters.retain(|w| w.id != waiter);
+        }
+    }
+
+    /// A build ended: with the template's fingerprint and database, or an error message.
+    pub fn build_finished(
+        &mut self,
+        template: &TemplateName,
+        outcome: Result<(String, DbName), String>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(entry) = self.templates.get_mut(template) else {
+            return actions;
+        };
+        match outcome {
+            Ok((fingerprint, db)) => {
+                entry.build = Build::Ready { fingerprint, db };
+                entry.last_error = None;
+            }
+            Err(message) => {
+                for waiter in entry.waiters.drain(..) {
+                    actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error: LeaseError::BuildFailed {
+                            template: template.clone(),
+                            message: message.clone(),
+                        },
+                    });
+                }
+                entry.last_error = Some(message);
+                entry.build = Build::Failed;
+            }
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A clone ended. On success it joins the ready queue (or goes straight to a waiter);
+    /// on failure the template's waiters get the error and its clones pause briefly, so a
+    /// full disk does not turn into a busy loop.
+    pub fn clone_finished(
+        &mut self,
+        template: &TemplateName,
+        clone: DbName,
+        outcome: Result<(), String>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.clones_running = self.clones_running.saturating_sub(1);
+        let Some(entry) = self.templates.get_mut(template) else {
+            self.drop_queue.push_back(clone);
+            self.dispatch(now, &mut actions);
+            return actions;
+        };
+        entry.creating = entry.creating.saturating_sub(1);
+        match outcome {
+            Ok(()) => {
+                entry.ready.push_back(clone);
+                entry.last_error = None;
+                self.serve_waiters(template, now, &mut actions);
+            }
+            Err(message) => {
+                entry.clones_paused_until = Some(now + CLONE_RETRY_DELAY);
+                for waiter in entry.waiters.drain(..) {
+                    actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error: LeaseError::CloneFailed {
+                            template: template.clone(),
+                            message: message.clone(),
+                        },
+                    });
+                }
+                entry.last_error = Some(message);
+                // The failed CREATE may have left files behind; dropping is harmless if not.
+                self.drop_queue.push_back(clone);
+            }
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A drop ended (successfully or not; failures are logged by the actor).
+    pub fn drop_finished(&mut self, now: Instant) -> Vec<Action> {
+        self.drops_running = self.drops_running.saturating_sub(1);
+        let mut actions = Vec::new();
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// The reply carrying a grant could not be delivered (the client went away): the
+    /// database was never seen by anyone, so it goes back to the front of the ready queue.
+    pub fn grant_undelivered(&mut self, lease_id: &LeaseId, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(record) = self.leases.remove(lease_id) {
+            if let Some(entry) = self.templates.get_mut(&record.template) {
+                entry.leased = entry.leased.saturating_sub(1);
+                entry.ready.push_front(record.database);
+            } else {
+                self.drop_queue.push_back(record.database);
+            }
+            let template = record.template;
+            self.serve_waiters(&template, now, &mut actions);
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A caller is done with a lease. With `reuse` the caller vouches the database is
+    /// unchanged and it goes back to the ready queue; otherwise it is dropped and replaced.
+    pub fn release(
+        &mut self,
+        id: &LeaseId,
+        reuse: bool,
+        now: Instant,
+    ) -> (Result<(), LeaseOpError>, Vec<Action>) {
+        let mut actions = Vec::new();
+        let Some(record) = self.leases.remove(id) else {
+            return (Err(self.missing_lease(id)), actions);
+        };
+        let mut to_drop = Some(record.database);
+        if let Some(entry) = self.templates.get_mut(&record.template) {
+            entry.leased = entry.leased.saturating_sub(1);
+            let current = matches!(&entry.build, Build::Ready { fingerprint, .. } if *fingerprint == record.fingerprint);
+            if reuse && current {
+                if let Some(db) = to_drop.take() {
+                    entry.ready.push_back(db);
+                }
+            }
+        }
+        if let Some(db) = to_drop {
+            self.drop_queue.push_back(db);
+        }
+        self.serve_waiters(&record.template, now, &mut actions);
+        self.dispatch(now, &mut actions);
+        (Ok(()), actions)
+    }
+
+    /// Extends a lease to `ttl` from now.
+    pub fn renew(
+        &mut self,
+        id: &LeaseId,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) -> Result<Duration, LeaseOpError> {
+        let ttl = ttl
+            .unwrap_or(self.limits.default_ttl)
+            .min(self.limits.max_ttl);
+        match self.leases.get_mut(id) {
+            Some(record) => {
+                record.expires_at = now + ttl;
+                Ok(ttl)
+            }
+            None => Err(self.missing_lease(id)),
+        }
+    }
+
+    /// Time passes: expire leases, time out waiters, resume paused clones.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let expired: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(_, record)| record.expires_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(record) = self.leases.remove(&id) {
+                tracing::info!(lease_id = %id, database = %record.database, "lease expired; dropping its database");
+                if let Some(entry) = self.templates.get_mut(&record.template) {
+                    entry.leased = entry.leased.saturating_sub(1);
+                }
+                self.drop_queue.push_back(record.database);
+            }
+        }
+        let max_total = self.limits.max_total;
+        for (name, entry) in &mut self.templates {
+            let leased = entry.leased;
+            let (timed_out, waiting): (Vec<Waiter>, Vec<Waiter>) =
+                entry.waiters.drain(..).partition(|w| w.deadline <= now);
+            entry.waiters = waiting.into();
+            for waiter in timed_out {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::TimedOut {
+                        template: name.clone(),
+                        waited_ms: now.duration_since(waiter.enqueued).as_millis() as u64,
+                        leased,
+                        max_total,
+                    },
+                });
+            }
+            if entry.clones_paused_until.is_some_and(|t| t <= now) {
+                entry.clones_paused_until = None;
+            }
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// The earliest instant at which [`PoolState::tick`] has something to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let leases = self.leases.values().map(|r| r.expires_at);
+        let templates = self.templates.values().flat_map(|e| {
+            e.waiters
+                .iter()
+                .map(|w| w.deadline)
+                .chain(e.clones_paused_until)
+        });
+        leases.chain(templates).min()
+    }
+
+    /// Per-template counts for `/status`.
+    pub fn template_status(&self) -> Vec<TemplateStatus> {
+        self.templates
+            .iter()
+            .map(|(name, entry)| {
+                let (state, fingerprint) = match &entry.build {
+                    Build::Idle => ("idle", None),
+                    Build::Building => ("building", None),
+                    Build::Ready { fingerprint, .. } => ("ready", Some(fingerprint.clone())),
+                    Build::Failed => ("failed", None),
+                };
+                TemplateStatus {
+                    name: name.clone(),
+                    fingerprint,
+                    state,
+                    ready: entry.ready.len(),
+                    leased: entry.leased,
+                    in_progress: entry.creating,
+                    waiting: entry.waiters.len(),
+                    last_error: entry.last_error.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Open leases, soonest expiry first.
+    pub fn lease_list(&self) -> Vec<OpenLease> {
+        let mut list: Vec<OpenLease> = self
+            .leases
+            .iter()
+            .map(|(id, record)| OpenLease {
+                id: id.clone(),
+                template: record.template.clone(),
+                database: record.database.clone(),
+                expires_at: record.expires_at,
+            })
+            .collect();
+        list.sort_by_key(|lease| lease.expires_at);
+        list
+    }
+
+    /// Postgres is up and the `default` template is built.
+    pub fn ready_for_default(&self) -> bool {
+        self.server == Server::Up
+            && self
+                .templates
+                .get(&TemplateName::default_name())
+                .is_some_and(|e| matches!(e.build, Build::Ready { .. }))
+    }
+
+    /// True while postgres is up.
+    pub fn server_is_up(&self) -> bool {
+        self.server == Server::Up
+    }
+
+    /// Every clone this pool holds (ready, leased, queued for drop): what an external
+    /// server must lose at shutdown.
+    pub fn all_clones(&self) -> Vec<DbName> {
+        let ready = self.templates.values().flat_map(|e| e.ready.iter().cloned());
+        let leased = self.leases.values().map(|r| r.database.clone());
+        ready
+            .chain(leased)
+            .chain(self.drop_queue.iter().cloned())
+            .collect()
+    }
+
+    fn missing_lease(&self, id: &LeaseId) -> LeaseOpError {
+        if self.lost.contains(id) {
+            LeaseOpError::Lost(id.to_string())
+        } else if self.server == Server::Stopping {
+            LeaseOpError::ShuttingDown
+        } else {
+            LeaseOpError::NotFound(id.to_string())
+        }
+    }
+
+    fn remember_lost(&mut self, id: LeaseId) {
+        if self.lost_order.len() >= LOST_MEMORY {
+            if let Some(old) = self.lost_order.pop_front() {
+                self.lost.remove(&old);
+            }
+        }
+        self.lost.insert(id.clone());
+        self.lost_order.push_back(id);
+    }
+
+    /// Pairs ready clones with waiters of one template, first come first served.
+    fn serve_waiters(&mut self, template: &TemplateName, now: Instant, actions: &mut Vec<Action>) {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        let Build::Ready { fingerprint, .. } = &entry.build else {
+            return;
+        };
+        while !entry.ready.is_empty() && !entry.waiters.is_empty() {
+            let (Some(database), Some(waiter)) = (entry.ready.pop_front(), entry.waiters.pop_front())
+            else {
+                break;
+            };
+            entry.leased += 1;
+            self.leases.insert(
+                waiter.lease_id.clone(),
+                LeaseRecord {
+                    template: template.clone(),
+                    fingerprint: fingerprint.clone(),
+                    database: database.clone(),
+                    expires_at: now + waiter.ttl,
+                },
+            );
+            actions.push(Action::Grant {
+                waiter: waiter.id,
+                grant: Grant {
+                    lease_id: waiter.lease_id,
+                    template: template.clone(),
+                    fingerprint: fingerprint.clone(),
+                    database,
+                    ttl: waiter.ttl,
+                },
+            });
+        }
+    }
+
+    /// Starts drops and clones up to the concurrency limit. Templates with waiters go first;
+    /// then clones are spread one per template per round.
+    fn dispatch(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if self.server != Server::Up {
+            return;
+        }
+        let limit = self.limits.clone_concurrency.max(1);
+        while self.drops_running < limit {
+            let Some(db) = self.drop_queue.pop_front() else {
+                break;
+            };
+            self.drops_running += 1;
+            actions.push(Action::Drop { db });
+        }
+        let mut order: Vec<TemplateName> = self.templates.keys().cloned().collect();
+        order.sort_by_key(|name| self.templates.get(name).map_or(0, |e| e.waiters.is_empty() as u8));
+        let (min_ready, max_total) = (self.limits.min_ready, self.limits.max_total);
+        loop {
+            let mut started = false;
+            for name in &order {
+                if self.clones_running >= limit {
+                    return;
+                }
+                let Some(entry) = self.templates.get_mut(name) else {
+                    continue;
+                };
+                let Build::Ready { db: template_db, .. } = &entry.build else {
+                    continue;
+                };
+                if !entry.wanted || entry.clones_paused_until.is_some_and(|t| t > now) {
+                    continue;
+                }
+                let have = entry.ready.len() + entry.creating;
+                let want = min_ready + entry.waiters.len();
+                let total = entry.ready.len() + entry.leased + entry.creating;
+                if have >= want || total >= max_total {
+                    continue;
+                }
+                let clone = DbName::clone_db(&self.instance, self.next_seq);
+                self.next_seq += 1;
+                entry.creating += 1;
+                self.clones_running += 1;
+                started = true;
+                actions.push(Action::Clone {
+                    template: name.clone(),
+                    template_db: template_db.clone(),
+                    clone,
+                });
+            }
+            if !started {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,372 @@
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::*;
+
+fn name(text: &str) -> TemplateName {
+    TemplateName::new(text).expect("valid name")
+}
+
+fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
+    PoolLimits {
+        min_ready,
+        max_total,
+        clone_concurrency: 2,
+        default_ttl: Duration::from_secs(60),
+        max_ttl: Duration::from_secs(600),
+    }
+}
+
+fn pool(min_ready: usize, max_total: usize) -> PoolState {
+    let templates = vec![
+        TemplateConfig {
+            name: TemplateName::default_name(),
+            source: TemplateSource::Empty,
+        },
+        TemplateConfig {
+            name: name("app"),
+            source: TemplateSource::Migrations(PathBuf::from("migrations")),
+        },
+    ];
+    PoolState::new(limits(min_ready, max_total), "t1".into(), &templates, false)
+}
+
+fn request(template: &str, wait_ms: u64) -> LeaseRequest {
+    LeaseRequest {
+        template: name(template),
+        ttl: None,
+        wait: Duration::from_millis(wait_ms),
+    }
+}
+
+/// Carries out actions the way the actor would, with every build and clone succeeding
+/// at once; returns the grants and failures it saw.
+struct Driver {
+    state: PoolState,
+    now: Instant,
+    next_waiter: WaiterId,
+    grants: Vec<(WaiterId, Grant)>,
+    failures: Vec<(WaiterId, LeaseError)>,
+    drops: Vec<DbName>,
+    pending: Vec<Action>,
+}
+
+impl Driver {
+    fn new(state: PoolState) -> Self {
+        let mut driver = Driver {
+            state,
+            now: Instant::now(),
+            next_waiter: 1,
+            grants: Vec::new(),
+            failures: Vec::new(),
+            drops: Vec::new(),
+            pending: Vec::new(),
+        };
+        let actions = driver.state.server_up();
+        driver.pending.extend(actions);
+        driver
+    }
+
+    /// Runs actions until none are left; builds and clones succeed.
+    fn settle(&mut self) {
+        while let Some(action) = self.pending.pop() {
+            let more = match action {
+                Action::Build { template, .. } => {
+                    let db = DbName::template(&template, "abcdef0123456789");
+                    self.state
+                        .build_finished(&template, Ok(("abcdef0123456789".into(), db)), self.now)
+                }
+                Action::Clone {
+                    template, clone, ..
+                } => self.state.clone_finished(&template, clone, Ok(()), self.now),
+                Action::Drop { db } => {
+                    self.drops.push(db);
+                    self.state.drop_finished(self.now)
+                }
+                Action::Grant { waiter, grant } => {
+                    self.grants.push((waiter, grant));
+                    Vec::new()
+                }
+                Action::Fail { waiter, error } => {
+                    self.failures.push((waiter, error));
+                    Vec::new()
+                }
+            };
+            self.pending.extend(more);
+        }
+    }
+
+    fn lease(&mut self, template: &str, wait_ms: u64) -> WaiterId {
+        let waiter = self.next_waiter;
+        self.next_waiter += 1;
+        let actions =
+            self.state
+                .request_lease(waiter, LeaseId::random(), &request(template, wait_ms), self.now);
+        self.pending.extend(actions);
+        waiter
+    }
+
+    fn grant_of(&self, waiter: WaiterId) -> Option<&Grant> {
+        self.grants.iter().find(|(w, _)| *w == waiter).map(|(_, g)| g)
+    }
+}
+
+fn default_status(state: &PoolState) -> TemplateStatus {
+    state
+        .template_status()
+        .into_iter()
+        .find(|t| t.name == TemplateName::default_name())
+        .expect("default template")
+}
+
+#[test]
+fn default_template_is_built_and_warmed_at_start() {
+    let mut driver = Driver::new(pool(3, 10));
+    driver.settle();
+    let status = driver.state.template_status();
+    let default = status.iter().find(|t| t.name.as_str() == "default").expect("default");
+    assert_eq!((default.state, default.ready), ("ready", 3));
+    let app = status.iter().find(|t| t.name.as_str() == "app").expect("app");
+    assert_eq!((app.state, app.ready), ("idle", 0), "app is built only on first need");
+    assert!(driver.state.ready_for_default());
+}
+
+#[test]
+fn a_lease_is_granted_from_the_ready_queue_and_refilled() {
+    let mut driver = Driver::new(pool(2, 10));
+    driver.settle();
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    assert!(driver.grant_of(waiter).is_some());
+    let default = default_status(&driver.state);
+    assert_eq!((default.ready, default.leased), (2, 1));
+}
+
+#[test]
+fn no_database_is_handed_out_twice() {
+    let mut driver = Driver::new(pool(4, 64));
+    driver.settle();
+    let waiters: Vec<_> = (0..40).map(|_| driver.lease("default", 1000)).collect();
+    driver.settle();
+    let databases: HashSet<_> = driver.grants.iter().map(|(_, g)| g.database.clone()).collect();
+    assert_eq!(driver.grants.len(), waiters.len());
+    assert_eq!(databases.len(), waiters.len());
+    // Releasing with reuse puts a database back; it is then granted once more, not twice at once.
+    let first = driver.grants[0].1.clone();
+    let (result, actions) = driver.state.release(&first.lease_id, true, driver.now);
+    assert!(result.is_ok());
+    driver.pending.extend(actions);
+    let again = driver.lease("default", 1000);
+    driver.settle();
+    let open: Vec<_> = driver.state.lease_list().into_iter().map(|l| l.database).collect();
+    let unique: HashSet<_> = open.iter().cloned().collect();
+    assert_eq!(open.len(), unique.len());
+    assert!(driver.grant_of(again).is_some());
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order_when_the_pool_is_exhausted() {
+    let mut driver = Driver::new(pool(0, 1));
+    driver.settle();
+    let first = driver.lease("default", 10_000);
+    driver.settle();
+    let second = driver.lease("default", 10_000);
+    let third = driver.lease("default", 10_000);
+    driver.settle();
+    assert!(driver.grant_of(first).is_some());
+    assert!(driver.grant_of(second).is_none() && driver.grant_of(third).is_none());
+    let first_id = driver.grant_of(first).expect("granted").lease_id.clone();
+    let (result, actions) = driver.state.release(&first_id, false, driver.now);
+    assert!(result.is_ok());
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.grant_of(second).is_some(), "the earlier waiter goes first");
+    assert!(driver.grant_of(third).is_none());
+}
+
+#[test]
+fn a_waiter_times_out_when_nothing_frees_up() {
+    let mut driver = Driver::new(pool(0, 1));
+    driver.settle();
+    driver.lease("default", 10_000);
+    driver.settle();
+    let late = driver.lease("default", 200);
+    driver.settle();
+    let actions = driver.state.tick(driver.now + Duration::from_millis(199));
+    assert!(actions.is_empty());
+    let actions = driver.state.tick(driver.now + Duration::from_millis(200));
+    driver.pending.extend(actions);
+    driver.settle();
+    let (waiter, error) = driver.failures.last().expect("a failure");
+    assert_eq!(*waiter, late);
+    assert!(matches!(error, LeaseError::TimedOut { leased: 1, max_total: 1, .. }));
+}
+
+#[test]
+fn expired_leases_are_dropped_and_their_ids_are_void() {
+    let mut driver = Driver::new(pool(1, 4));
+    driver.settle();
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    let grant = driver.grant_of(waiter).expect("granted").clone();
+    assert_eq!(
+        driver.state.next_deadline(),
+        Some(driver.now + Duration::from_secs(60))
+    );
+    driver.now += Duration::from_secs(61);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.drops.contains(&grant.database));
+    let (result, _) = driver.state.release(&grant.lease_id, false, driver.now);
+    assert!(matches!(result, Err(LeaseOpError::NotFound(_))));
+    assert!(matches!(
+        driver.state.renew(&grant.lease_id, None, driver.now),
+        Err(LeaseOpError::NotFound(_))
+    ));
+}
+
+#[test]
+fn release_without_reuse_drops_and_replaces() {
+    let mut driver = Driver::new(pool(1, 4));
+    driver.settle();
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    let grant = driver.grant_of(waiter).expect("granted").clone();
+    let (result, actions) = driver.state.release(&grant.lease_id, false, driver.now);
+    assert!(result.is_ok());
+    driver.pending.extend(actions);
+    driver.settle();
+    assert_eq!(driver.drops, vec![grant.database.clone()]);
+    let default = default_status(&driver.state);
+    assert_eq!((default.ready, default.leased), (1, 0));
+    let (again, _) = driver.state.release(&grant.lease_id, false, driver.now);
+    assert!(matches!(again, Err(LeaseOpError::NotFound(_))));
+}
+
+#[test]
+fn max_total_caps_clones_per_template() {
+    let mut driver = Driver::new(pool(8, 3));
+    driver.settle();
+    let default = default_status(&driver.state);
+    assert_eq!(default.ready, 3);
+}
+
+#[test]
+fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up();
+    let now = Instant::now();
+    let actions = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
+    assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })));
+    let actions = state.build_finished(&name("app"), Err("001.sql: syntax error at line 3".into()), now);
+    assert!(matches!(
+        actions.as_slice(),
+        [Action::Fail { waiter: 1, error: LeaseError::BuildFailed { .. } }]
+    ));
+    let actions = state.request_lease(2, LeaseId::random(), &request("app", 1000), now);
+    assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })), "retried");
+}
+
+#[test]
+fn unknown_templates_are_refused() {
+    let mut driver = Driver::new(pool(1, 4));
+    driver.settle();
+    let waiter = driver.lease("nope", 1000);
+    driver.settle();
+    assert!(matches!(
+        driver.failures.as_slice(),
+        [(w, LeaseError::UnknownTemplate(_))] if *w == waiter
+    ));
+}
+
+#[test]
+fn an_undelivered_grant_returns_its_database_to_the_queue() {
+    let mut driver = Driver::new(pool(1, 1));
+    driver.settle();
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    let grant = driver.grant_of(waiter).expect("granted").clone();
+    let actions = driver.state.grant_undelivered(&grant.lease_id, driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let default = default_status(&driver.state);
+    assert_eq!((default.ready, default.leased), (1, 0));
+    assert!(driver.drops.is_empty());
+}
+
+#[test]
+fn losing_postgres_fails_waiters_and_marks_leases_lost() {
+    let mut driver = Driver::new(pool(0, 1));
+    driver.settle();
+    let holder = driver.lease("default", 1000);
+    let waiting = driver.lease("default", 1000);
+    driver.settle();
+    let grant = driver.grant_of(holder).expect("granted").clone();
+    let actions = driver.state.server_lost("postmaster exited");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(matches!(
+        driver.failures.as_slice(),
+        [(w, LeaseError::PostgresDown(_))] if *w == waiting
+    ));
+    let (result, _) = driver.state.release(&grant.lease_id, false, driver.now);
+    assert!(matches!(result, Err(LeaseOpError::Lost(_))));
+    let refused = driver.lease("default", 1000);
+    driver.settle();
+    assert!(driver.failures.iter().any(|(w, e)| *w == refused && matches!(e, LeaseError::PostgresDown(_))));
+    // Back up: the wanted templates are rebuilt.
+    let actions = driver.state.server_up();
+    assert!(actions.iter().any(|a| matches!(a, Action::Build { template, .. } if template.as_str() == "default")));
+}
+
+#[test]
+fn clone_failures_fail_waiters_and_pause_that_template() {
+    let mut state = pool(1, 4);
+    let now = Instant::now();
+    let _ = state.server_up();
+    let mut actions = state.build_finished(
+        &TemplateName::default_name(),
+        Ok(("ff".into(), DbName::template(&TemplateName::default_name(), "ff"))),
+        now,
+    );
+    actions.extend(state.request_lease(7, LeaseId::random(), &request("default", 1000), now));
+    // min_ready 1 + one waiter: two clones in flight, at most clone_concurrency.
+    let clones: Vec<DbName> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Clone { clone, .. } => Some(clone.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(!clones.is_empty());
+    let actions = state.clone_finished(
+        &TemplateName::default_name(),
+        clones[0].clone(),
+        Err("could not write to file: No space left on device".into()),
+        now,
+    );
+    assert!(actions.iter().any(|a| matches!(a, Action::Fail { waiter: 7, error: LeaseError::CloneFailed { .. } })));
+    assert!(actions.iter().any(|a| matches!(a, Action::Drop { db } if *db == clones[0])));
+    assert!(!actions.iter().any(|a| matches!(a, Action::Clone { .. })), "paused");
+    for clone in &clones[1..] {
+        let actions = state.clone_finished(&TemplateName::default_name(), clone.clone(), Err("disk full".into()), now);
+        assert!(!actions.iter().any(|a| matches!(a, Action::Clone { .. })), "still paused");
+    }
+    let later = state.tick(now + CLONE_RETRY_DELAY);
+    assert!(later.iter().any(|a| matches!(a, Action::Clone { .. })), "resumed");
+}
+
+#[test]
+fn stopping_refuses_new_requests() {
+    let mut driver = Driver::new(pool(1, 2));
+    driver.settle();
+    let actions = driver.state.stopping();
+    driver.pending.extend(actions);
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    assert!(matches!(
+        driver.failures.as_slice(),
+        [(w, LeaseError::ShuttingDown)] if *w == waiter
+    ));
+}

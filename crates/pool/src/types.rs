@@ -1,0 +1,145 @@
+//! Plain domain values the pool hands to its callers: leases, connection details, requests
+//! and status reports. They are not `Serialize`: `pglease-api` owns the wire format.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::names::{DbName, LeaseId, TemplateName};
+
+/// What a caller asks for.
+#[derive(Debug, Clone)]
+pub struct LeaseRequest {
+    /// The template to clone.
+    pub template: TemplateName,
+    /// Time to live; the pool's default when None. Capped at the pool's maximum.
+    pub ttl: Option<Duration>,
+    /// How long to wait for a ready clone.
+    pub wait: Duration,
+}
+
+/// A database handed to one caller until released or expired.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// The lease's id.
+    pub id: LeaseId,
+    /// The template it was cloned from.
+    pub template: TemplateName,
+    /// The template's fingerprint (SHA-256 hex of its sources and the postgres major).
+    pub fingerprint: String,
+    /// How to connect.
+    pub connect: ConnectInfo,
+    /// When the lease expires unless renewed.
+    pub expires_at: SystemTime,
+}
+
+/// How to reach a leased database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectInfo {
+    /// Host name, IP address, or unix socket directory.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Role to log in as.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// The database.
+    pub database: DbName,
+}
+
+impl ConnectInfo {
+    /// A `postgres://` URL libpq and most drivers accept.
+    pub fn url(&self) -> String {
+        let (user, password, db) = (&self.user, &self.password, self.database.as_str());
+        if self.host.starts_with('/') {
+            // A unix socket directory travels as a query parameter.
+            format!(
+                "postgres://{user}:{password}@/{db}?host={}&port={}",
+                self.host, self.port
+            )
+        } else if self.host.contains(':') {
+            format!("postgres://{user}:{password}@[{}]:{}/{db}", self.host, self.port)
+        } else {
+            format!("postgres://{user}:{password}@{}:{}/{db}", self.host, self.port)
+        }
+    }
+}
+
+/// A snapshot of the pool for `/status`.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    /// The server.
+    pub postgres: PostgresStatus,
+    /// Every template, by name.
+    pub templates: Vec<TemplateStatus>,
+    /// Open leases.
+    pub leases: Vec<LeaseSummary>,
+}
+
+/// The server's side of a status report.
+#[derive(Debug, Clone)]
+pub struct PostgresStatus {
+    /// "starting", "running", "restarting" or "stopping".
+    pub state: &'static str,
+    /// True when pglease attached to an external server.
+    pub external: bool,
+    /// `server_version`.
+    pub version: Option<String>,
+    /// The postmaster pid (embedded only).
+    pub pid: Option<u32>,
+    /// The data directory (embedded only).
+    pub data_dir: Option<PathBuf>,
+    /// Host and port lease holders connect to.
+    pub host: Option<String>,
+    /// The port.
+    pub port: Option<u16>,
+    /// Settings read back with SHOW (fsync, synchronous_commit, ...).
+    pub settings: Vec<(String, String)>,
+    /// Times postgres died and was restarted (or reconnected).
+    pub restarts: u32,
+    /// Why the last restart happened, or the last start error.
+    pub last_error: Option<String>,
+}
+
+/// A template's side of a status report.
+#[derive(Debug, Clone)]
+pub struct TemplateStatus {
+    /// The name.
+    pub name: TemplateName,
+    /// The fingerprint of the built version, if built.
+    pub fingerprint: Option<String>,
+    /// "idle" (not built yet), "building", "ready" or "failed".
+    pub state: &'static str,
+    /// Clones ready to lease.
+    pub ready: usize,
+    /// Clones leased.
+    pub leased: usize,
+    /// Clones being made.
+    pub in_progress: usize,
+    /// Requests waiting.
+    pub waiting: usize,
+    /// The last build or clone error.
+    pub last_error: Option<String>,
+}
+
+/// One open lease in a status report.
+#[derive(Debug, Clone)]
+pub struct LeaseSummary {
+    /// The id.
+    pub id: LeaseId,
+    /// Its template.
+    pub template: TemplateName,
+    /// Its database.
+    pub database: DbName,
+    /// When it expires.
+    pub expires_at: SystemTime,
+}
+
+/// Answers `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// Postgres accepts connections.
+    pub postgres_up: bool,
+    /// The `default` template is built.
+    pub default_template_ready: bool,
+}

@@ -1,0 +1,431 @@
+//! The command line (clap) and the optional TOML config file, and their conversion into
+//! validated `pglease_pool::PoolConfig` / `pglease_api::ApiConfig` values. No clap or TOML
+//! type leaves this file.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use pglease_api::ApiConfig;
+use pglease_pool::{
+    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig, TemplateConfig,
+    TemplateName, TemplateSource,
+};
+use serde::Deserialize;
+
+/// Default address of the HTTP API.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:5480";
+/// Default server URL for client commands.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:5480";
+
+/// pglease: a pool of pre-warmed, throw-away PostgreSQL databases for parallel tests.
+///
+/// `pglease serve` runs the daemon: its own postgres tuned for tests (fsync off, on tmpfs),
+/// template databases built from your migrations, and ready clones leased over HTTP.
+/// The other commands are clients of a running daemon.
+#[derive(Debug, Parser)]
+#[command(name = "pglease", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (embedded postgres on tmpfs, or --postgres-url).
+    Serve(Box<ServeArgs>),
+    /// Lease a database and print its URL: DATABASE_URL=$(pglease lease).
+    Lease(LeaseArgs),
+    /// Release a lease by id (its database is dropped and replaced).
+    Release(ReleaseArgs),
+    /// Extend a lease's time to live.
+    Renew(RenewArgs),
+    /// Print the daemon's status as JSON.
+    Status(ClientArgs),
+    /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
+    Run(RunArgs),
+}
+
+/// Options of `pglease serve`. Flags override the config file.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file (see README: Configuration).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address of the HTTP API [default: 127.0.0.1:5480].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// A template: NAME=migrations:DIR, NAME=sql:FILE or NAME=empty. Repeatable.
+    #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
+    pub templates: Vec<String>,
+    /// Ready clones kept warm per template [default: 4].
+    #[arg(long)]
+    pub min_ready: Option<usize>,
+    /// Clones per template at once: ready + leased + being made [default: 32].
+    #[arg(long)]
+    pub max_total: Option<usize>,
+    /// Clones and drops running at once [default: 2].
+    #[arg(long)]
+    pub clone_concurrency: Option<usize>,
+    /// How CREATE DATABASE copies a template [default: file-copy].
+    #[arg(long, value_enum)]
+    pub clone_strategy: Option<StrategyArg>,
+    /// Time to live of a lease when the request names none, in seconds [default: 1800].
+    #[arg(long, value_name = "SECS")]
+    pub default_ttl: Option<u64>,
+    /// Build every template at start instead of on first lease.
+    #[arg(long)]
+    pub prebuild: bool,
+    /// Attach to this existing server (a superuser URL) instead of starting postgres.
+    #[arg(long, value_name = "URL", env = "PGLEASE_POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
+    /// Directory of the postgres binaries [default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin].
+    #[arg(long, value_name = "DIR")]
+    pub pg_bin_dir: Option<PathBuf>,
+    /// Instance directory for postgres' data [default: a fresh directory under /dev/shm].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Mount a dedicated tmpfs of this size (e.g. 2G) for the data (needs root).
+    #[arg(long, value_name = "SIZE")]
+    pub tmpfs_size: Option<String>,
+    /// Allow fsync=off on a data directory that is not tmpfs/ramfs.
+    #[arg(long)]
+    pub allow_unsafe_on_disk: bool,
+    /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
+    #[arg(long, value_name = "USER")]
+    pub pg_user: Option<String>,
+    /// Where initdb results are cached [default: $XDG_CACHE_HOME/pglease or /var/cache/pglease].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Address postgres listens on [default: 127.0.0.1].
+    #[arg(long, value_name = "HOST")]
+    pub pg_listen: Option<String>,
+    /// Port postgres listens on [default: a free port].
+    #[arg(long, value_name = "PORT")]
+    pub pg_port: Option<u16>,
+    /// Extra postgres setting KEY=VALUE (applied last). Repeatable.
+    #[arg(long = "pg-setting", value_name = "KEY=VALUE")]
+    pub pg_settings: Vec<String>,
+    /// initdb --locale [default: C].
+    #[arg(long)]
+    pub locale: Option<String>,
+    /// initdb --encoding [default: UTF8].
+    #[arg(long)]
+    pub encoding: Option<String>,
+    /// Host put in lease answers instead of postgres' listen address (e.g. a compose service name).
+    #[arg(long, value_name = "HOST")]
+    pub advertise_host: Option<String>,
+    /// Keep the data directory at exit.
+    #[arg(long)]
+    pub keep_data: bool,
+}
+
+/// `--clone-strategy`.
+#[derive(Debug, Clone, Copy, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyArg {
+    /// CREATE DATABASE … STRATEGY FILE_COPY (fast on tmpfs).
+    FileCopy,
+    /// CREATE DATABASE … STRATEGY WAL_LOG (postgres 15's default).
+    WalLog,
+}
+
+/// Options shared by client commands.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// URL of the pglease daemon.
+    #[arg(long, env = "PGLEASE_URL", default_value = DEFAULT_SERVER, value_name = "URL")]
+    pub server: String,
+}
+
+/// `pglease lease`.
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// Template to lease from.
+    #[arg(long, short = 't', default_value = "default")]
+    pub template: String,
+    /// Time to live in seconds [default: the daemon's].
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u64>,
+    /// How long to wait for a database, in milliseconds [default: the daemon's].
+    #[arg(long, value_name = "MS")]
+    pub wait_ms: Option<u64>,
+    /// Print the whole lease as JSON (id, url, credentials, expiry) instead of the URL.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The lease id.
+    pub id: String,
+    /// The database was left unchanged: recycle it as is instead of dropping it.
+    #[arg(long)]
+    pub reuse: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease renew`.
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// The lease id.
+    pub id: String,
+    /// New time to live from now, in seconds [default: the daemon's].
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Template to lease from.
+    #[arg(long, short = 't', default_value = "default")]
+    pub template: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// The `[postgres]` table of the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PostgresFile {
+    url: Option<String>,
+    bin_dir: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    tmpfs_size: Option<String>,
+    allow_unsafe_on_disk: Option<bool>,
+    user: Option<String>,
+    cache_dir: Option<PathBuf>,
+    listen: Option<String>,
+    port: Option<u16>,
+    advertise_host: Option<String>,
+    locale: Option<String>,
+    encoding: Option<String>,
+    keep_data: Option<bool>,
+    #[serde(default)]
+    settings: BTreeMap<String, toml::Value>,
+}
+
+/// A `[templates.NAME]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplateFile {
+    migrations: Option<PathBuf>,
+    sql: Option<PathBuf>,
+}
+
+/// The config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    listen: Option<SocketAddr>,
+    min_ready: Option<usize>,
+    max_total: Option<usize>,
+    clone_concurrency: Option<usize>,
+    clone_strategy: Option<StrategyArg>,
+    default_ttl_secs: Option<u64>,
+    prebuild: Option<bool>,
+    #[serde(default)]
+    postgres: PostgresFile,
+    #[serde(default)]
+    templates: BTreeMap<String, TemplateFile>,
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Debug)]
+pub struct ServeConfig {
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// The pool.
+    pub pool: PoolConfig,
+    /// The API.
+    pub api: ApiConfig,
+}
+
+impl ServeArgs {
+    /// Reads the config file (if any), applies the flags over it, and validates the result.
+    /// Errors are one line for the user.
+    pub fn into_config(self) -> Result<ServeConfig, String> {
+        let (file, file_dir) = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                let file: ConfigFile = toml::from_str(&text)
+                    .map_err(|e| format!("config file {}: {}", path.display(), e.message()))?;
+                let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                (file, dir)
+            }
+            None => (ConfigFile::default(), PathBuf::new()),
+        };
+        let defaults = PoolLimits::default();
+        let limits = PoolLimits {
+            min_ready: self.min_ready.or(file.min_ready).unwrap_or(defaults.min_ready),
+            max_total: self.max_total.or(file.max_total).unwrap_or(defaults.max_total),
+            clone_concurrency: self
+                .clone_concurrency
+                .or(file.clone_concurrency)
+                .unwrap_or(defaults.clone_concurrency),
+            default_ttl: self
+                .default_ttl
+                .or(file.default_ttl_secs)
+                .map(Duration::from_secs)
+                .unwrap_or(defaults.default_ttl),
+            max_ttl: defaults.max_ttl,
+        };
+        if limits.max_total == 0 || limits.min_ready > limits.max_total {
+            return Err(format!(
+                "--max-total must be at least 1 and at least --min-ready (got min_ready {}, max_total {})",
+                limits.min_ready, limits.max_total
+            ));
+        }
+        if limits.clone_concurrency == 0 || limits.default_ttl.is_zero() || limits.default_ttl > limits.max_ttl {
+            return Err("--clone-concurrency must be at least 1 and --default-ttl between 1 and 86400".into());
+        }
+        let mut templates = Vec::new();
+        for (name, source) in &file.templates {
+            let source = match (&source.migrations, &source.sql) {
+                (Some(dir), None) => TemplateSource::Migrations(absolute(&file_dir.join(dir))?),
+                (None, Some(path)) => TemplateSource::SqlFile(absolute(&file_dir.join(path))?),
+                (None, None) => TemplateSource::Empty,
+                (Some(_), Some(_)) => {
+                    return Err(format!("template {name:?}: give either migrations or sql, not both"))
+                }
+            };
+            push_template(&mut templates, name, source)?;
+        }
+        for spec in &self.templates {
+            let (name, source) = parse_template_flag(spec)?;
+            templates.retain(|t: &TemplateConfig| t.name.as_str() != name);
+            push_template(&mut templates, name, source)?;
+        }
+        let postgres = file.postgres;
+        let server = match self.postgres_url.or(postgres.url) {
+            Some(url) => ServerConfig::External(ExternalConfig {
+                url,
+                advertise_host: self.advertise_host.or(postgres.advertise_host),
+            }),
+            None => {
+                let mut embedded = EmbeddedConfig::for_limits(&limits, templates.len() + 1);
+                embedded.bin_dir = self.pg_bin_dir.or(postgres.bin_dir);
+                embedded.data_dir = self.data_dir.or(postgres.data_dir);
+                embedded.tmpfs_size = self.tmpfs_size.or(postgres.tmpfs_size).map(|s| parse_size(&s)).transpose()?;
+                embedded.allow_unsafe_on_disk =
+                    self.allow_unsafe_on_disk || postgres.allow_unsafe_on_disk.unwrap_or(false);
+                embedded.pg_user = self.pg_user.or(postgres.user);
+                embedded.cache_dir = self.cache_dir.or(postgres.cache_dir);
+                embedded.listen_host = self.pg_listen.or(postgres.listen).unwrap_or(embedded.listen_host);
+                embedded.port = self.pg_port.or(postgres.port).filter(|&p| p != 0);
+                embedded.advertise_host = self.advertise_host.or(postgres.advertise_host);
+                embedded.locale = self.locale.or(postgres.locale).unwrap_or(embedded.locale);
+                embedded.encoding = self.encoding.or(postgres.encoding).unwrap_or(embedded.encoding);
+                embedded.keep_data = self.keep_data || postgres.keep_data.unwrap_or(false);
+                for (key, value) in postgres.settings {
+                    let value = match value {
+                        toml::Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    embedded.settings.push(checked_setting(&key, &value)?);
+                }
+                for setting in &self.pg_settings {
+                    let (key, value) = setting
+                        .split_once('=')
+                        .ok_or_else(|| format!("--pg-setting {setting:?}: expected KEY=VALUE"))?;
+                    embedded.settings.push(checked_setting(key, value)?);
+                }
+                ServerConfig::Embedded(Box::new(embedded))
+            }
+        };
+        let strategy = match self.clone_strategy.or(file.clone_strategy) {
+            Some(StrategyArg::WalLog) => CloneStrategy::WalLog,
+            Some(StrategyArg::FileCopy) | None => CloneStrategy::FileCopy,
+        };
+        let listen = match self.listen.or(file.listen) {
+            Some(listen) => listen,
+            None => DEFAULT_LISTEN.parse().map_err(|e| format!("default listen address: {e}"))?,
+        };
+        Ok(ServeConfig {
+            listen,
+            api: ApiConfig {
+                max_ttl: limits.max_ttl,
+                ..ApiConfig::default()
+            },
+            pool: PoolConfig {
+                server,
+                templates,
+                limits,
+                clone_strategy: strategy,
+                prebuild: self.prebuild || file.prebuild.unwrap_or(false),
+            },
+        })
+    }
+}
+
+fn push_template(templates: &mut Vec<TemplateConfig>, name: &str, source: TemplateSource) -> Result<(), String> {
+    let name = TemplateName::new(name).map_err(|e| e.to_string())?;
+    if name == TemplateName::default_name() && source != TemplateSource::Empty {
+        // Clients rely on `default` being an empty database.
+        return Err("the template name \"default\" is reserved for the empty template".into());
+    }
+    templates.push(TemplateConfig { name, source });
+    Ok(())
+}
+
+/// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=empty`.
+fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
+    let usage = || format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE or NAME=empty");
+    let (name, source) = spec.split_once('=').ok_or_else(usage)?;
+    let source = match source.split_once(':') {
+        Some(("migrations", dir)) if !dir.is_empty() => TemplateSource::Migrations(absolute(Path::new(dir))?),
+        Some(("sql", file)) if !file.is_empty() => TemplateSource::SqlFile(absolute(Path::new(file))?),
+        None if source == "empty" => TemplateSource::Empty,
+        _ => return Err(usage()),
+    };
+    Ok((name, source))
+}
+
+/// Sources are resolved against the current directory now, so the daemon's own working
+/// directory never matters.
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A postgres setting name is an identifier; values go as one argv element.
+fn checked_setting(key: &str, value: &str) -> Result<(String, String), String> {
+    let valid = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    if !valid {
+        return Err(format!("postgres setting name {key:?} is not valid"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// `512M`, `2G`, `64MB`, `1GiB`, or bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected e.g. 512M or 2G"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return Err(format!("size {text:?}: unknown unit {unit:?} (use K, M or G)")),
+    };
+    number
+        .checked_mul(multiplier)
+        .filter(|&bytes| bytes >= 16 << 20)
+        .ok_or_else(|| format!("size {text:?}: must be at least 16M"))
+}

@@ -1,0 +1,167 @@
+//! Client commands: `lease`, `release`, `renew`, `status`, `run`. They talk to a running
+//! daemon over HTTP and print what a shell script needs; they never touch postgres.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::cli::{ClientArgs, LeaseArgs, ReleaseArgs, RenewArgs, RunArgs};
+
+/// A failed client command: a message for stderr.
+pub struct ClientError(pub String);
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    fn new(args: &ClientArgs) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .build()
+            .map_err(|e| ClientError(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Client {
+            http,
+            base: args.server.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Sends a request and returns the JSON body of a 2xx answer (Null when empty).
+    async fn call(&self, request: reqwest::RequestBuilder) -> Result<Value> {
+        let response = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                ClientError(format!(
+                    "no pglease daemon answers at {}: start one with `pglease serve`, or point --server / PGLEASE_URL at it",
+                    self.base
+                ))
+            } else {
+                ClientError(format!("request to {} failed: {e}", self.base))
+            }
+        })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| ClientError(format!("reading the answer from {}: {e}", self.base)))?;
+        let body: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        if status.is_success() {
+            return Ok(body);
+        }
+        let message = body["error"]["message"].as_str().map(str::to_owned).unwrap_or_else(|| body.to_string());
+        Err(ClientError(format!("pglease answered {status}: {message}")))
+    }
+
+    async fn lease(&self, template: &str, ttl: Option<u64>, wait_ms: Option<u64>) -> Result<Value> {
+        let mut body = json!({ "template": template });
+        if let Some(ttl) = ttl {
+            body["ttl_secs"] = json!(ttl);
+        }
+        if let Some(wait_ms) = wait_ms {
+            body["wait_ms"] = json!(wait_ms);
+        }
+        self.call(self.http.post(format!("{}/lease", self.base)).json(&body)).await
+    }
+
+    async fn release(&self, id: &str, reuse: bool) -> Result<()> {
+        let url = format!("{}/leases/{id}?reuse={reuse}", self.base);
+        self.call(self.http.delete(url)).await.map(|_| ())
+    }
+
+    async fn renew(&self, id: &str, ttl: Option<u64>) -> Result<Value> {
+        let body = ttl.map_or_else(|| json!({}), |ttl| json!({ "ttl_secs": ttl }));
+        self.call(self.http.post(format!("{}/leases/{id}/renew", self.base)).json(&body))
+            .await
+    }
+}
+
+/// `pglease lease`: prints the URL, or the whole lease with --json.
+pub async fn lease(args: LeaseArgs) -> Result<()> {
+    let client = Client::new(&args.client)?;
+    let lease = client.lease(&args.template, args.ttl, args.wait_ms).await?;
+    if args.json {
+        println!("{lease}");
+    } else {
+        println!("{}", lease["url"].as_str().unwrap_or_default());
+        if let Some(id) = lease["id"].as_str() {
+            eprintln!("lease {id}; release it with: pglease release {id}");
+        }
+    }
+    Ok(())
+}
+
+/// `pglease release`.
+pub async fn release(args: ReleaseArgs) -> Result<()> {
+    Client::new(&args.client)?.release(&args.id, args.reuse).await
+}
+
+/// `pglease renew`: prints the new expiry.
+pub async fn renew(args: RenewArgs) -> Result<()> {
+    let answer = Client::new(&args.client)?.renew(&args.id, args.ttl).await?;
+    println!("{}", answer["expires_at"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// `pglease status`: prints the daemon's status JSON, pretty.
+pub async fn status(args: ClientArgs) -> Result<()> {
+    let client = Client::new(&args)?;
+    let status = client.call(client.http.get(format!("{}/status", client.base))).await?;
+    println!("{}", serde_json::to_string_pretty(&status).unwrap_or_default());
+    Ok(())
+}
+
+/// `pglease run`: lease, run the command with the database in its environment, release,
+/// and exit with the command's status. The lease is renewed while the command runs.
+pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    let client = Client::new(&args.client)?;
+    let lease = client.lease(&args.template, None, None).await?;
+    let field = |name: &str| lease[name].as_str().unwrap_or_default().to_owned();
+    let id = field("id");
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(ClientError("no command given after --".into()));
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(rest)
+        .env("DATABASE_URL", field("url"))
+        .env("PGHOST", field("host"))
+        .env("PGPORT", lease["port"].to_string())
+        .env("PGUSER", field("user"))
+        .env("PGPASSWORD", field("password"))
+        .env("PGDATABASE", field("database"));
+    // Ctrl-C reaches the child through the terminal; we stay alive to release the lease.
+    let _interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    let outcome = match command.spawn() {
+        Ok(mut child) => {
+            let mut renew = tokio::time::interval(Duration::from_secs(60));
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    status = child.wait() => break status.map_err(|e| format!("waiting for {program}: {e}")),
+                    _ = renew.tick() => {
+                        if let Err(ClientError(message)) = client.renew(&id, None).await {
+                            eprintln!("pglease: could not renew lease {id}: {message}");
+                        }
+                    }
+                }
+            }
+        }
+        Err(e) => Err(format!("cannot run {program}: {e}")),
+    };
+    if let Err(ClientError(message)) = client.release(&id, false).await {
+        eprintln!("pglease: could not release lease {id}: {message}");
+    }
+    let status = outcome.map_err(ClientError)?;
+    let code = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => 1,
+    };
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
