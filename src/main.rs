@@ -64,6 +64,13 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
+    let mut shutdown = match signal::ShutdownSignal::install() {
+        Ok(shutdown) => shutdown,
+        Err(error) => {
+            tracing::error!(%error, "cannot install signal handlers");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -88,7 +95,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         stop_http.clone().cancelled_owned(),
     ));
     tokio::select! {
-        () = signal::shutdown_signal() => {}
+        () = shutdown.recv() => {}
         _ = &mut pool_task => {
             tracing::error!("the pool stopped unexpectedly");
             return Ok(ExitCode::FAILURE);

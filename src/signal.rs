@@ -1,20 +1,29 @@
-//! A future that resolves on SIGTERM or SIGINT and logs which one arrived.
+//! SIGTERM/SIGINT handling: handlers are installed first thing in `serve`, so a signal that
+//! arrives while postgres is still starting is not fatal but handled once serving begins.
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
-/// Waits for SIGTERM or SIGINT. If the handlers cannot be installed, waits forever
-/// (the daemon then stops only when killed) after logging why.
-pub async fn shutdown_signal() {
-    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(term), Ok(int)) => (term, int),
-        (Err(error), _) | (_, Err(error)) => {
-            tracing::error!(%error, "cannot install signal handlers");
-            return std::future::pending().await;
-        }
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "shutting down");
+/// Installed handlers for SIGTERM and SIGINT.
+pub struct ShutdownSignal {
+    term: Signal,
+    int: Signal,
+}
+
+impl ShutdownSignal {
+    /// Installs the handlers; from now on these signals no longer kill the process.
+    pub fn install() -> std::io::Result<Self> {
+        Ok(ShutdownSignal {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves on SIGTERM or SIGINT (also one that arrived before this call) and logs which.
+    pub async fn recv(&mut self) {
+        let name = tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutting down");
+    }
 }

@@ -1,1 +1,9 @@
+//! Integration tests: each starts the real `pglease` binary, which starts a real postgres,
+//! and talks HTTP and the Postgres protocol to them. One module per feature.
 
+mod bad_input;
+mod cli;
+mod daemon;
+mod leases;
+mod support;
+mod templates;

@@ -114,7 +114,7 @@ pub(crate) fn highest_versioned_bin_dir(root: &Path) -> Option<PathBuf> {
         .map(|(_, bin)| bin)
 }
 
-/// "15" → [15], "9.6" → [9, 6]; anything else is not a version directory.
+/// `"15"` → `[15]`, `"9.6"` → `[9, 6]`; anything else is not a version directory.
 fn parse_version(name: &str) -> Option<Vec<u32>> {
     name.split('.').map(|part| part.parse().ok()).collect()
 }

@@ -175,7 +175,11 @@ pub(crate) fn run_initdb(
 
 /// Copies the tree at `src` to `dst` (which must not exist), keeping permission bits and
 /// symlinks, and giving everything to `owner` when set.
-pub(crate) fn copy_tree(src: &Path, dst: &Path, owner: Option<(u32, u32)>) -> Result<(), StartError> {
+pub(crate) fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<(), StartError> {
     let meta = std::fs::symlink_metadata(src).map_err(|e| io_error("cannot stat", src, e))?;
     std::fs::create_dir(dst).map_err(|e| io_error("cannot create", dst, e))?;
     let entries = std::fs::read_dir(src).map_err(|e| io_error("cannot read", src, e))?;
@@ -183,12 +187,16 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path, owner: Option<(u32, u32)>) -> Re
         let entry = entry.map_err(|e| io_error("cannot read", src, e))?;
         let from = entry.path();
         let to = dst.join(entry.file_name());
-        let kind = entry.file_type().map_err(|e| io_error("cannot stat", &from, e))?;
+        let kind = entry
+            .file_type()
+            .map_err(|e| io_error("cannot stat", &from, e))?;
         if kind.is_dir() {
             copy_tree(&from, &to, owner)?;
         } else if kind.is_symlink() {
-            let target = std::fs::read_link(&from).map_err(|e| io_error("cannot read", &from, e))?;
-            std::os::unix::fs::symlink(&target, &to).map_err(|e| io_error("cannot create", &to, e))?;
+            let target =
+                std::fs::read_link(&from).map_err(|e| io_error("cannot read", &from, e))?;
+            std::os::unix::fs::symlink(&target, &to)
+                .map_err(|e| io_error("cannot create", &to, e))?;
             if let Some((uid, gid)) = owner {
                 std::os::unix::fs::lchown(&to, Some(uid), Some(gid))
                     .map_err(|e| io_error("cannot chown", &to, e))?;
@@ -201,8 +209,11 @@ pub(crate) fn copy_tree(src: &Path, dst: &Path, owner: Option<(u32, u32)>) -> Re
         // Sockets and fifos have no place in a stopped cluster: skip them.
     }
     // Permissions last, so that a read-only directory could still be filled.
-    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(meta.permissions().mode()))
-        .map_err(|e| io_error("cannot chmod", dst, e))?;
+    std::fs::set_permissions(
+        dst,
+        std::fs::Permissions::from_mode(meta.permissions().mode()),
+    )
+    .map_err(|e| io_error("cannot chmod", dst, e))?;
     chown(dst, owner)
 }
 

@@ -131,6 +131,8 @@ pub(crate) struct Instance {
     pub socket_dir: PathBuf,
     /// The server log inside it.
     pub log_path: PathBuf,
+    /// It is on tmpfs or ramfs (false only with `allow_unsafe_on_disk`).
+    pub in_memory: bool,
     /// We created the directory (so cleanup removes it, not only its contents).
     created: bool,
     /// We mounted a tmpfs on it (so cleanup unmounts it).
@@ -159,6 +161,7 @@ impl Instance {
             socket_dir: dir.join("socket"),
             log_path: dir.join("postgres.log"),
             dir,
+            in_memory: false,
             created,
             mounted: false,
         };
@@ -178,7 +181,7 @@ impl Instance {
         }
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
-        check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
+        self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
         run_as.chown(&self.dir)?;
@@ -192,7 +195,7 @@ impl Instance {
         std::fs::set_permissions(&self.socket_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.socket_dir, source))?;
         run_as.chown(&self.socket_dir)?;
-        let longest = self.socket_dir.join(".s.PGSQL.65535.lock");
+        let longest = self.socket_dir.join(".s.PGSQL.65535");
         let len = longest.as_os_str().len();
         if len > MAX_SOCKET_PATH {
             return Err(StartError::SocketPathTooLong {
@@ -304,7 +307,11 @@ impl Instance {
 /// Removes every cluster directory of `instance_dir` but `keep`, and leftover initdb
 /// output (best effort: a failure costs memory, not correctness).
 pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
-    for entry in std::fs::read_dir(instance_dir).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(instance_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -312,7 +319,9 @@ pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
         if ours && path != keep {
             match std::fs::remove_dir_all(&path) {
                 Ok(()) => info!(path = %path.display(), "removed a previous cluster directory"),
-                Err(e) => warn!(path = %path.display(), error = %e, "cannot remove a previous cluster directory"),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot remove a previous cluster directory")
+                }
             }
         }
     }
@@ -322,13 +331,18 @@ pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
 fn adopt_configured(dir: &Path) -> Result<(PathBuf, bool), StartError> {
     match std::fs::read_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dir).map_err(|source| io_error("cannot create", dir, source))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|source| io_error("cannot create", dir, source))?;
             Ok((dir.to_path_buf(), true))
         }
         Err(e) => Err(io_error("cannot read", dir, e)),
         Ok(mut entries) => match read_marker(dir) {
             // A live owner: the sweep ran before this and left it, so it is not stale.
-            Some(Marker { pid: Some(pid), kept: false, .. }) => Err(StartError::InstanceDirInUse {
+            Some(Marker {
+                pid: Some(pid),
+                kept: false,
+                ..
+            }) => Err(StartError::InstanceDirInUse {
                 path: dir.to_path_buf(),
                 pid,
             }),
@@ -342,8 +356,9 @@ fn adopt_configured(dir: &Path) -> Result<(PathBuf, bool), StartError> {
     }
 }
 
-/// Refuses a directory that is not on tmpfs or ramfs, unless `allow_unsafe`.
-pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<(), StartError> {
+/// Refuses a directory that is not on tmpfs or ramfs, unless `allow_unsafe`; returns
+/// whether it is in memory.
+pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<bool, StartError> {
     let stat = nix::sys::statfs::statfs(dir).map_err(|source| StartError::Sys {
         action: "cannot statfs",
         path: dir.to_path_buf(),
@@ -352,7 +367,7 @@ pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<(), Star
     // The magic numbers are 32-bit; the field's width varies by platform.
     let magic = stat.filesystem_type().0 as u32;
     if magic == TMPFS_MAGIC || magic == RAMFS_MAGIC {
-        return Ok(());
+        return Ok(true);
     }
     let fs_type = fs_type_name(magic);
     if allow_unsafe {
@@ -362,7 +377,7 @@ pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<(), Star
             "UNSAFE: running postgres with fsync=off on persistent storage (allow_unsafe_on_disk); \
              a crash of the machine can corrupt this cluster"
         );
-        return Ok(());
+        return Ok(false);
     }
     Err(StartError::NotTmpfs {
         path: dir.to_path_buf(),
@@ -499,7 +514,12 @@ pub(crate) fn sweep_stale(shm_root: &Path, configured: Option<&Path>) -> Vec<Pat
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with(INSTANCE_PREFIX))
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(INSTANCE_PREFIX)
+        })
         // Not a symlink: file_type does not follow them.
         .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
         .map(|entry| entry.path())
@@ -538,7 +558,9 @@ fn sweep_one(dir: &Path) -> bool {
     if is_mount_point(dir) {
         match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
             Ok(()) => info!(path = %dir.display(), "unmounted a stale instance tmpfs"),
-            Err(e) => warn!(path = %dir.display(), error = %e, "cannot unmount a stale instance tmpfs"),
+            Err(e) => {
+                warn!(path = %dir.display(), error = %e, "cannot unmount a stale instance tmpfs")
+            }
         }
     }
     match std::fs::remove_dir_all(dir) {

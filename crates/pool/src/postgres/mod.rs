@@ -80,7 +80,8 @@ impl ClusterOrigin {
 /// instances swept. [`Embedded::start`] can run many times (after a crash, a restart).
 #[derive(Debug)]
 pub struct Embedded {
-    config: EmbeddedConfig,
+    /// Boxed: an `Embedded` travels inside the actor's messages, and the config is big.
+    config: Box<EmbeddedConfig>,
     binaries: Binaries,
     run_as: RunAs,
     instance: Instance,
@@ -105,7 +106,8 @@ impl Embedded {
     fn prepare_blocking(config: EmbeddedConfig) -> Result<Embedded, StartError> {
         let binaries = Binaries::find(config.bin_dir.as_deref())?;
         let run_as = RunAs::resolve(config.pg_user.as_deref())?;
-        let swept = instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+        let swept =
+            instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
         if !swept.is_empty() {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
@@ -126,7 +128,7 @@ impl Embedded {
             "prepared the embedded postgres"
         );
         Ok(Embedded {
-            config,
+            config: Box::new(config),
             binaries,
             run_as,
             instance,
@@ -139,6 +141,10 @@ impl Embedded {
 
     /// Starts a fresh cluster (copied from the initdb cache) in a new data directory,
     /// removing the previous one, and returns once a connection succeeds.
+    ///
+    /// Call it again only once the previous [`RunningPostgres`] has exited or been shut
+    /// down: its data directory is removed here. On error the new data directory is kept
+    /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
         let started = Instant::now();
         self.generation += 1;
@@ -149,9 +155,10 @@ impl Embedded {
             socket_dir: self.instance.socket_dir.clone(),
             log_path: self.instance.log_path.clone(),
             data_dir: self.instance.cluster_dir(self.generation),
+            in_memory: self.instance.in_memory,
             cache: self.cache.clone(),
             initdb_args: self.initdb_args.clone(),
-            config: self.config.clone(),
+            config: (*self.config).clone(),
             generation: self.generation,
             previous_port: self.last_port,
         };
@@ -235,6 +242,7 @@ struct Launch {
     socket_dir: PathBuf,
     log_path: PathBuf,
     data_dir: PathBuf,
+    in_memory: bool,
     cache: Option<Cache>,
     initdb_args: Vec<String>,
     config: EmbeddedConfig,
@@ -265,7 +273,11 @@ impl Launch {
         let hba = self.data_dir.join("pg_hba.conf");
         // Overwriting keeps the file's owner (the server's user) and mode.
         std::fs::write(&hba, PG_HBA).map_err(|e| io_error("cannot write", &hba, e))?;
-        let port = choose_port(self.config.port, self.previous_port, &self.config.listen_host)?;
+        let port = choose_port(
+            self.config.port,
+            self.previous_port,
+            &self.config.listen_host,
+        )?;
 
         let mut log = std::fs::OpenOptions::new()
             .create(true)
@@ -274,7 +286,13 @@ impl Launch {
             .map_err(|e| io_error("cannot open", &self.log_path, e))?;
         let spec = CommandSpec {
             program: self.binaries.postgres(),
-            args: server_args(&self.config, &self.data_dir, &self.socket_dir, port),
+            args: server_args(
+                &self.config,
+                &self.data_dir,
+                &self.socket_dir,
+                port,
+                self.in_memory,
+            ),
             cwd: self.instance_dir.clone(),
             user: self.run_as.owner(),
             // SIGQUIT, not SIGKILL: it is an immediate shutdown, so the postmaster at once
@@ -283,10 +301,17 @@ impl Launch {
             // query runs on until it next checks for postmaster death; the next start's
             // stale sweep escalates to SIGKILL should SIGQUIT ever not be enough.
             death_signal: Signal::SIGQUIT,
-            output: Output::File(log.try_clone().map_err(|e| io_error("cannot open", &self.log_path, e))?),
+            output: Output::File(
+                log.try_clone()
+                    .map_err(|e| io_error("cannot open", &self.log_path, e))?,
+            ),
         };
         // A header line separates generations in the shared log.
-        let _ = writeln!(log, "---- pglease: starting generation {}: {spec}", self.generation);
+        let _ = writeln!(
+            log,
+            "---- pglease: starting generation {}: {spec}",
+            self.generation
+        );
         info!(
             command = %spec,
             user = %self.run_as.name,
@@ -321,14 +346,23 @@ impl Launch {
         };
         if let Some(entry) = cache.lookup() {
             let started = Instant::now();
-            initdb::copy_tree(entry, &self.data_dir, owner)?;
-            info!(
-                from = %entry.display(),
-                to = %self.data_dir.display(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "copied the cached initdb result"
-            );
-            return Ok(ClusterOrigin::CopiedFromCache);
+            match initdb::copy_tree(entry, &self.data_dir, owner) {
+                Ok(()) => {
+                    info!(
+                        from = %entry.display(),
+                        to = %self.data_dir.display(),
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "copied the cached initdb result"
+                    );
+                    return Ok(ClusterOrigin::CopiedFromCache);
+                }
+                // E.g. an entry made by another user that we cannot read: the cache is
+                // only a shortcut, so fall back to initdb.
+                Err(e) => {
+                    warn!(entry = %entry.display(), error = %e, "cannot copy the cached initdb result; running initdb");
+                    let _ = std::fs::remove_dir_all(&self.data_dir);
+                }
+            }
         }
         // initdb runs as the server's user into the instance (on tmpfs, owned by that
         // user): the cache directory may not be reachable for it, e.g. under /root.
@@ -363,7 +397,13 @@ impl Launch {
 }
 
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.
-fn server_args(config: &EmbeddedConfig, data_dir: &Path, socket_dir: &Path, port: u16) -> Vec<OsString> {
+fn server_args(
+    config: &EmbeddedConfig,
+    data_dir: &Path,
+    socket_dir: &Path,
+    port: u16,
+    in_memory: bool,
+) -> Vec<OsString> {
     let mut settings: Vec<(String, String)> = [
         // The data is thrown away: crash safety buys nothing.
         ("fsync", "off"),
@@ -386,7 +426,10 @@ fn server_args(config: &EmbeddedConfig, data_dir: &Path, socket_dir: &Path, port
     .collect();
     settings.extend([
         ("shared_buffers".to_string(), config.shared_buffers.clone()),
-        ("max_connections".to_string(), config.max_connections.to_string()),
+        (
+            "max_connections".to_string(),
+            config.max_connections.to_string(),
+        ),
         ("listen_addresses".to_string(), config.listen_host.clone()),
         ("port".to_string(), port.to_string()),
         (
@@ -394,6 +437,13 @@ fn server_args(config: &EmbeddedConfig, data_dir: &Path, socket_dir: &Path, port
             guc_list_element(&socket_dir.to_string_lossy()),
         ),
     ]);
+    if in_memory {
+        // Dynamic shared memory as files in the data directory's pg_dynshmem instead of
+        // /dev/shm/PostgreSQL.*: just as fast on tmpfs, counted against a dedicated
+        // tmpfs' size, and removed with the instance even when postgres was killed
+        // (a killed postmaster leaves its /dev/shm segments behind for good).
+        settings.push(("dynamic_shared_memory_type".to_string(), "mmap".to_string()));
+    }
     // Last, so that the user's settings override ours.
     settings.extend(config.settings.iter().cloned());
 
@@ -430,7 +480,11 @@ fn advertised_host(config: &EmbeddedConfig) -> String {
 /// The port to use: the configured one, else the previous one if still free, else a
 /// free one the kernel picks. (Another process may take it before postgres binds it;
 /// postgres then fails at start-up with a clear log line.)
-fn choose_port(configured: Option<u16>, previous: Option<u16>, listen_host: &str) -> Result<u16, StartError> {
+fn choose_port(
+    configured: Option<u16>,
+    previous: Option<u16>,
+    listen_host: &str,
+) -> Result<u16, StartError> {
     if let Some(port) = configured {
         return Ok(port);
     }
@@ -542,7 +596,10 @@ impl RunningPostgres {
         // SIGKILL completes unless the process is stuck in the kernel.
         match wait_exit(&mut child, Duration::from_secs(10)).await {
             Some(status) => info!(pid = self.pid, %status, "postgres killed"),
-            None => error!(pid = self.pid, "postgres survived SIGKILL for 10 s; leaving it"),
+            None => error!(
+                pid = self.pid,
+                "postgres survived SIGKILL for 10 s; leaving it"
+            ),
         }
     }
 
@@ -563,7 +620,10 @@ impl RunningPostgres {
             // that would only fill the log with "the database system is starting up".
             let status = postmaster_status(&self.data_dir);
             if !matches!(status.as_deref(), Some("starting" | "stopping")) {
-                let attempt = tokio::time::timeout(Duration::from_secs(3), config.connect(tokio_postgres::NoTls));
+                let attempt = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    config.connect(tokio_postgres::NoTls),
+                );
                 if let Ok(Ok((client, connection))) = attempt.await {
                     // The handshake succeeding is the readiness signal; close at once.
                     drop(client);

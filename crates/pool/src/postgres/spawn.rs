@@ -66,7 +66,10 @@ impl CommandSpec {
     /// Builds the `std::process::Command`; runs on the spawner thread.
     fn build(self) -> io::Result<Command> {
         let mut command = Command::new(&self.program);
-        command.args(&self.args).current_dir(&self.cwd).stdin(Stdio::null());
+        command
+            .args(&self.args)
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null());
         for name in SCRUBBED_ENV {
             command.env_remove(name);
         }
@@ -126,7 +129,8 @@ fn set_parent_death_signal(command: &mut Command, signal: Signal) {
     // touches no lock and no state shared with the parent.
     unsafe {
         command.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(signal).map_err(|errno| io::Error::from_raw_os_error(errno as i32))
+            nix::sys::prctl::set_pdeathsig(signal)
+                .map_err(|errno| io::Error::from_raw_os_error(errno as i32))
         });
     }
 }

@@ -4,6 +4,7 @@
 //! discovery (`pg_config --bindir`, /usr/lib/postgresql/*/bin).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -76,7 +77,10 @@ async fn start(embedded: &mut Embedded) -> RunningPostgres {
 async fn poll_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -116,7 +120,9 @@ fn processes_in(dir: &Path) -> Vec<u32> {
 
 /// A pid that no longer runs: a child that has exited and been reaped.
 fn dead_pid() -> u32 {
-    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("spawn true");
     let pid = child.id();
     child.wait().expect("wait for true");
     pid
@@ -138,11 +144,15 @@ fn directory_on_disk() -> PathBuf {
 
 #[test]
 fn bin_dir_discovery_accepts_a_server_dir_and_rejects_others() {
-    let found = binaries::find_bin_dir(bin_dir_from_env().as_deref(), Path::new(binaries::DEBIAN_ROOT))
-        .unwrap_or_else(|e| panic!("{e} (set {BIN_DIR_VAR})"));
+    let found = binaries::find_bin_dir(
+        bin_dir_from_env().as_deref(),
+        Path::new(binaries::DEBIAN_ROOT),
+    )
+    .unwrap_or_else(|e| panic!("{e} (set {BIN_DIR_VAR})"));
     assert!(binaries::has_server(&found), "{}", found.display());
     // An explicit, valid directory is taken as is.
-    let explicit = binaries::find_bin_dir(Some(&found), Path::new("/nonexistent")).expect("explicit dir");
+    let explicit =
+        binaries::find_bin_dir(Some(&found), Path::new("/nonexistent")).expect("explicit dir");
     assert_eq!(explicit, found);
     // An explicit directory without a server is an error, not a reason to look elsewhere.
     let empty = Scratch::new("no-postgres");
@@ -151,7 +161,11 @@ fn bin_dir_discovery_accepts_a_server_dir_and_rejects_others() {
         other => panic!("expected BinDirWithoutPostgres, got {other:?}"),
     }
     let binaries = Binaries::find(Some(&found)).expect("version");
-    assert!(binaries.version.contains("PostgreSQL"), "{}", binaries.version);
+    assert!(
+        binaries.version.contains("PostgreSQL"),
+        "{}",
+        binaries.version
+    );
 }
 
 #[test]
@@ -163,7 +177,8 @@ fn versioned_bin_dirs_sort_numerically() {
         if server {
             for name in ["postgres", "initdb"] {
                 std::fs::write(bin.join(name), "#!/bin/sh\n").expect("write");
-                std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+                std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod");
             }
         }
     };
@@ -176,7 +191,10 @@ fn versioned_bin_dirs_sort_numerically() {
     make("not-a-version", true);
     let chosen = binaries::highest_versioned_bin_dir(root.path()).expect("a dir");
     assert_eq!(chosen, root.path().join("15").join("bin"));
-    assert_eq!(binaries::highest_versioned_bin_dir(&root.path().join("missing")), None);
+    assert_eq!(
+        binaries::highest_versioned_bin_dir(&root.path().join("missing")),
+        None
+    );
 }
 
 #[tokio::test]
@@ -218,7 +236,11 @@ async fn starts_connects_and_shuts_down_cleanly() {
     let cache = Scratch::new("cache-lifecycle");
     let mut embedded = prepare(&test_config(cache.path())).await;
     let instance_dir = embedded.instance_dir().to_path_buf();
-    assert!(instance_dir.starts_with("/dev/shm"), "{}", instance_dir.display());
+    assert!(
+        instance_dir.starts_with("/dev/shm"),
+        "{}",
+        instance_dir.display()
+    );
     let marker = instance::read_marker(&instance_dir).expect("marker");
     assert_eq!(marker.pid, Some(std::process::id()));
 
@@ -229,7 +251,10 @@ async fn starts_connects_and_shuts_down_cleanly() {
     assert_eq!(query_text(&running, "SELECT 1").await, "1");
     assert_eq!(query_text(&running, "SHOW fsync").await, "off");
     assert_eq!(query_text(&running, "SHOW wal_level").await, "minimal");
-    assert_eq!(query_text(&running, "SHOW port").await, running.port.to_string());
+    assert_eq!(
+        query_text(&running, "SHOW port").await,
+        running.port.to_string()
+    );
     assert_eq!(query_text(&running, "SHOW max_connections").await, "20");
 
     // The socket directory is private, and owned by the server's user.
@@ -239,9 +264,16 @@ async fn starts_connects_and_shuts_down_cleanly() {
     assert_eq!(data_meta.permissions().mode() & 0o777, 0o700);
     if nix::unistd::geteuid().is_root() {
         // Running as root, postgres runs as another user that owns its files.
-        let status = std::fs::read_to_string(format!("/proc/{}/status", running.pid)).expect("status");
-        let uid_line = status.lines().find(|line| line.starts_with("Uid:")).expect("Uid line");
-        assert!(!uid_line.split_whitespace().skip(1).any(|uid| uid == "0"), "{uid_line}");
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", running.pid)).expect("status");
+        let uid_line = status
+            .lines()
+            .find(|line| line.starts_with("Uid:"))
+            .expect("Uid line");
+        assert!(
+            !uid_line.split_whitespace().skip(1).any(|uid| uid == "0"),
+            "{uid_line}"
+        );
         assert_ne!(data_meta.uid(), 0);
         assert_eq!(socket_meta.uid(), data_meta.uid());
     }
@@ -249,8 +281,15 @@ async fn starts_connects_and_shuts_down_cleanly() {
     let pid = running.pid;
     assert!(!processes_in(&instance_dir).is_empty());
     running.shutdown(Duration::from_secs(10)).await;
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "postmaster {pid} left behind");
-    assert_eq!(processes_in(&instance_dir), Vec::<u32>::new(), "backends left behind");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "postmaster {pid} left behind"
+    );
+    assert_eq!(
+        processes_in(&instance_dir),
+        Vec::<u32>::new(),
+        "backends left behind"
+    );
     embedded.cleanup();
     assert!(!instance_dir.exists());
 }
@@ -262,7 +301,10 @@ async fn restarts_in_a_new_generation_after_a_kill() {
     let mut first = start(&mut embedded).await;
     let port = first.port;
     nix::sys::signal::kill(Pid::from_raw(first.pid as i32), Signal::SIGKILL).expect("kill -9");
-    poll_until(Duration::from_secs(5), "the postmaster to die", || first.poll_exit().is_some()).await;
+    poll_until(Duration::from_secs(5), "the postmaster to die", || {
+        first.poll_exit().is_some()
+    })
+    .await;
     assert!(first.poll_exit().expect("status").contains("signal: 9"));
 
     let second = start(&mut embedded).await;
@@ -286,7 +328,11 @@ async fn an_early_exit_quotes_the_server_log() {
         .push(("pglease_bogus_setting".into(), "1".into()));
     let mut embedded = prepare(&config).await;
     match embedded.start().await {
-        Err(StartError::EarlyExit { status, log_path, tail }) => {
+        Err(StartError::EarlyExit {
+            status,
+            log_path,
+            tail,
+        }) => {
             assert!(status.contains("exit status"), "{status}");
             assert_eq!(log_path, embedded.instance_dir().join("postgres.log"));
             assert!(tail.contains("pglease_bogus_setting"), "tail:\n{tail}");
@@ -295,7 +341,11 @@ async fn an_early_exit_quotes_the_server_log() {
         Ok(running) => panic!("expected EarlyExit, got a server on port {}", running.port),
     }
     // The failed cluster is kept for inspection.
-    assert!(embedded.instance_dir().join("pgdata-1").join("PG_VERSION").exists());
+    assert!(embedded
+        .instance_dir()
+        .join("pgdata-1")
+        .join("PG_VERSION")
+        .exists());
     embedded.cleanup();
 }
 
@@ -311,37 +361,62 @@ async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
     let mut postmaster = start(&mut orphaned).await;
 
     // While its daemon (us) lives, nothing is swept.
-    assert_eq!(instance::sweep_stale(shm.path(), None), Vec::<PathBuf>::new());
+    assert_eq!(
+        instance::sweep_stale(shm.path(), None),
+        Vec::<PathBuf>::new()
+    );
     // A directory without our marker is never touched.
     let foreign = shm.path().join("pglease-foreign");
     std::fs::create_dir(&foreign).expect("mkdir");
     // Pretend the daemon died: the marker now names a dead pid.
-    std::fs::write(stale_dir.join(instance::MARKER_FILE), format!("pid={}\n", dead_pid())).expect("rewrite marker");
+    std::fs::write(
+        stale_dir.join(instance::MARKER_FILE),
+        format!("pid={}\n", dead_pid()),
+    )
+    .expect("rewrite marker");
 
     let swept = instance::sweep_stale(shm.path(), None);
     assert_eq!(swept, vec![stale_dir.clone()]);
     assert!(!stale_dir.exists());
     assert!(foreign.exists());
     // The postmaster (still our child, so reaped here) got the signal and stopped.
-    poll_until(Duration::from_secs(5), "the stale postmaster to exit", || postmaster.poll_exit().is_some()).await;
+    poll_until(
+        Duration::from_secs(5),
+        "the stale postmaster to exit",
+        || postmaster.poll_exit().is_some(),
+    )
+    .await;
     assert_eq!(processes_in(&stale_dir), Vec::<u32>::new());
     drop(postmaster);
     orphaned.cleanup();
 
     // prepare sweeps a stale configured directory too, then uses it.
     let mut second = prepare(&config).await;
-    let running = start(&mut second).await;
-    std::fs::write(stale_dir.join(instance::MARKER_FILE), format!("pid={}\n", dead_pid())).expect("rewrite marker");
-    let mut running = running;
+    let mut abandoned = start(&mut second).await;
+    std::fs::write(
+        stale_dir.join(instance::MARKER_FILE),
+        format!("pid={}\n", dead_pid()),
+    )
+    .expect("rewrite marker");
     let mut third = prepare(&config).await;
-    poll_until(Duration::from_secs(5), "the stale postmaster to exit", || running.poll_exit().is_some()).await;
+    poll_until(
+        Duration::from_secs(5),
+        "the stale postmaster to exit",
+        || abandoned.poll_exit().is_some(),
+    )
+    .await;
     let marker = instance::read_marker(&stale_dir).expect("new marker");
     assert_eq!(marker.pid, Some(std::process::id()));
     assert!(marker.start_time.is_some());
     let fresh = start(&mut third).await;
     assert_eq!(fresh.generation, 1);
+    assert_eq!(query_text(&fresh, "SELECT 1").await, "1");
     fresh.shutdown(Duration::from_secs(10)).await;
     third.cleanup();
+    assert!(!stale_dir.exists());
+    // `second` lost its directory to the sweep: dropped without cleanup, which would
+    // remove the directory `third` reused.
+    drop(abandoned);
     drop(second);
 }
 
@@ -352,12 +427,17 @@ fn marker_liveness_uses_pid_and_start_time() {
     let ours = instance::read_marker(dir.path()).expect("read");
     assert_eq!(ours.pid, Some(std::process::id()));
     assert!(!ours.kept);
-    let own_start = instance::proc_stat(std::process::id()).expect("stat").start_time;
+    let own_start = instance::proc_stat(std::process::id())
+        .expect("stat")
+        .start_time;
     assert_eq!(ours.start_time, Some(own_start));
     instance::write_marker(dir.path(), true).expect("write kept");
     assert!(instance::read_marker(dir.path()).expect("read").kept);
 
-    assert!(instance::owner_alive(&ours), "our own marker names a live daemon");
+    assert!(
+        instance::owner_alive(&ours),
+        "our own marker names a live daemon"
+    );
 
     let marker = |pid: u32, start_time: Option<u64>| Marker {
         pid: Some(pid),
@@ -367,16 +447,28 @@ fn marker_liveness_uses_pid_and_start_time() {
     assert!(!instance::owner_alive(&marker(dead_pid(), None)));
     // A live process that is not pglease, found by name when the start time is missing,
     // and by start time otherwise (a reused pid).
-    let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
     let sleeper_pid = sleeper.id();
     let sleeper_start = instance::proc_stat(sleeper_pid).expect("stat").start_time;
     assert!(!instance::owner_alive(&marker(sleeper_pid, None)));
-    assert!(!instance::owner_alive(&marker(sleeper_pid, Some(sleeper_start + 1))));
-    assert!(instance::owner_alive(&marker(sleeper_pid, Some(sleeper_start))));
+    assert!(!instance::owner_alive(&marker(
+        sleeper_pid,
+        Some(sleeper_start + 1)
+    )));
+    assert!(instance::owner_alive(&marker(
+        sleeper_pid,
+        Some(sleeper_start)
+    )));
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     // A zombie or a reaped process is dead.
-    assert!(!instance::owner_alive(&marker(sleeper_pid, Some(sleeper_start))));
+    assert!(!instance::owner_alive(&marker(
+        sleeper_pid,
+        Some(sleeper_start)
+    )));
 
     // The file round-trips, and a missing one reads as no marker.
     std::fs::write(
@@ -398,7 +490,10 @@ async fn the_initdb_cache_is_filled_once_then_reused() {
 
     let cold_started = Instant::now();
     let mut first = prepare(&config).await;
-    let entry = first.initdb_cache_entry().expect("cache usable").to_path_buf();
+    let entry = first
+        .initdb_cache_entry()
+        .expect("cache usable")
+        .to_path_buf();
     assert!(entry.starts_with(cache.path()));
     let running = start(&mut first).await;
     let cold = cold_started.elapsed();
@@ -450,14 +545,21 @@ async fn a_dedicated_tmpfs_is_mounted_and_unmounted() {
     }
     let mut embedded = prepare(&config).await;
     let parent_dev = std::fs::metadata(parent.path()).expect("stat").dev();
-    assert_ne!(std::fs::metadata(&mount_point).expect("stat").dev(), parent_dev, "not mounted");
+    assert_ne!(
+        std::fs::metadata(&mount_point).expect("stat").dev(),
+        parent_dev,
+        "not mounted"
+    );
     let running = start(&mut embedded).await;
     assert_eq!(query_text(&running, "SELECT 1").await, "1");
     running.shutdown(Duration::from_secs(10)).await;
     embedded.cleanup();
     assert!(!mount_point.exists());
     let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
-    assert!(!mounts.contains(mount_point.to_string_lossy().as_ref()), "still mounted");
+    assert!(
+        !mounts.contains(mount_point.to_string_lossy().as_ref()),
+        "still mounted"
+    );
 }
 
 #[tokio::test]
@@ -478,15 +580,97 @@ async fn a_configured_dir_with_foreign_files_is_refused() {
 fn server_args_put_user_settings_last() {
     let mut config = EmbeddedConfig::for_limits(&PoolLimits::default(), 1);
     config.settings.push(("fsync".into(), "on".into()));
-    let args: Vec<String> = server_args(&config, Path::new("/d"), Path::new("/s p"), 5433)
+    let args: Vec<String> = server_args(&config, Path::new("/d"), Path::new("/s p"), 5433, true)
         .into_iter()
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
     assert_eq!(&args[..2], ["-D", "/d"]);
     assert_eq!(args.last().map(String::as_str), Some("fsync=on"));
-    let first_fsync = args.iter().position(|arg| arg == "fsync=off").expect("ours");
+    let first_fsync = args
+        .iter()
+        .position(|arg| arg == "fsync=off")
+        .expect("ours");
     assert!(first_fsync < args.len() - 1);
     assert!(args.contains(&"port=5433".to_owned()));
     assert!(args.contains(&"unix_socket_directories=\"/s p\"".to_owned()));
     assert!(args.contains(&"listen_addresses=127.0.0.1".to_owned()));
+    assert!(args.contains(&"dynamic_shared_memory_type=mmap".to_owned()));
+    let on_disk = server_args(&config, Path::new("/d"), Path::new("/s"), 5433, false);
+    assert!(!on_disk.iter().any(|arg| arg
+        .to_string_lossy()
+        .starts_with("dynamic_shared_memory_type")));
+}
+
+/// Turns [`helper_daemon_that_dies`] into a daemon for [`postgres_dies_with_its_daemon`].
+const HELPER_DIR_VAR: &str = "PGLEASE_TEST_DAEMON_DIR";
+
+/// A no-op in normal runs. Run by [`postgres_dies_with_its_daemon`] in a child process
+/// with [`HELPER_DIR_VAR`] set, it starts postgres and dies by SIGKILL, like a daemon
+/// killed without any chance to clean up.
+#[tokio::test]
+async fn helper_daemon_that_dies() {
+    let Some(dir) = std::env::var_os(HELPER_DIR_VAR).map(PathBuf::from) else {
+        return;
+    };
+    let mut config = test_config(&dir.join("cache"));
+    config.data_dir = Some(dir.join("pglease-daemon"));
+    let mut embedded = prepare(&config).await;
+    let running = start(&mut embedded).await;
+    std::fs::write(dir.join("postmaster.pid"), running.pid.to_string()).expect("write pid");
+    let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGKILL);
+    unreachable!("SIGKILL returned");
+}
+
+#[tokio::test]
+async fn postgres_dies_with_its_daemon() {
+    let shm = Scratch::under(Path::new(instance::SHM_ROOT), "daemon-death");
+    let exe = std::env::current_exe().expect("test binary");
+    let dir = shm.path().to_path_buf();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "postgres::tests::helper_daemon_that_dies",
+                "--nocapture",
+            ])
+            .env(HELPER_DIR_VAR, dir)
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("run the helper daemon");
+    assert_eq!(
+        output.status.signal(),
+        Some(9),
+        "the helper should have killed itself ({}); its output:\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let pid: u32 = std::fs::read_to_string(shm.path().join("postmaster.pid"))
+        .expect("the helper's postmaster pid")
+        .parse()
+        .expect("a pid");
+
+    // The parent-death signal stops the postmaster and, through it, its backends.
+    let instance_dir = shm.path().join("pglease-daemon");
+    poll_until(
+        Duration::from_secs(10),
+        "the orphaned postmaster to exit",
+        || !instance::process_alive(pid),
+    )
+    .await;
+    poll_until(
+        Duration::from_secs(10),
+        "the orphaned backends to exit",
+        || processes_in(&instance_dir).is_empty(),
+    )
+    .await;
+    // What is left is the directory, which the next daemon's sweep removes.
+    assert!(instance_dir.join(instance::MARKER_FILE).exists());
+    assert_eq!(
+        instance::sweep_stale(shm.path(), None),
+        vec![instance_dir.clone()]
+    );
+    assert!(!instance_dir.exists());
 }

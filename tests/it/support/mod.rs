@@ -1,0 +1,293 @@
+//! Test support: `TestDaemon` runs the real `pglease` binary (which starts a real postgres),
+//! finds its HTTP address in its log, and offers small HTTP and SQL helpers; `poll_until`
+//! waits for a condition without bare sleeps.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The environment variable naming the postgres bin directory (else the daemon's discovery).
+pub const PG_BIN_ENV: &str = "PGLEASE_PG_BIN_DIR";
+
+/// How long a daemon may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A shared initdb cache for all tests, so only the first start pays for initdb.
+pub fn cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pglease-initdb-cache")
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("scratch")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// The `pglease` binary under test.
+pub fn binary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pglease"))
+}
+
+/// Builds and starts a daemon.
+pub struct DaemonBuilder {
+    args: Vec<String>,
+}
+
+impl DaemonBuilder {
+    /// Adds command-line arguments after `serve`.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Starts the daemon and waits until it listens.
+    pub async fn start(self) -> TestDaemon {
+        let mut command = self.command();
+        let child = command.spawn().expect("spawn pglease");
+        let log = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let mut child = child;
+        let stderr = child.stderr.take().expect("stderr piped");
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening") {
+                    if let Some(addr) = line.split("addr=").nth(1) {
+                        let _ = addr_tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                    }
+                }
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_TIMEOUT))
+            .await
+            .expect("join");
+        let addr = match addr {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "pglease did not start listening; set {PG_BIN_ENV} if postgres is not found. Log:\n{}",
+                    log.lock().expect("log lock").join("\n")
+                );
+            }
+        };
+        TestDaemon {
+            base: format!("http://{addr}"),
+            child: Some(child),
+            log,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Runs the daemon to completion (for start-up failures); returns status and log.
+    pub fn run_to_exit(self) -> (ExitStatus, String) {
+        let output = self.command().output().expect("run pglease");
+        (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+
+    fn command(&self) -> Command {
+        let mut command = binary();
+        command
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--cache-dir")
+            .arg(cache_dir());
+        if let Ok(bin_dir) = std::env::var(PG_BIN_ENV) {
+            command.arg("--pg-bin-dir").arg(bin_dir);
+        }
+        command
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        command
+    }
+}
+
+/// A running `pglease serve`.
+pub struct TestDaemon {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+    /// An HTTP client.
+    pub http: reqwest::Client,
+}
+
+impl TestDaemon {
+    /// A builder with no extra arguments.
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder { args: Vec::new() }
+    }
+
+    /// A daemon with default settings.
+    pub async fn start() -> TestDaemon {
+        Self::builder().start().await
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).expect("running")
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    /// `POST /lease` with a JSON body; returns status and body.
+    pub async fn lease(&self, body: Value) -> (u16, Value) {
+        self.send(self.http.post(format!("{}/lease", self.base)).json(&body)).await
+    }
+
+    /// `POST /lease` that must succeed.
+    pub async fn lease_ok(&self, template: &str) -> Value {
+        let (status, body) = self.lease(json!({ "template": template })).await;
+        assert_eq!(status, 201, "lease failed: {body}");
+        body
+    }
+
+    /// `DELETE /leases/{id}`.
+    pub async fn release(&self, id: &str, reuse: bool) -> (u16, Value) {
+        let url = format!("{}/leases/{id}?reuse={reuse}", self.base);
+        self.send(self.http.delete(url)).await
+    }
+
+    /// `GET /status`.
+    pub async fn status(&self) -> Value {
+        let (status, body) = self.get("/status").await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The status entry of one template.
+    pub async fn template_status(&self, name: &str) -> Value {
+        let status = self.status().await;
+        status["templates"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("template {name} not in {status}"))
+    }
+
+    /// A GET of any path.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base))).await
+    }
+
+    /// Sends a request; returns status and body (JSON, or a string, or null).
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        (status, body)
+    }
+
+    /// Sends a signal to the daemon.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal daemon");
+    }
+
+    /// SIGTERM, then waits (up to 40 s) for the exit status.
+    pub async fn stop(mut self) -> ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let mut child = self.child.take().expect("running");
+        let status = tokio::task::spawn_blocking(move || wait_with_timeout(&mut child, Duration::from_secs(40)))
+            .await
+            .expect("join");
+        status.unwrap_or_else(|| panic!("pglease did not exit after SIGTERM. Log:\n{}", self.log()))
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        // A failed test still stops its daemon cleanly, so no postgres or tmpfs dir is left.
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Polls `check` every 50 ms until it returns Some, or panics after `timeout` with `what`.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Connects with a lease's URL.
+pub async fn connect(lease: &Value) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let url = lease["url"].as_str().expect("lease url");
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// True while a process with this pid exists (and is not a zombie we could not see reaped).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// A test's lease id, as a string.
+pub fn id_of(lease: &Value) -> String {
+    lease["id"].as_str().expect("lease id").to_owned()
+}
