@@ -10,8 +10,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pglease_api::ApiConfig;
 use pglease_pool::{
-    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig, TemplateConfig,
-    TemplateName, TemplateSource,
+    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig,
+    TemplateConfig, TemplateName, TemplateSource,
 };
 use serde::Deserialize;
 
@@ -81,7 +81,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub prebuild: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
-    #[arg(long, value_name = "URL", env = "PGLEASE_POSTGRES_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "PGLEASE_POSTGRES_URL",
+        hide_env_values = true
+    )]
     pub postgres_url: Option<String>,
     /// Directory of the postgres binaries [default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin].
     #[arg(long, value_name = "DIR")]
@@ -272,8 +277,14 @@ impl ServeArgs {
         };
         let defaults = PoolLimits::default();
         let limits = PoolLimits {
-            min_ready: self.min_ready.or(file.min_ready).unwrap_or(defaults.min_ready),
-            max_total: self.max_total.or(file.max_total).unwrap_or(defaults.max_total),
+            min_ready: self
+                .min_ready
+                .or(file.min_ready)
+                .unwrap_or(defaults.min_ready),
+            max_total: self
+                .max_total
+                .or(file.max_total)
+                .unwrap_or(defaults.max_total),
             clone_concurrency: self
                 .clone_concurrency
                 .or(file.clone_concurrency)
@@ -291,8 +302,14 @@ impl ServeArgs {
                 limits.min_ready, limits.max_total
             ));
         }
-        if limits.clone_concurrency == 0 || limits.default_ttl.is_zero() || limits.default_ttl > limits.max_ttl {
-            return Err("--clone-concurrency must be at least 1 and --default-ttl between 1 and 86400".into());
+        if limits.clone_concurrency == 0
+            || limits.default_ttl.is_zero()
+            || limits.default_ttl > limits.max_ttl
+        {
+            return Err(
+                "--clone-concurrency must be at least 1 and --default-ttl between 1 and 86400"
+                    .into(),
+            );
         }
         let mut templates = Vec::new();
         for (name, source) in &file.templates {
@@ -301,7 +318,9 @@ impl ServeArgs {
                 (None, Some(path)) => TemplateSource::SqlFile(absolute(&file_dir.join(path))?),
                 (None, None) => TemplateSource::Empty,
                 (Some(_), Some(_)) => {
-                    return Err(format!("template {name:?}: give either migrations or sql, not both"))
+                    return Err(format!(
+                        "template {name:?}: give either migrations or sql, not both"
+                    ))
                 }
             };
             push_template(&mut templates, name, source)?;
@@ -321,16 +340,26 @@ impl ServeArgs {
                 let mut embedded = EmbeddedConfig::for_limits(&limits, templates.len() + 1);
                 embedded.bin_dir = self.pg_bin_dir.or(postgres.bin_dir);
                 embedded.data_dir = self.data_dir.or(postgres.data_dir);
-                embedded.tmpfs_size = self.tmpfs_size.or(postgres.tmpfs_size).map(|s| parse_size(&s)).transpose()?;
+                embedded.tmpfs_size = self
+                    .tmpfs_size
+                    .or(postgres.tmpfs_size)
+                    .map(|s| parse_size(&s))
+                    .transpose()?;
                 embedded.allow_unsafe_on_disk =
                     self.allow_unsafe_on_disk || postgres.allow_unsafe_on_disk.unwrap_or(false);
                 embedded.pg_user = self.pg_user.or(postgres.user);
                 embedded.cache_dir = self.cache_dir.or(postgres.cache_dir);
-                embedded.listen_host = self.pg_listen.or(postgres.listen).unwrap_or(embedded.listen_host);
+                embedded.listen_host = self
+                    .pg_listen
+                    .or(postgres.listen)
+                    .unwrap_or(embedded.listen_host);
                 embedded.port = self.pg_port.or(postgres.port).filter(|&p| p != 0);
                 embedded.advertise_host = self.advertise_host.or(postgres.advertise_host);
                 embedded.locale = self.locale.or(postgres.locale).unwrap_or(embedded.locale);
-                embedded.encoding = self.encoding.or(postgres.encoding).unwrap_or(embedded.encoding);
+                embedded.encoding = self
+                    .encoding
+                    .or(postgres.encoding)
+                    .unwrap_or(embedded.encoding);
                 embedded.keep_data = self.keep_data || postgres.keep_data.unwrap_or(false);
                 for (key, value) in postgres.settings {
                     let value = match value {
@@ -354,7 +383,9 @@ impl ServeArgs {
         };
         let listen = match self.listen.or(file.listen) {
             Some(listen) => listen,
-            None => DEFAULT_LISTEN.parse().map_err(|e| format!("default listen address: {e}"))?,
+            None => DEFAULT_LISTEN
+                .parse()
+                .map_err(|e| format!("default listen address: {e}"))?,
         };
         Ok(ServeConfig {
             listen,
@@ -373,7 +404,11 @@ impl ServeArgs {
     }
 }
 
-fn push_template(templates: &mut Vec<TemplateConfig>, name: &str, source: TemplateSource) -> Result<(), String> {
+fn push_template(
+    templates: &mut Vec<TemplateConfig>,
+    name: &str,
+    source: TemplateSource,
+) -> Result<(), String> {
     let name = TemplateName::new(name).map_err(|e| e.to_string())?;
     if name == TemplateName::default_name() && source != TemplateSource::Empty {
         // Clients rely on `default` being an empty database.
@@ -385,11 +420,17 @@ fn push_template(templates: &mut Vec<TemplateConfig>, name: &str, source: Templa
 
 /// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=empty`.
 fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
-    let usage = || format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE or NAME=empty");
+    let usage = || {
+        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE or NAME=empty")
+    };
     let (name, source) = spec.split_once('=').ok_or_else(usage)?;
     let source = match source.split_once(':') {
-        Some(("migrations", dir)) if !dir.is_empty() => TemplateSource::Migrations(absolute(Path::new(dir))?),
-        Some(("sql", file)) if !file.is_empty() => TemplateSource::SqlFile(absolute(Path::new(file))?),
+        Some(("migrations", dir)) if !dir.is_empty() => {
+            TemplateSource::Migrations(absolute(Path::new(dir))?)
+        }
+        Some(("sql", file)) if !file.is_empty() => {
+            TemplateSource::SqlFile(absolute(Path::new(file))?)
+        }
         None if source == "empty" => TemplateSource::Empty,
         _ => return Err(usage()),
     };
@@ -404,7 +445,10 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 
 /// A postgres setting name is an identifier; values go as one argv element.
 fn checked_setting(key: &str, value: &str) -> Result<(String, String), String> {
-    let valid = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    let valid = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
     if !valid {
         return Err(format!("postgres setting name {key:?} is not valid"));
     }
@@ -414,15 +458,23 @@ fn checked_setting(key: &str, value: &str) -> Result<(String, String), String> {
 /// `512M`, `2G`, `64MB`, `1GiB`, or bytes.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
-    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
     let (digits, unit) = trimmed.split_at(split);
-    let number: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected e.g. 512M or 2G"))?;
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("size {text:?}: expected e.g. 512M or 2G"))?;
     let multiplier: u64 = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,
         "K" | "KB" | "KIB" => 1 << 10,
         "M" | "MB" | "MIB" => 1 << 20,
         "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(format!("size {text:?}: unknown unit {unit:?} (use K, M or G)")),
+        _ => {
+            return Err(format!(
+                "size {text:?}: unknown unit {unit:?} (use K, M or G)"
+            ))
+        }
     };
     number
         .checked_mul(multiplier)

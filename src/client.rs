@@ -54,7 +54,10 @@ impl Client {
         if status.is_success() {
             return Ok(body);
         }
-        let message = body["error"]["message"].as_str().map(str::to_owned).unwrap_or_else(|| body.to_string());
+        let message = body["error"]["message"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| body.to_string());
         Err(ClientError(format!("pglease answered {status}: {message}")))
     }
 
@@ -66,7 +69,8 @@ impl Client {
         if let Some(wait_ms) = wait_ms {
             body["wait_ms"] = json!(wait_ms);
         }
-        self.call(self.http.post(format!("{}/lease", self.base)).json(&body)).await
+        self.call(self.http.post(format!("{}/lease", self.base)).json(&body))
+            .await
     }
 
     async fn release(&self, id: &str, reuse: bool) -> Result<()> {
@@ -76,8 +80,12 @@ impl Client {
 
     async fn renew(&self, id: &str, ttl: Option<u64>) -> Result<Value> {
         let body = ttl.map_or_else(|| json!({}), |ttl| json!({ "ttl_secs": ttl }));
-        self.call(self.http.post(format!("{}/leases/{id}/renew", self.base)).json(&body))
-            .await
+        self.call(
+            self.http
+                .post(format!("{}/leases/{id}/renew", self.base))
+                .json(&body),
+        )
+        .await
     }
 }
 
@@ -98,7 +106,9 @@ pub async fn lease(args: LeaseArgs) -> Result<()> {
 
 /// `pglease release`.
 pub async fn release(args: ReleaseArgs) -> Result<()> {
-    Client::new(&args.client)?.release(&args.id, args.reuse).await
+    Client::new(&args.client)?
+        .release(&args.id, args.reuse)
+        .await
 }
 
 /// `pglease renew`: prints the new expiry.
@@ -111,8 +121,13 @@ pub async fn renew(args: RenewArgs) -> Result<()> {
 /// `pglease status`: prints the daemon's status JSON, pretty.
 pub async fn status(args: ClientArgs) -> Result<()> {
     let client = Client::new(&args)?;
-    let status = client.call(client.http.get(format!("{}/status", client.base))).await?;
-    println!("{}", serde_json::to_string_pretty(&status).unwrap_or_default());
+    let status = client
+        .call(client.http.get(format!("{}/status", client.base)))
+        .await?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&status).unwrap_or_default()
+    );
     Ok(())
 }
 
@@ -158,7 +173,10 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         eprintln!("pglease: could not release lease {id}: {message}");
     }
     let status = outcome.map_err(ClientError)?;
-    let code = match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+    let code = match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
         (Some(code), _) => code,
         (None, Some(signal)) => 128 + signal,
         (None, None) => 1,

@@ -19,7 +19,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("pglease: cannot start the async runtime: {error}");
@@ -87,7 +90,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     };
     let state = pglease_api::AppState::new(pool.clone(), config.api);
     let stop_http = tokio_util::sync::CancellationToken::new();
-    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let address = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     tracing::info!(addr = %address, "listening; lease with: curl -X POST http://{address}/lease");
     let server = tokio::spawn(pglease_api::serve(
         listener,
@@ -110,7 +116,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     })
     .await;
     if stopped.is_err() {
-        tracing::warn!(grace_secs = SHUTDOWN_GRACE.as_secs(), "shutdown did not finish in time; exiting anyway");
+        tracing::warn!(
+            grace_secs = SHUTDOWN_GRACE.as_secs(),
+            "shutdown did not finish in time; exiting anyway"
+        );
         return Ok(ExitCode::FAILURE);
     }
     tracing::info!("stopped");

@@ -27,10 +27,19 @@ fn uid_of(pid: u32) -> u32 {
 
 #[tokio::test]
 async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
-    let daemon = TestDaemon::builder().args(["--pg-setting", "work_mem=7MB"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--pg-setting", "work_mem=7MB"])
+        .start()
+        .await;
     let status = daemon.status().await;
     let settings = &status["postgres"]["settings"];
-    for (name, value) in [("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"), ("wal_level", "minimal"), ("jit", "off")] {
+    for (name, value) in [
+        ("fsync", "off"),
+        ("synchronous_commit", "off"),
+        ("full_page_writes", "off"),
+        ("wal_level", "minimal"),
+        ("jit", "off"),
+    ] {
         assert_eq!(settings[name], value, "{name} in {settings}");
     }
     let pid = postgres_pid(&status);
@@ -45,14 +54,22 @@ async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
     let lease = daemon.lease_ok("default").await;
     let client = connect(&lease).await.expect("connect");
     let row = client.query_one("SHOW work_mem", &[]).await.expect("show");
-    assert_eq!(row.get::<_, String>(0), "7MB", "--pg-setting reaches postgres");
+    assert_eq!(
+        row.get::<_, String>(0),
+        "7MB",
+        "--pg-setting reaches postgres"
+    );
     drop(client);
 
     let exit = daemon.stop().await;
     assert!(exit.success(), "clean exit: {exit:?}");
     assert!(!process_alive(pid), "postmaster {pid} outlived the daemon");
     let instance_dir = data_dir.parent().expect("instance dir");
-    assert!(!instance_dir.exists(), "{} was not removed", instance_dir.display());
+    assert!(
+        !instance_dir.exists(),
+        "{} was not removed",
+        instance_dir.display()
+    );
 }
 
 #[tokio::test]
@@ -67,7 +84,10 @@ async fn keep_data_keeps_the_data_directory() {
 
 #[tokio::test]
 async fn a_dead_postgres_is_restarted_and_open_leases_end_clearly() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "2"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "2"])
+        .start()
+        .await;
     let lease = daemon.lease_ok("default").await;
     let old_pid = postgres_pid(&daemon.status().await);
     kill(Pid::from_raw(old_pid as i32), Signal::SIGKILL).expect("kill postmaster");
@@ -96,9 +116,14 @@ async fn a_dead_postgres_is_restarted_and_open_leases_end_clearly() {
     .await;
     let status = daemon.status().await;
     assert_eq!(status["postgres"]["state"], "running");
-    assert!(status["postgres"]["restarts"].as_u64() >= Some(1), "{status}");
+    assert!(
+        status["postgres"]["restarts"].as_u64() >= Some(1),
+        "{status}"
+    );
     assert_ne!(postgres_pid(&status), old_pid);
-    assert!(status["postgres"]["last_error"].as_str().is_some_and(|e| e.contains("exited")));
+    assert!(status["postgres"]["last_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("exited")));
     let (code, body) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(code, 410, "{body}");
     assert_eq!(body["error"]["code"], "lease_lost");
@@ -114,13 +139,19 @@ async fn a_killed_daemon_takes_postgres_with_it_and_the_next_start_sweeps_its_di
     let data_dir = PathBuf::from(status["postgres"]["data_dir"].as_str().expect("data dir"));
     let instance_dir = data_dir.parent().expect("instance dir").to_path_buf();
     daemon.kill();
-    poll_until(Duration::from_secs(10), "the orphaned postmaster to die", || async {
-        (!process_alive(pid)).then_some(())
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "the orphaned postmaster to die",
+        || async { (!process_alive(pid)).then_some(()) },
+    )
     .await;
     // Whichever daemon starts next (this test's, or a concurrent test's) sweeps it.
     let next = TestDaemon::start().await;
-    assert!(!instance_dir.exists(), "the next start sweeps {}", instance_dir.display());
+    assert!(
+        !instance_dir.exists(),
+        "the next start sweeps {}",
+        instance_dir.display()
+    );
     let log = next.log();
     let exit = next.stop().await;
     assert!(exit.success(), "{exit:?}\n{log}");
@@ -146,7 +177,10 @@ async fn invalid_configuration_exits_64_with_one_line() {
 #[tokio::test]
 async fn a_data_directory_on_disk_is_refused_unless_allowed() {
     let dir = scratch_dir("on-disk");
-    let on_disk = nix::sys::statfs::statfs(&dir).expect("statfs").filesystem_type() != nix::sys::statfs::TMPFS_MAGIC;
+    let on_disk = nix::sys::statfs::statfs(&dir)
+        .expect("statfs")
+        .filesystem_type()
+        != nix::sys::statfs::TMPFS_MAGIC;
     let (status, log) = TestDaemon::builder()
         .args(["--data-dir", dir.to_str().expect("utf8")])
         .run_to_exit();
@@ -154,7 +188,11 @@ async fn a_data_directory_on_disk_is_refused_unless_allowed() {
         assert_eq!(status.code(), Some(1), "{log}");
         assert!(log.contains("--allow-unsafe-on-disk"), "{log}");
         let daemon = TestDaemon::builder()
-            .args(["--data-dir", dir.to_str().expect("utf8"), "--allow-unsafe-on-disk"])
+            .args([
+                "--data-dir",
+                dir.to_str().expect("utf8"),
+                "--allow-unsafe-on-disk",
+            ])
             .start()
             .await;
         daemon.lease_ok("default").await;
@@ -169,5 +207,8 @@ async fn an_unusable_postgres_binary_directory_is_a_clear_start_error() {
         .args(["--pg-bin-dir", dir.to_str().expect("utf8")])
         .run_to_exit();
     assert_eq!(status.code(), Some(1), "{log}");
-    assert!(log.contains(dir.to_str().expect("utf8")), "names the directory: {log}");
+    assert!(
+        log.contains(dir.to_str().expect("utf8")),
+        "names the directory: {log}"
+    );
 }

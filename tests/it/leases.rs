@@ -11,9 +11,23 @@ use crate::support::{connect, id_of, poll_until, TestDaemon};
 
 #[tokio::test]
 async fn lease_connect_write_release_drops_and_replaces_the_clone() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "2"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "2"])
+        .start()
+        .await;
     let lease = daemon.lease_ok("default").await;
-    for field in ["id", "template", "fingerprint", "database", "host", "port", "user", "password", "url", "expires_at"] {
+    for field in [
+        "id",
+        "template",
+        "fingerprint",
+        "database",
+        "host",
+        "port",
+        "user",
+        "password",
+        "url",
+        "expires_at",
+    ] {
         assert!(!lease[field].is_null(), "lease lacks {field}: {lease}");
     }
     assert_eq!(lease["template"], "default");
@@ -22,24 +36,38 @@ async fn lease_connect_write_release_drops_and_replaces_the_clone() {
         .batch_execute("CREATE TABLE marker (id text); INSERT INTO marker VALUES ('mine');")
         .await
         .expect("write");
-    let row = client.query_one("SELECT current_database(), count(*) FROM marker", &[]).await.expect("read");
-    assert_eq!(row.get::<_, String>(0), lease["database"].as_str().expect("database"));
+    let row = client
+        .query_one("SELECT current_database(), count(*) FROM marker", &[])
+        .await
+        .expect("read");
+    assert_eq!(
+        row.get::<_, String>(0),
+        lease["database"].as_str().expect("database")
+    );
     assert_eq!(row.get::<_, i64>(1), 1);
 
     let (status, _) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 204);
     // The session we still hold is terminated by DROP … WITH (FORCE).
-    poll_until(Duration::from_secs(10), "the released database to be dropped", || async {
-        match connect(&lease).await {
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
-            _ => None,
-        }
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "the released database to be dropped",
+        || async {
+            match connect(&lease).await {
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
+                _ => None,
+            }
+        },
+    )
     .await;
-    poll_until(Duration::from_secs(10), "the pool to be refilled", || async {
-        let status = daemon.template_status("default").await;
-        (status["ready"] == 2 && status["leased"] == 0).then_some(())
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "the pool to be refilled",
+        || async {
+            let status = daemon.template_status("default").await;
+            (status["ready"] == 2 && status["leased"] == 0).then_some(())
+        },
+    )
     .await;
     let (status, body) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 404, "a released lease is gone: {body}");
@@ -48,22 +76,35 @@ async fn lease_connect_write_release_drops_and_replaces_the_clone() {
 
 #[tokio::test]
 async fn thirty_two_parallel_leases_are_all_distinct_and_isolated() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "4", "--max-total", "40"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "4", "--max-total", "40"])
+        .start()
+        .await;
     let mut tasks = Vec::new();
     for worker in 0..32 {
         let http = daemon.http.clone();
         let base = daemon.base.clone();
         tasks.push(tokio::spawn(async move {
-            let response = http.post(format!("{base}/lease")).json(&json!({})).send().await.expect("lease");
+            let response = http
+                .post(format!("{base}/lease"))
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("lease");
             assert_eq!(response.status().as_u16(), 201);
             let lease: serde_json::Value = response.json().await.expect("json");
             let client = connect(&lease).await.expect("connect");
             // Each worker marks its database and checks nobody else did.
             client
-                .batch_execute(&format!("CREATE TABLE marker (worker int); INSERT INTO marker VALUES ({worker});"))
+                .batch_execute(&format!(
+                    "CREATE TABLE marker (worker int); INSERT INTO marker VALUES ({worker});"
+                ))
                 .await
                 .expect("mark");
-            let rows = client.query("SELECT worker FROM marker", &[]).await.expect("read");
+            let rows = client
+                .query("SELECT worker FROM marker", &[])
+                .await
+                .expect("read");
             assert_eq!(rows.len(), 1, "another worker wrote into this database");
             lease
         }));
@@ -83,7 +124,10 @@ async fn thirty_two_parallel_leases_are_all_distinct_and_isolated() {
 
 #[tokio::test]
 async fn an_exhausted_pool_makes_requests_wait_then_time_out_with_504() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "1", "--max-total", "1"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1", "--max-total", "1"])
+        .start()
+        .await;
     let first = daemon.lease_ok("default").await;
 
     let (status, body) = daemon.lease(json!({ "wait_ms": 300 })).await;
@@ -101,12 +145,17 @@ async fn an_exhausted_pool_makes_requests_wait_then_time_out_with_504() {
                 .send()
                 .await
                 .expect("lease");
-            (response.status().as_u16(), response.json::<serde_json::Value>().await.expect("json"))
+            (
+                response.status().as_u16(),
+                response.json::<serde_json::Value>().await.expect("json"),
+            )
         })
     };
-    poll_until(Duration::from_secs(10), "the second request to wait", || async {
-        (daemon.template_status("default").await["waiting"] == 1).then_some(())
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "the second request to wait",
+        || async { (daemon.template_status("default").await["waiting"] == 1).then_some(()) },
+    )
     .await;
     assert!(!waiter.is_finished());
     let (status, _) = daemon.release(&id_of(&first), false).await;
@@ -123,18 +172,30 @@ async fn expired_leases_are_dropped_and_their_ids_become_void() {
     assert_eq!(status, 201, "{lease}");
     let client = connect(&lease).await.expect("connect");
     client.batch_execute("SELECT 1").await.expect("query");
-    poll_until(Duration::from_secs(10), "the expired lease's database to be dropped", || async {
-        match connect(&lease).await {
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
-            _ => None,
-        }
-    })
+    poll_until(
+        Duration::from_secs(10),
+        "the expired lease's database to be dropped",
+        || async {
+            match connect(&lease).await {
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
+                _ => None,
+            }
+        },
+    )
     .await;
-    assert!(client.batch_execute("SELECT 1").await.is_err(), "its session was terminated");
+    assert!(
+        client.batch_execute("SELECT 1").await.is_err(),
+        "its session was terminated"
+    );
     let (status, _) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 404);
     let (status, _) = daemon
-        .send(daemon.http.post(format!("{}/leases/{}/renew", daemon.base, id_of(&lease))).json(&json!({})))
+        .send(
+            daemon
+                .http
+                .post(format!("{}/leases/{}/renew", daemon.base, id_of(&lease)))
+                .json(&json!({})),
+        )
         .await;
     assert_eq!(status, 404);
 }
@@ -144,24 +205,34 @@ async fn renew_extends_a_lease() {
     let daemon = TestDaemon::start().await;
     let (_, lease) = daemon.lease(json!({ "ttl_secs": 2 })).await;
     let url = format!("{}/leases/{}/renew", daemon.base, id_of(&lease));
-    let (status, renewed) = daemon.send(daemon.http.post(&url).json(&json!({ "ttl_secs": 3600 }))).await;
+    let (status, renewed) = daemon
+        .send(daemon.http.post(&url).json(&json!({ "ttl_secs": 3600 })))
+        .await;
     assert_eq!(status, 200, "{renewed}");
     assert!(renewed["expires_at"].as_str() > lease["expires_at"].as_str());
     // Past the original two seconds the database is still there.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    connect(&lease).await.expect("still leased after the original ttl");
+    connect(&lease)
+        .await
+        .expect("still leased after the original ttl");
     let (status, _) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 204);
 }
 
 #[tokio::test]
 async fn reuse_returns_the_database_to_the_pool_as_it_is() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "1", "--max-total", "1"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1", "--max-total", "1"])
+        .start()
+        .await;
     let first = daemon.lease_ok("default").await;
     let (status, _) = daemon.release(&id_of(&first), true).await;
     assert_eq!(status, 204);
     let second = daemon.lease_ok("default").await;
-    assert_eq!(second["database"], first["database"], "the same database comes back");
+    assert_eq!(
+        second["database"], first["database"],
+        "the same database comes back"
+    );
     assert_ne!(second["id"], first["id"], "under a new lease id");
     let (status, _) = daemon.release(&id_of(&first), false).await;
     assert_eq!(status, 404, "the old id is void");
@@ -169,19 +240,30 @@ async fn reuse_returns_the_database_to_the_pool_as_it_is() {
 
 #[tokio::test]
 async fn a_client_that_gives_up_waiting_does_not_leak_a_database() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "0", "--max-total", "1"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "0", "--max-total", "1"])
+        .start()
+        .await;
     let holder = daemon.lease_ok("default").await;
     // This client hangs up after 300 ms while its request waits for up to 30 s.
-    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().expect("client");
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
     let result = impatient
         .post(format!("{}/lease", daemon.base))
         .json(&json!({ "wait_ms": 30000 }))
         .send()
         .await;
-    assert!(result.is_err(), "the request should time out on the client side");
-    poll_until(Duration::from_secs(5), "the abandoned request to be forgotten", || async {
-        (daemon.template_status("default").await["waiting"] == 0).then_some(())
-    })
+    assert!(
+        result.is_err(),
+        "the request should time out on the client side"
+    );
+    poll_until(
+        Duration::from_secs(5),
+        "the abandoned request to be forgotten",
+        || async { (daemon.template_status("default").await["waiting"] == 0).then_some(()) },
+    )
     .await;
     let (status, _) = daemon.release(&id_of(&holder), false).await;
     assert_eq!(status, 204);
@@ -193,5 +275,8 @@ async fn a_client_that_gives_up_waiting_does_not_leak_a_database() {
     .await;
     let next = daemon.lease_ok("default").await;
     assert_ne!(next["database"], holder["database"]);
-    assert_eq!(daemon.status().await["leases"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        daemon.status().await["leases"].as_array().map(Vec::len),
+        Some(1)
+    );
 }

@@ -22,14 +22,22 @@ async fn a_migrations_directory_becomes_a_template_owned_by_the_lease_role() {
     .expect("write");
     fs::write(dir.join("README.md"), "not a migration").expect("write");
     let daemon = TestDaemon::builder()
-        .args(["--template", &format!("app=migrations:{}", dir.display()), "--min-ready", "1"])
+        .args([
+            "--template",
+            &format!("app=migrations:{}", dir.display()),
+            "--min-ready",
+            "1",
+        ])
         .start()
         .await;
     let lease = daemon.lease_ok("app").await;
     assert_eq!(lease["template"], "app");
     assert_eq!(lease["fingerprint"].as_str().map(str::len), Some(64));
     let client = connect(&lease).await.expect("connect");
-    let row = client.query_one("SELECT count(*) FROM users", &[]).await.expect("seeded");
+    let row = client
+        .query_one("SELECT count(*) FROM users", &[])
+        .await
+        .expect("seeded");
     assert_eq!(row.get::<_, i64>(0), 2);
     // Tests can do what tests do: write, alter, truncate, create schemas.
     client
@@ -60,19 +68,29 @@ async fn a_migrations_directory_becomes_a_template_owned_by_the_lease_role() {
 async fn a_sql_file_template_and_the_default_coexist() {
     let dir = scratch_dir("sql-file");
     let file = dir.join("schema.sql");
-    fs::write(&file, "CREATE TABLE things (id int); INSERT INTO things VALUES (42);").expect("write");
+    fs::write(
+        &file,
+        "CREATE TABLE things (id int); INSERT INTO things VALUES (42);",
+    )
+    .expect("write");
     let daemon = TestDaemon::builder()
         .args(["--template", &format!("schema=sql:{}", file.display())])
         .start()
         .await;
     let lease = daemon.lease_ok("schema").await;
     let client = connect(&lease).await.expect("connect");
-    let row = client.query_one("SELECT id FROM things", &[]).await.expect("read");
+    let row = client
+        .query_one("SELECT id FROM things", &[])
+        .await
+        .expect("read");
     assert_eq!(row.get::<_, i32>(0), 42);
     let empty = daemon.lease_ok("default").await;
     let client = connect(&empty).await.expect("connect");
     let row = client
-        .query_one("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
         .await
         .expect("read");
     assert_eq!(row.get::<_, i64>(0), 0, "default is an empty database");
@@ -89,27 +107,44 @@ async fn a_broken_migration_fails_clearly_and_harms_nothing_else() {
     )
     .expect("write");
     let daemon = TestDaemon::builder()
-        .args(["--template", &format!("broken=migrations:{}", dir.display())])
+        .args([
+            "--template",
+            &format!("broken=migrations:{}", dir.display()),
+        ])
         .start()
         .await;
     // Concurrent requests all get the one build's error.
-    let (first, second) = tokio::join!(daemon.lease(json!({ "template": "broken" })), daemon.lease(json!({ "template": "broken" })));
+    let (first, second) = tokio::join!(
+        daemon.lease(json!({ "template": "broken" })),
+        daemon.lease(json!({ "template": "broken" }))
+    );
     for (status, body) in [first, second] {
         assert_eq!(status, 422, "{body}");
         assert_eq!(body["error"]["code"], "template_build_failed");
         let message = body["error"]["message"].as_str().expect("message");
-        assert!(message.contains("002_broken.sql"), "names the file: {message}");
-        assert!(message.contains("syntax error"), "has postgres' message: {message}");
+        assert!(
+            message.contains("002_broken.sql"),
+            "names the file: {message}"
+        );
+        assert!(
+            message.contains("syntax error"),
+            "has postgres' message: {message}"
+        );
         assert!(message.contains("line 3"), "names the line: {message}");
     }
     let status = daemon.template_status("broken").await;
     assert_eq!(status["state"], "failed");
-    assert!(status["last_error"].as_str().is_some_and(|e| e.contains("002_broken.sql")));
+    assert!(status["last_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("002_broken.sql")));
     // The default template is still served, and no half-built template database is left.
     let lease = daemon.lease_ok("default").await;
     let client = connect(&lease).await.expect("connect");
     let rows = client
-        .query("SELECT datname FROM pg_database WHERE datname LIKE 'pglease\\_tpl\\_%'", &[])
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'pglease\\_tpl\\_%'",
+            &[],
+        )
         .await
         .expect("list");
     assert_eq!(rows.len(), 1, "only the default template exists");
@@ -118,16 +153,24 @@ async fn a_broken_migration_fails_clearly_and_harms_nothing_else() {
     fs::write(dir.join("002_broken.sql"), "CREATE TABLE fine (id int);\n").expect("write");
     let fixed = daemon.lease_ok("broken").await;
     let client = connect(&fixed).await.expect("connect");
-    client.query_one("SELECT count(*) FROM fine", &[]).await.expect("built");
+    client
+        .query_one("SELECT count(*) FROM fine", &[])
+        .await
+        .expect("built");
 }
 
 #[tokio::test]
 async fn a_missing_migrations_directory_is_a_clear_error() {
     let daemon = TestDaemon::builder()
-        .args(["--template", "ghost=migrations:/nonexistent/pglease-migrations"])
+        .args([
+            "--template",
+            "ghost=migrations:/nonexistent/pglease-migrations",
+        ])
         .start()
         .await;
     let (status, body) = daemon.lease(json!({ "template": "ghost" })).await;
     assert_eq!(status, 422, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("/nonexistent/pglease-migrations")));
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("/nonexistent/pglease-migrations")));
 }

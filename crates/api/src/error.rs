@@ -37,28 +37,47 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
-            format!("request bodies are limited to {} bytes", crate::MAX_BODY_BYTES),
+            format!(
+                "request bodies are limited to {} bytes",
+                crate::MAX_BODY_BYTES
+            ),
         )
     }
 
     /// 404 for a path no route serves.
     pub fn no_route(path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {path}"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for {path}"),
+        )
     }
 
     /// 405 for a known path with the wrong method.
     pub fn method_not_allowed() -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this path")
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this path",
+        )
     }
 
     /// 503 while the daemon stops.
     pub fn shutting_down() -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "pglease is shutting down")
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "pglease is shutting down",
+        )
     }
 
     /// 404 for a lease id that is not one of ours.
     pub fn lease_not_found(id: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "lease_not_found", format!("no open lease with id {id:?}"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "lease_not_found",
+            format!("no open lease with id {id:?}"),
+        )
     }
 
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -79,18 +98,30 @@ impl From<LeaseError> for ApiError {
     fn from(error: LeaseError) -> Self {
         let message = error.to_string();
         match error {
-            LeaseError::UnknownTemplate(_) => Self::new(StatusCode::NOT_FOUND, "unknown_template", message),
+            LeaseError::UnknownTemplate(_) => {
+                Self::new(StatusCode::NOT_FOUND, "unknown_template", message)
+            }
             // The template's own sources are broken: the client must see postgres' words.
-            LeaseError::BuildFailed { .. } => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "template_build_failed", message)
+            LeaseError::BuildFailed { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "template_build_failed",
+                message,
+            ),
+            LeaseError::TimedOut { .. } => {
+                Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
             }
-            LeaseError::TimedOut { .. } => Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message),
             LeaseError::ShuttingDown => Self::shutting_down(),
-            LeaseError::PostgresDown(_) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "postgres_unavailable", message)
+            LeaseError::PostgresDown(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "postgres_unavailable",
+                message,
+            ),
+            LeaseError::CloneFailed { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message)
             }
-            LeaseError::CloneFailed { .. } => Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message),
-            LeaseError::Internal(_) => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
+            LeaseError::Internal(_) => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
         }
     }
 }
@@ -99,7 +130,9 @@ impl From<LeaseOpError> for ApiError {
     fn from(error: LeaseOpError) -> Self {
         let message = error.to_string();
         match error {
-            LeaseOpError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "lease_not_found", message),
+            LeaseOpError::NotFound(_) => {
+                Self::new(StatusCode::NOT_FOUND, "lease_not_found", message)
+            }
             LeaseOpError::Lost(_) => Self::new(StatusCode::GONE, "lease_lost", message),
             LeaseOpError::ShuttingDown => Self::shutting_down(),
         }
@@ -123,9 +156,10 @@ impl IntoResponse for ApiError {
         };
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
         }
         response
     }

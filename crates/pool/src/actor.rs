@@ -15,7 +15,9 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{CloneStrategy, ExternalConfig, PoolConfig, ServerConfig, TemplateConfig, TemplateSource};
+use crate::config::{
+    CloneStrategy, ExternalConfig, PoolConfig, ServerConfig, TemplateConfig, TemplateSource,
+};
 use crate::error::{LeaseError, StartError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
@@ -23,9 +25,7 @@ use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{describe_target, Session, SessionParams};
 use crate::state::{Action, Grant, PoolState, WaiterId};
 use crate::template;
-use crate::types::{
-    ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport,
-};
+use crate::types::{ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport};
 
 /// How often the actor checks that postgres is alive ("notices within a second").
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
@@ -105,16 +105,21 @@ enum JobResult {
     },
     ServerUp {
         generation: u64,
-        target: Target,
-        outcome: Result<Up, StartError>,
+        target: Box<Target>,
+        outcome: Box<Result<Up, StartError>>,
     },
 }
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
 /// actor. Returns once the server accepts connections; templates build in the background.
-pub async fn start(config: PoolConfig) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
+pub async fn start(
+    config: PoolConfig,
+) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
     let mut templates = config.templates.clone();
-    if !templates.iter().any(|t| t.name == TemplateName::default_name()) {
+    if !templates
+        .iter()
+        .any(|t| t.name == TemplateName::default_name())
+    {
         templates.insert(
             0,
             TemplateConfig {
@@ -220,16 +225,19 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
     }
 }
 
-async fn open_session(params: SessionParams) -> Result<(Session, tokio_postgres::Client), StartError> {
+async fn open_session(
+    params: SessionParams,
+) -> Result<(Session, tokio_postgres::Client), StartError> {
     let target = describe_target(&params.admin_config);
-    let (monitor, connection) = params
-        .admin_config
-        .connect(NoTls)
-        .await
-        .map_err(|source| StartError::Connect {
-            target: target.clone(),
-            source,
-        })?;
+    let (monitor, connection) =
+        params
+            .admin_config
+            .connect(NoTls)
+            .await
+            .map_err(|source| StartError::Connect {
+                target: target.clone(),
+                source,
+            })?;
     tokio::spawn(async move {
         // The monitor's connection ends when the server goes; the actor sees `is_closed`.
         let _ = connection.await;
@@ -304,7 +312,9 @@ impl Actor {
                 let waiter = self.next_waiter;
                 self.next_waiter += 1;
                 self.waiters.insert(waiter, reply);
-                let actions = self.state.request_lease(waiter, LeaseId::random(), &request, now);
+                let actions = self
+                    .state
+                    .request_lease(waiter, LeaseId::random(), &request, now);
                 self.apply(actions);
             }
             Command::Release { id, reuse, reply } => {
@@ -316,7 +326,10 @@ impl Actor {
                 self.apply(actions);
             }
             Command::Renew { id, ttl, reply } => {
-                let result = self.state.renew(&id, ttl, now).map(|ttl| SystemTime::now() + ttl);
+                let result = self
+                    .state
+                    .renew(&id, ttl, now)
+                    .map(|ttl| SystemTime::now() + ttl);
                 let _ = reply.send(result);
             }
             Command::Status { reply } => {
@@ -343,13 +356,16 @@ impl Actor {
                 target,
                 outcome,
             } => {
-                self.target = Some(target);
+                self.target = Some(*target);
                 if generation != self.generation || self.stopping {
                     return;
                 }
-                match outcome {
+                match *outcome {
                     Ok(up) => {
-                        tracing::info!(restarts = self.restarts, "postgres is back; rebuilding templates and pool");
+                        tracing::info!(
+                            restarts = self.restarts,
+                            "postgres is back; rebuilding templates and pool"
+                        );
                         self.server_came_up(up);
                     }
                     Err(error) => {
@@ -412,9 +428,16 @@ impl Actor {
         if self.stopping {
             return;
         }
-        let exited = self.running.as_mut().and_then(|running| running.poll_exit());
+        let exited = self
+            .running
+            .as_mut()
+            .and_then(|running| running.poll_exit());
         if let Some(status) = exited {
-            let tail = self.running.as_ref().map(|r| r.log_tail(10)).unwrap_or_default();
+            let tail = self
+                .running
+                .as_ref()
+                .map(|r| r.log_tail(10))
+                .unwrap_or_default();
             tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
             self.server_lost(format!("postgres exited unexpectedly ({status})"));
         } else if self.monitor.as_ref().is_some_and(|m| m.is_closed()) {
@@ -452,8 +475,8 @@ impl Actor {
             let (target, outcome) = bring_up(target, inputs).await;
             let _ = jobs.send(JobResult::ServerUp {
                 generation,
-                target,
-                outcome,
+                target: Box::new(target),
+                outcome: Box::new(outcome),
             });
         });
     }
@@ -502,10 +525,12 @@ impl Actor {
     /// actions that put the database back.
     fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
         let lease_id = grant.lease_id.clone();
-        let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref()) else {
+        let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref())
+        else {
             return Some(self.state.grant_undelivered(&lease_id, Instant::now()));
         };
-        let span = tracing::info_span!("lease", lease_id = %lease_id, fingerprint = %grant.fingerprint);
+        let span =
+            tracing::info_span!("lease", lease_id = %lease_id, fingerprint = %grant.fingerprint);
         let _entered = span.enter();
         let lease = Lease {
             id: grant.lease_id,
@@ -654,9 +679,11 @@ impl Actor {
         // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
         while self.target.is_none() {
             match tokio::time::timeout(Duration::from_secs(60), jobs.recv()).await {
-                Ok(Some(JobResult::ServerUp { target, outcome, .. })) => {
-                    self.target = Some(target);
-                    if let Ok(up) = outcome {
+                Ok(Some(JobResult::ServerUp {
+                    target, outcome, ..
+                })) => {
+                    self.target = Some(*target);
+                    if let Ok(up) = *outcome {
                         self.running = up.running;
                     }
                 }

@@ -62,7 +62,9 @@ impl PoolHandle {
         match tokio::time::timeout(wait + ACTOR_MARGIN, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(LeaseError::ShuttingDown),
-            Err(_) => Err(LeaseError::Internal("the pool did not answer in time".into())),
+            Err(_) => Err(LeaseError::Internal(
+                "the pool did not answer in time".into(),
+            )),
         }
     }
 
@@ -76,7 +78,11 @@ impl PoolHandle {
     }
 
     /// Extends a lease to `ttl` (the default when None) from now; returns the new expiry.
-    pub async fn renew(&self, id: LeaseId, ttl: Option<Duration>) -> Result<SystemTime, LeaseOpError> {
+    pub async fn renew(
+        &self,
+        id: LeaseId,
+        ttl: Option<Duration>,
+    ) -> Result<SystemTime, LeaseOpError> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Renew { id, ttl, reply })
             .await

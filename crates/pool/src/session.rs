@@ -290,8 +290,9 @@ impl Session {
             match client.batch_execute(&create).await {
                 Ok(()) => break,
                 // "source database is being accessed by other users": a session is leaving.
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
-                    && attempt < CLONE_BUSY_RETRIES =>
+                Err(e)
+                    if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                        && attempt < CLONE_BUSY_RETRIES =>
                 {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(25)).await;
@@ -313,7 +314,10 @@ impl Session {
     pub async fn drop_database(&self, db: &DbName) -> Result<(), String> {
         let client = self.client().await?;
         let row = client
-            .query_opt("SELECT datistemplate FROM pg_database WHERE datname = $1", &[&db.as_str()])
+            .query_opt(
+                "SELECT datistemplate FROM pg_database WHERE datname = $1",
+                &[&db.as_str()],
+            )
             .await
             .map_err(|e| pg_message(&e))?;
         let Some(row) = row else {
@@ -321,12 +325,18 @@ impl Session {
         };
         if row.get::<_, bool>(0) {
             client
-                .batch_execute(&format!("ALTER DATABASE {} WITH IS_TEMPLATE false", db.quoted()))
+                .batch_execute(&format!(
+                    "ALTER DATABASE {} WITH IS_TEMPLATE false",
+                    db.quoted()
+                ))
                 .await
                 .map_err(|e| pg_message(&e))?;
         }
         client
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.quoted()))
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                db.quoted()
+            ))
             .await
             .map_err(|e| pg_message(&e))
     }

@@ -568,7 +568,10 @@ impl PoolState {
     /// Every clone this pool holds (ready, leased, queued for drop): what an external
     /// server must lose at shutdown.
     pub fn all_clones(&self) -> Vec<DbName> {
-        let ready = self.templates.values().flat_map(|e| e.ready.iter().cloned());
+        let ready = self
+            .templates
+            .values()
+            .flat_map(|e| e.ready.iter().cloned());
         let leased = self.leases.values().map(|r| r.database.clone());
         ready
             .chain(leased)
@@ -605,7 +608,8 @@ impl PoolState {
             return;
         };
         while !entry.ready.is_empty() && !entry.waiters.is_empty() {
-            let (Some(database), Some(waiter)) = (entry.ready.pop_front(), entry.waiters.pop_front())
+            let (Some(database), Some(waiter)) =
+                (entry.ready.pop_front(), entry.waiters.pop_front())
             else {
                 break;
             };
@@ -647,7 +651,11 @@ impl PoolState {
             actions.push(Action::Drop { db });
         }
         let mut order: Vec<TemplateName> = self.templates.keys().cloned().collect();
-        order.sort_by_key(|name| self.templates.get(name).map_or(0, |e| e.waiters.is_empty() as u8));
+        order.sort_by_key(|name| {
+            self.templates
+                .get(name)
+                .map_or(0, |e| e.waiters.is_empty() as u8)
+        });
         let (min_ready, max_total) = (self.limits.min_ready, self.limits.max_total);
         loop {
             let mut started = false;
@@ -658,7 +666,10 @@ impl PoolState {
                 let Some(entry) = self.templates.get_mut(name) else {
                     continue;
                 };
-                let Build::Ready { db: template_db, .. } = &entry.build else {
+                let Build::Ready {
+                    db: template_db, ..
+                } = &entry.build
+                else {
                     continue;
                 };
                 if !entry.wanted || entry.clones_paused_until.is_some_and(|t| t > now) {

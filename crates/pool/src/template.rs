@@ -38,8 +38,12 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
 }
 
 fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
-    let contents = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let contents =
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     hasher.update(format!("{name}\0{}\0", contents.len()).as_bytes());
     hasher.update(&contents);
     Ok(())
@@ -51,7 +55,8 @@ pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
         .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
+        let entry = entry
+            .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
         let path = entry.path();
         if path.extension().is_some_and(|ext| ext == "sql") && path.is_file() {
             files.push(path);
@@ -120,7 +125,9 @@ async fn build_fresh(
         ))
         .await?;
     apply_source(session, source, db).await?;
-    session.wait_until_unused(db, Duration::from_secs(5)).await?;
+    session
+        .wait_until_unused(db, Duration::from_secs(5))
+        .await?;
     session
         .execute(&format!(
             "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false IS_TEMPLATE true",
@@ -132,7 +139,11 @@ async fn build_fresh(
 
 /// Runs the source's SQL in the template database as the lease role, so that the role
 /// owns every object and tests can alter, truncate and drop them.
-async fn apply_source(session: &Session, source: &TemplateSource, db: &DbName) -> Result<(), String> {
+async fn apply_source(
+    session: &Session,
+    source: &TemplateSource,
+    db: &DbName,
+) -> Result<(), String> {
     let files = match source {
         TemplateSource::Empty => return Ok(()),
         TemplateSource::SqlFile(path) => vec![path.clone()],
@@ -145,10 +156,12 @@ async fn apply_source(session: &Session, source: &TemplateSource, db: &DbName) -
     };
     let mut config = session.admin_config.clone();
     config.dbname(db.as_str());
-    let (mut client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("cannot connect to template database {db}: {}", pg_message(&e)))?;
+    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| {
+        format!(
+            "cannot connect to template database {db}: {}",
+            pg_message(&e)
+        )
+    })?;
     let connection = tokio::spawn(connection);
     let result = async {
         client
@@ -184,7 +197,8 @@ async fn apply_source(session: &Session, source: &TemplateSource, db: &DbName) -
 /// `FILE: ERROR: message (line N)`, plus postgres' detail and hint when present.
 pub fn describe_sql_error(path: &Path, sql: &str, error: &tokio_postgres::Error) -> String {
     let mut text = format!("{}: {}", path.display(), pg_message(error));
-    if let Some(ErrorPosition::Original(position)) = error.as_db_error().and_then(|e| e.position()) {
+    if let Some(ErrorPosition::Original(position)) = error.as_db_error().and_then(|e| e.position())
+    {
         text.push_str(&format!(" (line {})", line_of(sql, *position as usize)));
     }
     text

@@ -58,9 +58,15 @@ impl ConnectInfo {
                 self.host, self.port
             )
         } else if self.host.contains(':') {
-            format!("postgres://{user}:{password}@[{}]:{}/{db}", self.host, self.port)
+            format!(
+                "postgres://{user}:{password}@[{}]:{}/{db}",
+                self.host, self.port
+            )
         } else {
-            format!("postgres://{user}:{password}@{}:{}/{db}", self.host, self.port)
+            format!(
+                "postgres://{user}:{password}@{}:{}/{db}",
+                self.host, self.port
+            )
         }
     }
 }

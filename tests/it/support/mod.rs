@@ -65,7 +65,8 @@ impl DaemonBuilder {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("listening") {
                     if let Some(addr) = line.split("addr=").nth(1) {
-                        let _ = addr_tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                        let _ =
+                            addr_tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
                     }
                 }
                 sink.lock().expect("log lock").push(line);
@@ -96,7 +97,10 @@ impl DaemonBuilder {
     /// Runs the daemon to completion (for start-up failures); returns status and log.
     pub fn run_to_exit(self) -> (ExitStatus, String) {
         let output = self.command().output().expect("run pglease");
-        (output.status, String::from_utf8_lossy(&output.stderr).into_owned())
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
     }
 
     fn command(&self) -> Command {
@@ -153,7 +157,8 @@ impl TestDaemon {
 
     /// `POST /lease` with a JSON body; returns status and body.
     pub async fn lease(&self, body: Value) -> (u16, Value) {
-        self.send(self.http.post(format!("{}/lease", self.base)).json(&body)).await
+        self.send(self.http.post(format!("{}/lease", self.base)).json(&body))
+            .await
     }
 
     /// `POST /lease` that must succeed.
@@ -187,7 +192,8 @@ impl TestDaemon {
 
     /// A GET of any path.
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     /// Sends a request; returns status and body (JSON, or a string, or null).
@@ -213,9 +219,11 @@ impl TestDaemon {
     pub async fn stop(mut self) -> ExitStatus {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let mut child = self.child.take().expect("running");
-        let status = tokio::task::spawn_blocking(move || wait_with_timeout(&mut child, Duration::from_secs(40)))
-            .await
-            .expect("join");
+        let status = tokio::task::spawn_blocking(move || {
+            wait_with_timeout(&mut child, Duration::from_secs(40))
+        })
+        .await
+        .expect("join");
         status.unwrap_or_else(|| panic!("pglease did not exit after SIGTERM. Log:\n{}", self.log()))
     }
 
@@ -264,7 +272,10 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -282,7 +293,10 @@ pub async fn connect(lease: &Value) -> Result<tokio_postgres::Client, tokio_post
 /// True while a process with this pid exists (and is not a zombie we could not see reaped).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')),
+        Ok(stat) => !stat
+            .split(") ")
+            .nth(1)
+            .is_some_and(|rest| rest.starts_with('Z')),
         Err(_) => false,
     }
 }

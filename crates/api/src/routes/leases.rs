@@ -29,7 +29,10 @@ pub async fn lease(
         None => TemplateName::default_name(),
         Some(name) => TemplateName::new(name).map_err(|e| ApiError::invalid(e.to_string()))?,
     };
-    let ttl = body.ttl_secs.map(|secs| validate_ttl(&state, secs)).transpose()?;
+    let ttl = body
+        .ttl_secs
+        .map(|secs| validate_ttl(&state, secs))
+        .transpose()?;
     let wait = match body.wait_ms {
         None => state.config.default_wait,
         Some(ms) if Duration::from_millis(ms) <= state.config.max_wait => Duration::from_millis(ms),
@@ -42,7 +45,14 @@ pub async fn lease(
     };
     // If the client goes away, axum drops this future and with it the reply receiver:
     // the pool then takes the database back.
-    let lease = state.pool.lease(LeaseRequest { template, ttl, wait }).await?;
+    let lease = state
+        .pool
+        .lease(LeaseRequest {
+            template,
+            ttl,
+            wait,
+        })
+        .await?;
     Ok((StatusCode::CREATED, Json(lease_response(lease))))
 }
 
@@ -65,7 +75,10 @@ pub async fn renew(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RenewResponse>, ApiError> {
     let body: RenewBody = parse_body(body)?;
-    let ttl = body.ttl_secs.map(|secs| validate_ttl(&state, secs)).transpose()?;
+    let ttl = body
+        .ttl_secs
+        .map(|secs| validate_ttl(&state, secs))
+        .transpose()?;
     let id = LeaseId::parse(&id).ok_or_else(|| ApiError::lease_not_found(&id))?;
     let expires_at = state.pool.renew(id.clone(), ttl).await?;
     Ok(Json(RenewResponse {
@@ -77,7 +90,9 @@ pub async fn renew(
 fn validate_ttl(state: &AppState, secs: u64) -> Result<Duration, ApiError> {
     let max = state.config.max_ttl.as_secs();
     if secs == 0 || secs > max {
-        return Err(ApiError::invalid(format!("ttl_secs must be between 1 and {max}, got {secs}")));
+        return Err(ApiError::invalid(format!(
+            "ttl_secs must be between 1 and {max}, got {secs}"
+        )));
     }
     Ok(Duration::from_secs(secs))
 }

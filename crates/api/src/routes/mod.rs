@@ -12,7 +12,9 @@ pub mod leases;
 pub mod status;
 
 /// Parses an optional JSON body: empty means all defaults.
-fn parse_body<T: DeserializeOwned + Default>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+fn parse_body<T: DeserializeOwned + Default>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large()
@@ -28,7 +30,8 @@ fn parse_body<T: DeserializeOwned + Default>(body: Result<Bytes, BytesRejection>
     if !value.is_object() {
         return Err(ApiError::invalid("request body must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
 }
 
 /// JSON 404 for paths no route serves.

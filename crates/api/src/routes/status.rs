@@ -11,7 +11,11 @@ use crate::AppState;
 
 /// `GET /status`: postgres, templates and open leases (never credentials).
 pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
-    let report = state.pool.status().await.ok_or_else(ApiError::shutting_down)?;
+    let report = state
+        .pool
+        .status()
+        .await
+        .ok_or_else(ApiError::shutting_down)?;
     let postgres = report.postgres;
     Ok(Json(StatusResponse {
         postgres: PostgresJson {
@@ -65,7 +69,8 @@ pub async fn healthz() -> Json<serde_json::Value> {
 /// `GET /readyz`: 200 when postgres is up and the default template built, else 503.
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyResponse>) {
     let readiness = state.pool.readiness().await;
-    let ready = readiness.postgres_up && readiness.default_template_ready && !state.is_shutting_down();
+    let ready =
+        readiness.postgres_up && readiness.default_template_ready && !state.is_shutting_down();
     let status = if ready {
         StatusCode::OK
     } else {

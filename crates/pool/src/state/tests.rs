@@ -73,12 +73,17 @@ impl Driver {
             let more = match action {
                 Action::Build { template, .. } => {
                     let db = DbName::template(&template, "abcdef0123456789");
-                    self.state
-                        .build_finished(&template, Ok(("abcdef0123456789".into(), db)), self.now)
+                    self.state.build_finished(
+                        &template,
+                        Ok(("abcdef0123456789".into(), db)),
+                        self.now,
+                    )
                 }
                 Action::Clone {
                     template, clone, ..
-                } => self.state.clone_finished(&template, clone, Ok(()), self.now),
+                } => self
+                    .state
+                    .clone_finished(&template, clone, Ok(()), self.now),
                 Action::Drop { db } => {
                     self.drops.push(db);
                     self.state.drop_finished(self.now)
@@ -99,15 +104,21 @@ impl Driver {
     fn lease(&mut self, template: &str, wait_ms: u64) -> WaiterId {
         let waiter = self.next_waiter;
         self.next_waiter += 1;
-        let actions =
-            self.state
-                .request_lease(waiter, LeaseId::random(), &request(template, wait_ms), self.now);
+        let actions = self.state.request_lease(
+            waiter,
+            LeaseId::random(),
+            &request(template, wait_ms),
+            self.now,
+        );
         self.pending.extend(actions);
         waiter
     }
 
     fn grant_of(&self, waiter: WaiterId) -> Option<&Grant> {
-        self.grants.iter().find(|(w, _)| *w == waiter).map(|(_, g)| g)
+        self.grants
+            .iter()
+            .find(|(w, _)| *w == waiter)
+            .map(|(_, g)| g)
     }
 }
 
@@ -124,10 +135,20 @@ fn default_template_is_built_and_warmed_at_start() {
     let mut driver = Driver::new(pool(3, 10));
     driver.settle();
     let status = driver.state.template_status();
-    let default = status.iter().find(|t| t.name.as_str() == "default").expect("default");
+    let default = status
+        .iter()
+        .find(|t| t.name.as_str() == "default")
+        .expect("default");
     assert_eq!((default.state, default.ready), ("ready", 3));
-    let app = status.iter().find(|t| t.name.as_str() == "app").expect("app");
-    assert_eq!((app.state, app.ready), ("idle", 0), "app is built only on first need");
+    let app = status
+        .iter()
+        .find(|t| t.name.as_str() == "app")
+        .expect("app");
+    assert_eq!(
+        (app.state, app.ready),
+        ("idle", 0),
+        "app is built only on first need"
+    );
     assert!(driver.state.ready_for_default());
 }
 
@@ -148,7 +169,11 @@ fn no_database_is_handed_out_twice() {
     driver.settle();
     let waiters: Vec<_> = (0..40).map(|_| driver.lease("default", 1000)).collect();
     driver.settle();
-    let databases: HashSet<_> = driver.grants.iter().map(|(_, g)| g.database.clone()).collect();
+    let databases: HashSet<_> = driver
+        .grants
+        .iter()
+        .map(|(_, g)| g.database.clone())
+        .collect();
     assert_eq!(driver.grants.len(), waiters.len());
     assert_eq!(databases.len(), waiters.len());
     // Releasing with reuse puts a database back; it is then granted once more, not twice at once.
@@ -158,7 +183,12 @@ fn no_database_is_handed_out_twice() {
     driver.pending.extend(actions);
     let again = driver.lease("default", 1000);
     driver.settle();
-    let open: Vec<_> = driver.state.lease_list().into_iter().map(|l| l.database).collect();
+    let open: Vec<_> = driver
+        .state
+        .lease_list()
+        .into_iter()
+        .map(|l| l.database)
+        .collect();
     let unique: HashSet<_> = open.iter().cloned().collect();
     assert_eq!(open.len(), unique.len());
     assert!(driver.grant_of(again).is_some());
@@ -180,7 +210,10 @@ fn waiters_are_served_in_arrival_order_when_the_pool_is_exhausted() {
     assert!(result.is_ok());
     driver.pending.extend(actions);
     driver.settle();
-    assert!(driver.grant_of(second).is_some(), "the earlier waiter goes first");
+    assert!(
+        driver.grant_of(second).is_some(),
+        "the earlier waiter goes first"
+    );
     assert!(driver.grant_of(third).is_none());
 }
 
@@ -199,7 +232,14 @@ fn a_waiter_times_out_when_nothing_frees_up() {
     driver.settle();
     let (waiter, error) = driver.failures.last().expect("a failure");
     assert_eq!(*waiter, late);
-    assert!(matches!(error, LeaseError::TimedOut { leased: 1, max_total: 1, .. }));
+    assert!(matches!(
+        error,
+        LeaseError::TimedOut {
+            leased: 1,
+            max_total: 1,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -259,13 +299,23 @@ fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
     let now = Instant::now();
     let actions = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
     assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })));
-    let actions = state.build_finished(&name("app"), Err("001.sql: syntax error at line 3".into()), now);
+    let actions = state.build_finished(
+        &name("app"),
+        Err("001.sql: syntax error at line 3".into()),
+        now,
+    );
     assert!(matches!(
         actions.as_slice(),
-        [Action::Fail { waiter: 1, error: LeaseError::BuildFailed { .. } }]
+        [Action::Fail {
+            waiter: 1,
+            error: LeaseError::BuildFailed { .. }
+        }]
     ));
     let actions = state.request_lease(2, LeaseId::random(), &request("app", 1000), now);
-    assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })), "retried");
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Build { .. })),
+        "retried"
+    );
 }
 
 #[test]
@@ -314,10 +364,15 @@ fn losing_postgres_fails_waiters_and_marks_leases_lost() {
     assert!(matches!(result, Err(LeaseOpError::Lost(_))));
     let refused = driver.lease("default", 1000);
     driver.settle();
-    assert!(driver.failures.iter().any(|(w, e)| *w == refused && matches!(e, LeaseError::PostgresDown(_))));
+    assert!(driver
+        .failures
+        .iter()
+        .any(|(w, e)| *w == refused && matches!(e, LeaseError::PostgresDown(_))));
     // Back up: the wanted templates are rebuilt.
     let actions = driver.state.server_up();
-    assert!(actions.iter().any(|a| matches!(a, Action::Build { template, .. } if template.as_str() == "default")));
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Build { template, .. } if template.as_str() == "default")));
 }
 
 #[test]
@@ -327,7 +382,10 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
     let _ = state.server_up();
     let mut actions = state.build_finished(
         &TemplateName::default_name(),
-        Ok(("ff".into(), DbName::template(&TemplateName::default_name(), "ff"))),
+        Ok((
+            "ff".into(),
+            DbName::template(&TemplateName::default_name(), "ff"),
+        )),
         now,
     );
     actions.extend(state.request_lease(7, LeaseId::random(), &request("default", 1000), now));
@@ -346,15 +404,37 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
         Err("could not write to file: No space left on device".into()),
         now,
     );
-    assert!(actions.iter().any(|a| matches!(a, Action::Fail { waiter: 7, error: LeaseError::CloneFailed { .. } })));
-    assert!(actions.iter().any(|a| matches!(a, Action::Drop { db } if *db == clones[0])));
-    assert!(!actions.iter().any(|a| matches!(a, Action::Clone { .. })), "paused");
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Fail {
+            waiter: 7,
+            error: LeaseError::CloneFailed { .. }
+        }
+    )));
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Drop { db } if *db == clones[0])));
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Clone { .. })),
+        "paused"
+    );
     for clone in &clones[1..] {
-        let actions = state.clone_finished(&TemplateName::default_name(), clone.clone(), Err("disk full".into()), now);
-        assert!(!actions.iter().any(|a| matches!(a, Action::Clone { .. })), "still paused");
+        let actions = state.clone_finished(
+            &TemplateName::default_name(),
+            clone.clone(),
+            Err("disk full".into()),
+            now,
+        );
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::Clone { .. })),
+            "still paused"
+        );
     }
     let later = state.tick(now + CLONE_RETRY_DELAY);
-    assert!(later.iter().any(|a| matches!(a, Action::Clone { .. })), "resumed");
+    assert!(
+        later.iter().any(|a| matches!(a, Action::Clone { .. })),
+        "resumed"
+    );
 }
 
 #[test]

@@ -17,15 +17,31 @@ fn fingerprint_follows_file_names_contents_and_the_major_version() {
     let source = TemplateSource::Migrations(dir.clone());
     let first = fingerprint(&source, 15).expect("fingerprint");
     assert_eq!(first.len(), 64);
-    assert_eq!(first, fingerprint(&source, 15).expect("fingerprint"), "stable");
-    assert_ne!(first, fingerprint(&source, 16).expect("fingerprint"), "major version counts");
+    assert_eq!(
+        first,
+        fingerprint(&source, 15).expect("fingerprint"),
+        "stable"
+    );
+    assert_ne!(
+        first,
+        fingerprint(&source, 16).expect("fingerprint"),
+        "major version counts"
+    );
     fs::write(dir.join("notes.txt"), "changed").expect("write");
-    assert_eq!(first, fingerprint(&source, 15).expect("fingerprint"), "non-sql files do not count");
+    assert_eq!(
+        first,
+        fingerprint(&source, 15).expect("fingerprint"),
+        "non-sql files do not count"
+    );
     fs::write(dir.join("001_init.sql"), "CREATE TABLE a (id bigint);").expect("write");
     let changed = fingerprint(&source, 15).expect("fingerprint");
     assert_ne!(first, changed, "contents count");
     fs::rename(dir.join("001_init.sql"), dir.join("002_init.sql")).expect("rename");
-    assert_ne!(changed, fingerprint(&source, 15).expect("fingerprint"), "names count");
+    assert_ne!(
+        changed,
+        fingerprint(&source, 15).expect("fingerprint"),
+        "names count"
+    );
     assert_ne!(
         fingerprint(&TemplateSource::Empty, 15).expect("fingerprint"),
         changed
@@ -50,8 +66,11 @@ fn migrations_apply_in_lexical_order() {
 
 #[test]
 fn a_missing_directory_is_a_clear_error() {
-    let error = fingerprint(&TemplateSource::Migrations("/nonexistent/migrations".into()), 15)
-        .expect_err("missing");
+    let error = fingerprint(
+        &TemplateSource::Migrations("/nonexistent/migrations".into()),
+        15,
+    )
+    .expect_err("missing");
     assert!(error.contains("/nonexistent/migrations"), "{error}");
 }
 
