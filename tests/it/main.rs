@@ -4,6 +4,7 @@
 mod bad_input;
 mod cli;
 mod daemon;
+mod external;
 mod leases;
 mod support;
 mod templates;

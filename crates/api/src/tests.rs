@@ -1,1 +1,637 @@
+//! The router driven in memory (`tower::ServiceExt::oneshot`) against a fake pool
+//! (`pglease_pool::testing`): each test plays the pool actor, checks the command a handler
+//! sent and answers it, then checks the status, headers and JSON the client gets.
+//! No postgres, no sockets; what the real pool answers is `tests/it`'s business.
 
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::response::Response;
+use axum::Router;
+use http_body_util::BodyExt;
+use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
+use pglease_pool::{
+    ConnectInfo, DbName, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary, PostgresStatus,
+    Readiness, StatusReport, TemplateName, TemplateStatus,
+};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::{router, ApiConfig, AppState};
+
+/// A lease id as the pool makes them: 32 lowercase hex characters.
+const LEASE_ID: &str = "0123456789abcdef0123456789abcdef";
+
+/// How long a test waits for a handler to reach the fake before failing instead of hanging.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A router over a fresh fake pool, and the fake.
+fn app() -> (Router, FakeActor) {
+    let (handle, actor) = fake_pool();
+    (router(AppState::new(handle, ApiConfig::default())), actor)
+}
+
+fn request(method: &str, uri: &str, body: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .expect("a valid request")
+}
+
+/// Sends `request` through `app` while `answer` plays the actor for the one command the
+/// handler is expected to send.
+async fn exchange(
+    app: &Router,
+    request: Request<Body>,
+    actor: &mut FakeActor,
+    answer: impl FnOnce(FakeCommand),
+) -> Response {
+    let actor_side = async {
+        let command = tokio::time::timeout(COMMAND_TIMEOUT, actor.recv())
+            .await
+            .expect("the handler sent no command in time")
+            .expect("every handle was dropped");
+        answer(command);
+    };
+    let (response, ()) = tokio::join!(app.clone().oneshot(request), actor_side);
+    response.expect("the router is infallible")
+}
+
+/// Sends `request` through `app` without playing the actor.
+async fn send(app: &Router, request: Request<Body>) -> Response {
+    app.clone()
+        .oneshot(request)
+        .await
+        .expect("the router is infallible")
+}
+
+/// Status, headers and the body as JSON (`Null` when empty).
+async fn read(response: Response) -> (StatusCode, HeaderMap, Value) {
+    let (parts, body) = response.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .expect("the body can be read")
+        .to_bytes();
+    let json = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("the body is JSON")
+    };
+    (parts.status, parts.headers, json)
+}
+
+/// 2023-11-14T22:13:20Z.
+fn expiry() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+}
+
+fn lease_id() -> LeaseId {
+    LeaseId::parse(LEASE_ID).expect("a valid lease id")
+}
+
+fn template(name: &str) -> TemplateName {
+    TemplateName::new(name).expect("a valid template name")
+}
+
+fn lease(template_name: &str) -> Lease {
+    Lease {
+        id: lease_id(),
+        template: template(template_name),
+        fingerprint: "f00d".repeat(16),
+        connect: ConnectInfo {
+            host: "127.0.0.1".into(),
+            port: 54321,
+            user: "pglease_user".into(),
+            password: "s3cret-pw".into(),
+            database: DbName::from_server("pglease_abc123_7".into()),
+        },
+        expires_at: expiry(),
+    }
+}
+
+fn assert_json(headers: &HeaderMap) {
+    assert_eq!(
+        headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+}
+
+fn assert_retry_after(headers: &HeaderMap, expected: bool) {
+    assert_eq!(
+        headers.contains_key(header::RETRY_AFTER),
+        expected,
+        "Retry-After in {headers:?}"
+    );
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().expect("an error code")
+}
+
+fn error_message(body: &Value) -> &str {
+    body["error"]["message"].as_str().expect("an error message")
+}
+
+#[tokio::test]
+async fn lease_with_empty_body_asks_for_the_default_template() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("POST", "/lease", ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Lease { request, reply } => {
+                assert_eq!(request.template, TemplateName::default_name());
+                assert_eq!(request.ttl, None);
+                assert_eq!(request.wait, Duration::from_secs(60));
+                reply.send(Ok(lease("default"))).expect("the client waits");
+            }
+            other => panic!("expected a lease, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, headers, body) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_json(&headers);
+    assert_eq!(
+        body,
+        json!({
+            "id": LEASE_ID,
+            "template": "default",
+            "fingerprint": "f00d".repeat(16),
+            "database": "pglease_abc123_7",
+            "host": "127.0.0.1",
+            "port": 54321,
+            "user": "pglease_user",
+            "password": "s3cret-pw",
+            "url": "postgres://pglease_user:s3cret-pw@127.0.0.1:54321/pglease_abc123_7",
+            "expires_at": "2023-11-14T22:13:20Z",
+        })
+    );
+}
+
+#[tokio::test]
+async fn lease_converts_ttl_and_wait_to_durations() {
+    let (app, mut actor) = app();
+    let body = r#"{"template": "app", "ttl_secs": 120, "wait_ms": 1500}"#;
+    let response = exchange(
+        &app,
+        request("POST", "/lease", body),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Lease { request, reply } => {
+                assert_eq!(request.template, template("app"));
+                assert_eq!(request.ttl, Some(Duration::from_secs(120)));
+                assert_eq!(request.wait, Duration::from_millis(1500));
+                reply.send(Ok(lease("app"))).expect("the client waits");
+            }
+            other => panic!("expected a lease, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body["template"], "app");
+}
+
+#[tokio::test]
+async fn lease_errors_map_to_status_and_code() {
+    struct Case {
+        error: LeaseError,
+        status: StatusCode,
+        code: &'static str,
+        retry_after: bool,
+    }
+    let cases = [
+        Case {
+            error: LeaseError::UnknownTemplate(template("nope")),
+            status: StatusCode::NOT_FOUND,
+            code: "unknown_template",
+            retry_after: false,
+        },
+        Case {
+            error: LeaseError::BuildFailed {
+                template: template("app"),
+                message: "schema.sql line 3: syntax error at or near \"TABL\"".into(),
+            },
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            code: "template_build_failed",
+            retry_after: false,
+        },
+        Case {
+            error: LeaseError::TimedOut {
+                template: template("app"),
+                waited_ms: 1500,
+                leased: 8,
+                max_total: 8,
+            },
+            status: StatusCode::GATEWAY_TIMEOUT,
+            code: "timeout",
+            retry_after: false,
+        },
+        Case {
+            error: LeaseError::ShuttingDown,
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "shutting_down",
+            retry_after: true,
+        },
+        Case {
+            error: LeaseError::PostgresDown("restarting after a crash".into()),
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "postgres_unavailable",
+            retry_after: true,
+        },
+        Case {
+            error: LeaseError::CloneFailed {
+                template: template("app"),
+                message: "could not write: No space left on device".into(),
+            },
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "clone_failed",
+            retry_after: true,
+        },
+        Case {
+            error: LeaseError::Internal("state table corrupt at slot 17".into()),
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal",
+            retry_after: false,
+        },
+    ];
+    for case in cases {
+        let (app, mut actor) = app();
+        let response = exchange(
+            &app,
+            request("POST", "/lease", r#"{"template": "app"}"#),
+            &mut actor,
+            |command| match command {
+                FakeCommand::Lease { reply, .. } => {
+                    reply.send(Err(case.error)).expect("the client waits");
+                }
+                other => panic!("expected a lease, got {other:?}"),
+            },
+        )
+        .await;
+        let (status, headers, body) = read(response).await;
+        assert_eq!(status, case.status, "{body}");
+        assert_json(&headers);
+        assert_eq!(error_code(&body), case.code, "{body}");
+        assert_retry_after(&headers, case.retry_after);
+        let message = error_message(&body);
+        match case.code {
+            // The template's own sources are broken: postgres' words must reach the client.
+            "template_build_failed" => {
+                assert!(message.contains("syntax error at or near"), "{message}")
+            }
+            "internal" => {
+                assert!(
+                    !message.contains("slot 17"),
+                    "internal detail leaked: {message}"
+                );
+                assert_eq!(message, "internal error; see the pglease log");
+            }
+            _ => assert!(!message.is_empty()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn release_answers_204_and_defaults_reuse_to_false() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("DELETE", &format!("/leases/{LEASE_ID}"), ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Release { id, reuse, reply } => {
+                assert_eq!(id, lease_id());
+                assert!(!reuse);
+                reply.send(Ok(())).expect("the client waits");
+            }
+            other => panic!("expected a release, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(body, Value::Null);
+}
+
+#[tokio::test]
+async fn release_passes_reuse_true_to_the_pool() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("DELETE", &format!("/leases/{LEASE_ID}?reuse=true"), ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Release { reuse, reply, .. } => {
+                assert!(reuse);
+                reply.send(Ok(())).expect("the client waits");
+            }
+            other => panic!("expected a release, got {other:?}"),
+        },
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn release_errors_map_to_404_and_410() {
+    let cases = [
+        (
+            LeaseOpError::NotFound(LEASE_ID.into()),
+            StatusCode::NOT_FOUND,
+            "lease_not_found",
+        ),
+        (
+            LeaseOpError::Lost(LEASE_ID.into()),
+            StatusCode::GONE,
+            "lease_lost",
+        ),
+    ];
+    for (error, expected_status, expected_code) in cases {
+        let (app, mut actor) = app();
+        let response = exchange(
+            &app,
+            request("DELETE", &format!("/leases/{LEASE_ID}"), ""),
+            &mut actor,
+            |command| match command {
+                FakeCommand::Release { reply, .. } => {
+                    reply.send(Err(error)).expect("the client waits");
+                }
+                other => panic!("expected a release, got {other:?}"),
+            },
+        )
+        .await;
+        let (status, headers, body) = read(response).await;
+        assert_eq!(status, expected_status);
+        assert_json(&headers);
+        assert_eq!(error_code(&body), expected_code);
+        assert!(error_message(&body).contains(LEASE_ID));
+    }
+}
+
+#[tokio::test]
+async fn release_of_a_malformed_id_is_404_without_asking_the_pool() {
+    let (app, mut actor) = app();
+    let response = send(&app, request("DELETE", "/leases/not-hex-at-all", "")).await;
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error_code(&body), "lease_not_found");
+    assert!(actor.try_recv().is_none(), "the pool was asked");
+}
+
+#[tokio::test]
+async fn renew_answers_the_new_expiry() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request(
+            "POST",
+            &format!("/leases/{LEASE_ID}/renew"),
+            r#"{"ttl_secs": 300}"#,
+        ),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Renew { id, ttl, reply } => {
+                assert_eq!(id, lease_id());
+                assert_eq!(ttl, Some(Duration::from_secs(300)));
+                reply.send(Ok(expiry())).expect("the client waits");
+            }
+            other => panic!("expected a renew, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, headers, body) = read(response).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_json(&headers);
+    assert_eq!(
+        body,
+        json!({ "id": LEASE_ID, "expires_at": "2023-11-14T22:13:20Z" })
+    );
+}
+
+#[tokio::test]
+async fn readyz_follows_the_pool_readiness() {
+    let cases = [
+        (true, true, StatusCode::OK),
+        (true, false, StatusCode::SERVICE_UNAVAILABLE),
+        (false, true, StatusCode::SERVICE_UNAVAILABLE),
+    ];
+    for (postgres_up, default_template_ready, expected) in cases {
+        let (app, mut actor) = app();
+        let response =
+            exchange(
+                &app,
+                request("GET", "/readyz", ""),
+                &mut actor,
+                |command| match command {
+                    FakeCommand::Readiness { reply } => {
+                        let readiness = Readiness {
+                            postgres_up,
+                            default_template_ready,
+                        };
+                        reply.send(readiness).expect("the client waits");
+                    }
+                    other => panic!("expected a readiness query, got {other:?}"),
+                },
+            )
+            .await;
+        let (status, _, body) = read(response).await;
+        assert_eq!(status, expected);
+        assert_eq!(
+            body,
+            json!({
+                "ready": expected == StatusCode::OK,
+                "postgres": postgres_up,
+                "default_template": default_template_ready,
+            })
+        );
+    }
+}
+
+#[tokio::test]
+async fn healthz_answers_without_the_pool() {
+    let (app, mut actor) = app();
+    let (status, headers, body) = read(send(&app, request("GET", "/healthz", "")).await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_json(&headers);
+    assert_eq!(body, json!({ "status": "ok" }));
+    assert!(actor.try_recv().is_none(), "the pool was asked");
+}
+
+#[tokio::test]
+async fn status_renders_the_report_without_credentials() {
+    let report = StatusReport {
+        postgres: PostgresStatus {
+            state: "running",
+            external: false,
+            version: Some("16.4".into()),
+            pid: Some(4242),
+            data_dir: Some("/dev/shm/pglease-abc123".into()),
+            host: Some("127.0.0.1".into()),
+            port: Some(54321),
+            settings: vec![
+                ("fsync".into(), "off".into()),
+                ("synchronous_commit".into(), "off".into()),
+            ],
+            restarts: 1,
+            last_error: Some("postgres exited (signal 9)".into()),
+        },
+        templates: vec![
+            TemplateStatus {
+                name: TemplateName::default_name(),
+                fingerprint: Some("f00d".repeat(16)),
+                state: "ready",
+                ready: 4,
+                leased: 1,
+                in_progress: 2,
+                waiting: 0,
+                last_error: None,
+            },
+            TemplateStatus {
+                name: template("app"),
+                fingerprint: None,
+                state: "failed",
+                ready: 0,
+                leased: 0,
+                in_progress: 0,
+                waiting: 3,
+                last_error: Some("schema.sql line 3: syntax error".into()),
+            },
+        ],
+        leases: vec![LeaseSummary {
+            id: lease_id(),
+            template: TemplateName::default_name(),
+            database: DbName::from_server("pglease_abc123_7".into()),
+            expires_at: expiry(),
+        }],
+    };
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("GET", "/status", ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Status { reply } => reply.send(report).expect("the client waits"),
+            other => panic!("expected a status query, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, headers, body) = read(response).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_json(&headers);
+    assert_eq!(
+        body,
+        json!({
+            "postgres": {
+                "state": "running",
+                "external": false,
+                "version": "16.4",
+                "pid": 4242,
+                "data_dir": "/dev/shm/pglease-abc123",
+                "host": "127.0.0.1",
+                "port": 54321,
+                "settings": { "fsync": "off", "synchronous_commit": "off" },
+                "restarts": 1,
+                "last_error": "postgres exited (signal 9)",
+            },
+            "templates": [
+                {
+                    "name": "default",
+                    "fingerprint": "f00d".repeat(16),
+                    "state": "ready",
+                    "ready": 4,
+                    "leased": 1,
+                    "in_progress": 2,
+                    "waiting": 0,
+                    "last_error": null,
+                },
+                {
+                    "name": "app",
+                    "fingerprint": null,
+                    "state": "failed",
+                    "ready": 0,
+                    "leased": 0,
+                    "in_progress": 0,
+                    "waiting": 3,
+                    "last_error": "schema.sql line 3: syntax error",
+                },
+            ],
+            "leases": [
+                {
+                    "id": LEASE_ID,
+                    "template": "default",
+                    "database": "pglease_abc123_7",
+                    "expires_at": "2023-11-14T22:13:20Z",
+                },
+            ],
+        })
+    );
+    assert!(
+        !body.to_string().contains("password"),
+        "credentials in /status: {body}"
+    );
+}
+
+#[tokio::test]
+async fn lease_after_begin_shutdown_is_503_without_asking_the_pool() {
+    let (handle, mut actor) = fake_pool();
+    let state = AppState::new(handle, ApiConfig::default());
+    let app = router(state.clone());
+    state.begin_shutdown();
+    let (status, headers, body) = read(send(&app, request("POST", "/lease", "")).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_retry_after(&headers, true);
+    assert_eq!(error_code(&body), "shutting_down");
+    assert!(actor.try_recv().is_none(), "the pool was asked");
+}
+
+#[tokio::test]
+async fn a_stopped_pool_reads_as_shutting_down() {
+    let (app, actor) = app();
+    drop(actor);
+    let (status, headers, body) = read(send(&app, request("POST", "/lease", "")).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_retry_after(&headers, true);
+    assert_eq!(error_code(&body), "shutting_down");
+    let (status, _, body) = read(send(&app, request("GET", "/status", "")).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error_code(&body), "shutting_down");
+    let (status, _, body) = read(send(&app, request("GET", "/readyz", "")).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["ready"], false);
+}
+
+/// The contract the actor relies on to take a database back: when the client goes away,
+/// axum drops the handler, the reply receiver goes with it, and the actor's `send` fails
+/// and hands the lease back.
+#[tokio::test]
+async fn a_dropped_request_closes_the_reply_channel() {
+    let (app, mut actor) = app();
+    let mut pending = Box::pin(app.oneshot(request("POST", "/lease", "")));
+    let command = tokio::select! {
+        response = &mut pending => panic!("answered before the pool replied: {response:?}"),
+        command = tokio::time::timeout(COMMAND_TIMEOUT, actor.recv()) => command
+            .expect("the handler sent no command in time")
+            .expect("every handle was dropped"),
+    };
+    let FakeCommand::Lease { reply, .. } = command else {
+        panic!("expected a lease command");
+    };
+    assert!(!reply.is_closed(), "the client is still waiting");
+
+    // The client disconnects: hyper drops the in-flight request future.
+    drop(pending);
+
+    assert!(reply.is_closed(), "the reply receiver outlived the request");
+    let returned = reply
+        .send(Ok(lease("default")))
+        .expect_err("nobody is waiting for the lease");
+    let lease = returned.expect("the lease itself comes back to the actor");
+    assert_eq!(lease.id, lease_id());
+}

@@ -14,6 +14,8 @@ pub mod postgres;
 mod session;
 mod state;
 mod template;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod types;
 
 pub use actor::start;

@@ -1,0 +1,110 @@
+//! A fake pool for tests of code that holds a [`PoolHandle`] (the HTTP API, above all).
+//! [`fake_pool`] returns a real handle whose commands arrive at a [`FakeActor`] instead of
+//! the pool actor; the test receives each one as a [`FakeCommand`] and answers it through
+//! its reply sender, exactly as the actor would.
+//!
+//! Only built with the `testing` feature, which crates enable for their dev-dependencies.
+//! It starts no postgres, spawns no task and keeps no state: what the pool *would* answer is
+//! entirely up to the test.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{LeaseError, LeaseOpError};
+use crate::handle::{Command, PoolHandle};
+use crate::names::LeaseId;
+use crate::types::{Lease, LeaseRequest, Readiness, StatusReport};
+
+/// Commands a handle may queue before its `send` waits. Bounded like the real pool's
+/// channel; tests queue at most a few.
+const CHANNEL_CAPACITY: usize = 64;
+
+/// A handle backed by a fake actor, and that actor.
+/// Dropping the [`FakeActor`] makes the handle behave as if the pool had stopped.
+pub fn fake_pool() -> (PoolHandle, FakeActor) {
+    let (commands, receiver) = mpsc::channel(CHANNEL_CAPACITY);
+    (PoolHandle::new(commands), FakeActor { receiver })
+}
+
+/// The receiving end of a [`fake_pool`]: plays the pool actor in a test.
+#[derive(Debug)]
+pub struct FakeActor {
+    receiver: mpsc::Receiver<Command>,
+}
+
+impl FakeActor {
+    /// Waits for the next command; `None` once every handle is dropped.
+    pub async fn recv(&mut self) -> Option<FakeCommand> {
+        self.receiver.recv().await.map(FakeCommand::from)
+    }
+
+    /// The next command if one is already queued; lets a test assert that a request
+    /// was answered without reaching the pool.
+    pub fn try_recv(&mut self) -> Option<FakeCommand> {
+        self.receiver.try_recv().ok().map(FakeCommand::from)
+    }
+}
+
+/// One call made on the [`PoolHandle`], with the reply sender the caller is waiting on.
+///
+/// A `send` on `reply` fails (and hands the value back) when the caller has gone, e.g.
+/// because an HTTP client disconnected and its handler was dropped; the real actor relies
+/// on that to take a granted database back. `reply.is_closed()` shows it without sending.
+#[derive(Debug)]
+pub enum FakeCommand {
+    /// [`PoolHandle::lease`].
+    Lease {
+        /// The request as the caller built it.
+        request: LeaseRequest,
+        /// Where the lease or the error goes.
+        reply: oneshot::Sender<Result<Lease, LeaseError>>,
+    },
+    /// [`PoolHandle::release`].
+    Release {
+        /// The lease to end.
+        id: LeaseId,
+        /// The caller vouches the database is unchanged.
+        reuse: bool,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), LeaseOpError>>,
+    },
+    /// [`PoolHandle::renew`].
+    Renew {
+        /// The lease to extend.
+        id: LeaseId,
+        /// The new time to live, or None for the pool's default.
+        ttl: Option<Duration>,
+        /// Where the new expiry or the error goes.
+        reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    /// [`PoolHandle::status`].
+    Status {
+        /// Where the report goes; dropping it makes `status()` return None.
+        reply: oneshot::Sender<StatusReport>,
+    },
+    /// [`PoolHandle::readiness`].
+    Readiness {
+        /// Where the answer goes; dropping it reads as "not ready".
+        reply: oneshot::Sender<Readiness>,
+    },
+    /// [`PoolHandle::shutdown`].
+    Shutdown {
+        /// Send (or drop) to let `shutdown()` resolve.
+        reply: oneshot::Sender<()>,
+    },
+}
+
+impl From<Command> for FakeCommand {
+    // Exhaustive on purpose: a new command must get a public mirror here.
+    fn from(command: Command) -> Self {
+        match command {
+            Command::Lease { request, reply } => FakeCommand::Lease { request, reply },
+            Command::Release { id, reuse, reply } => FakeCommand::Release { id, reuse, reply },
+            Command::Renew { id, ttl, reply } => FakeCommand::Renew { id, ttl, reply },
+            Command::Status { reply } => FakeCommand::Status { reply },
+            Command::Readiness { reply } => FakeCommand::Readiness { reply },
+            Command::Shutdown { reply } => FakeCommand::Shutdown { reply },
+        }
+    }
+}

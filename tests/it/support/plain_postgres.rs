@@ -1,0 +1,150 @@
+//! A stock postgres started by the test itself (not by pglease), for `--postgres-url`
+//! tests: initdb with trust auth, run as the `postgres` OS user when we are root.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::PG_BIN_ENV;
+
+/// A running stock postgres on 127.0.0.1, stopped and removed on drop.
+pub struct PlainPostgres {
+    child: Child,
+    /// Its TCP port.
+    pub port: u16,
+    dir: PathBuf,
+}
+
+fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var(PG_BIN_ENV) {
+        return PathBuf::from(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .unwrap_or_else(|e| panic!("no /usr/lib/postgresql ({e}); set {PG_BIN_ENV}"))
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let version = entry.file_name().to_string_lossy().parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .unwrap_or_else(|| panic!("no postgres found; set {PG_BIN_ENV}"))
+}
+
+/// `(uid, gid)` of the user postgres must run as, when we are root.
+fn run_as() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let user = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .or_else(|| nix::unistd::User::from_name("nobody").ok().flatten())
+        .expect("a postgres or nobody user");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
+}
+
+impl PlainPostgres {
+    /// initdb and start; returns once it accepts TCP connections.
+    pub fn start(name: &str) -> PlainPostgres {
+        let dir = PathBuf::from(format!(
+            "/dev/shm/pglease-test-plain-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create dir");
+        let user = run_as();
+        if let Some((uid, gid)) = user {
+            nix::unistd::chown(&dir, Some(uid.into()), Some(gid.into())).expect("chown");
+        }
+        let bin = bin_dir();
+        let data = dir.join("data");
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "--auth=trust",
+                "--username=postgres",
+                "--nosync",
+                "--no-instructions",
+            ])
+            .current_dir(&dir)
+            .stdout(Stdio::null());
+        if let Some((uid, gid)) = user {
+            initdb.uid(uid).gid(gid);
+        }
+        let status = initdb.status().expect("run initdb");
+        assert!(status.success(), "initdb failed: {status}");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let log = std::fs::File::create(dir.join("log")).expect("log file");
+        let mut postgres = Command::new(bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(&dir)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some((uid, gid)) = user {
+            postgres.uid(uid).gid(gid);
+        }
+        let child = postgres.spawn().expect("spawn postgres");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "plain postgres did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PlainPostgres { child, port, dir }
+    }
+
+    /// Superuser URL.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A superuser connection.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        // The postmaster accepts TCP a moment before it accepts logins.
+        let started = Instant::now();
+        loop {
+            match tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(async move {
+                        let _ = connection.await;
+                    });
+                    return client;
+                }
+                Err(error) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "cannot connect: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PlainPostgres {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
