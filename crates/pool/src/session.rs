@@ -278,11 +278,16 @@ impl Session {
     /// `CREATE DATABASE clone TEMPLATE template_db`, owned by the lease role and marked.
     pub async fn clone_database(&self, template_db: &DbName, clone: &DbName) -> Result<(), String> {
         let client = self.client().await?;
+        // STRATEGY exists from postgres 15; older servers always copy files.
+        let strategy = if self.pg_major >= 15 {
+            format!(" STRATEGY {}", self.clone_strategy.as_sql())
+        } else {
+            String::new()
+        };
         let create = format!(
-            "CREATE DATABASE {} TEMPLATE {} STRATEGY {} OWNER {}",
+            "CREATE DATABASE {} TEMPLATE {}{strategy} OWNER {}",
             clone.quoted(),
             template_db.quoted(),
-            self.clone_strategy.as_sql(),
             quote_ident(&self.lease_role)
         );
         let mut attempt = 0;
