@@ -481,3 +481,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .filter(|&bytes| bytes >= 16 << 20)
         .ok_or_else(|| format!("size {text:?}: must be at least 16M"))
 }
+
+#[cfg(test)]
+mod tests;

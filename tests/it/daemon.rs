@@ -73,6 +73,52 @@ async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
 }
 
 #[tokio::test]
+async fn sigterm_answers_waiting_requests_with_503_and_exits() {
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1", "--max-total", "1"])
+        .start()
+        .await;
+    let held = daemon.lease_ok("default").await;
+    let pid = postgres_pid(&daemon.status().await);
+    let waiter = {
+        let http = daemon.http.clone();
+        let base = daemon.base.clone();
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{base}/lease"))
+                .json(&json!({ "wait_ms": 60000 }))
+                .send()
+                .await
+                .expect("lease request");
+            let retry_after = response.headers().contains_key("retry-after");
+            (
+                response.status().as_u16(),
+                retry_after,
+                response.json::<serde_json::Value>().await.expect("json"),
+            )
+        })
+    };
+    poll_until(Duration::from_secs(10), "the request to wait", || async {
+        (daemon.template_status("default").await["waiting"] == 1).then_some(())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let exit = daemon.stop().await;
+    let (status, retry_after, body) = waiter.await.expect("waiter");
+    assert_eq!(status, 503, "{body}");
+    assert!(retry_after);
+    assert_eq!(body["error"]["code"], "shutting_down");
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    assert!(!process_alive(pid));
+    drop(held);
+}
+
+#[tokio::test]
 async fn keep_data_keeps_the_data_directory() {
     let daemon = TestDaemon::builder().args(["--keep-data"]).start().await;
     let status = daemon.status().await;

@@ -665,8 +665,30 @@ impl Actor {
         self.stopping = true;
         let actions = self.state.stopping();
         self.apply(actions);
+        self.tracker.close();
         // An external server outlives us: drop our clones there (templates stay for reuse).
+        // Clones still being made are waited for first, or they would outlive us unseen.
         if self.external {
+            let tracker = self.tracker.clone();
+            let drain = async {
+                loop {
+                    tokio::select! {
+                        () = tracker.wait() => break,
+                        Some(result) = jobs.recv() => self.handle_job(result),
+                    }
+                }
+            };
+            if tokio::time::timeout(POSTGRES_STOP_TIMEOUT, drain)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "workers still busy at shutdown; the next start sweeps what they leave"
+                );
+            }
+            while let Ok(result) = jobs.try_recv() {
+                self.handle_job(result);
+            }
             if let Some(session) = self.session.clone() {
                 for db in self.state.all_clones() {
                     if let Err(message) = session.drop_database(&db).await {
@@ -675,7 +697,6 @@ impl Actor {
                 }
             }
         }
-        self.tracker.close();
         // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
         while self.target.is_none() {
             match tokio::time::timeout(Duration::from_secs(60), jobs.recv()).await {

@@ -152,7 +152,7 @@ impl Session {
             .map_err(sql_error("creating the lease role"))?;
         let rows = client
             .query(
-                "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY($1) ORDER BY name",
+                "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name",
                 &[&SHOWN_SETTINGS],
             )
             .await
