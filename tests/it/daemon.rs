@@ -80,34 +80,14 @@ async fn sigterm_answers_waiting_requests_with_503_and_exits() {
         .await;
     let held = daemon.lease_ok("default").await;
     let pid = postgres_pid(&daemon.status().await);
-    let waiter = {
-        let http = daemon.http.clone();
-        let base = daemon.base.clone();
-        tokio::spawn(async move {
-            let response = http
-                .post(format!("{base}/lease"))
-                .json(&json!({ "wait_ms": 60000 }))
-                .send()
-                .await
-                .expect("lease request");
-            let retry_after = response.headers().contains_key("retry-after");
-            (
-                response.status().as_u16(),
-                retry_after,
-                response.json::<serde_json::Value>().await.expect("json"),
-            )
-        })
-    };
-    poll_until(Duration::from_secs(10), "the request to wait", || async {
-        (daemon.template_status("default").await["waiting"] == 1).then_some(())
-    })
-    .await;
+    let waiter = daemon.lease_in_background(json!({ "wait_ms": 60000 }));
+    daemon.wait_for_waiting("default", 1).await;
     let started = std::time::Instant::now();
     let exit = daemon.stop().await;
-    let (status, retry_after, body) = waiter.await.expect("waiter");
-    assert_eq!(status, 503, "{body}");
-    assert!(retry_after);
-    assert_eq!(body["error"]["code"], "shutting_down");
+    let answer = waiter.await.expect("waiter");
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.retry_after);
+    assert_eq!(answer.body["error"]["code"], "shutting_down");
     assert!(exit.success(), "{exit:?}");
     assert!(
         started.elapsed() < Duration::from_secs(15),

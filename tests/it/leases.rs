@@ -5,9 +5,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio_postgres::error::SqlState;
 
-use crate::support::{connect, id_of, poll_until, TestDaemon};
+use crate::support::{connect, id_of, poll_until, wait_until_dropped, TestDaemon};
 
 #[tokio::test]
 async fn lease_connect_write_release_drops_and_replaces_the_clone() {
@@ -49,17 +48,7 @@ async fn lease_connect_write_release_drops_and_replaces_the_clone() {
     let (status, _) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 204);
     // The session we still hold is terminated by DROP … WITH (FORCE).
-    poll_until(
-        Duration::from_secs(10),
-        "the released database to be dropped",
-        || async {
-            match connect(&lease).await {
-                Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
-                _ => None,
-            }
-        },
-    )
-    .await;
+    wait_until_dropped(&lease, "the released database to be dropped").await;
     poll_until(
         Duration::from_secs(10),
         "the pool to be refilled",
@@ -135,34 +124,14 @@ async fn an_exhausted_pool_makes_requests_wait_then_time_out_with_504() {
     assert_eq!(body["error"]["code"], "timeout");
 
     // A waiting request gets the database as soon as the holder releases it.
-    let waiter = {
-        let http = daemon.http.clone();
-        let base = daemon.base.clone();
-        tokio::spawn(async move {
-            let response = http
-                .post(format!("{base}/lease"))
-                .json(&json!({ "wait_ms": 20000 }))
-                .send()
-                .await
-                .expect("lease");
-            (
-                response.status().as_u16(),
-                response.json::<serde_json::Value>().await.expect("json"),
-            )
-        })
-    };
-    poll_until(
-        Duration::from_secs(10),
-        "the second request to wait",
-        || async { (daemon.template_status("default").await["waiting"] == 1).then_some(()) },
-    )
-    .await;
+    let waiter = daemon.lease_in_background(json!({ "wait_ms": 20000 }));
+    daemon.wait_for_waiting("default", 1).await;
     assert!(!waiter.is_finished());
     let (status, _) = daemon.release(&id_of(&first), false).await;
     assert_eq!(status, 204);
-    let (status, second) = waiter.await.expect("waiter");
-    assert_eq!(status, 201, "{second}");
-    assert_ne!(second["id"], first["id"]);
+    let answer = waiter.await.expect("waiter");
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_ne!(answer.body["id"], first["id"]);
 }
 
 #[tokio::test]
@@ -172,17 +141,7 @@ async fn expired_leases_are_dropped_and_their_ids_become_void() {
     assert_eq!(status, 201, "{lease}");
     let client = connect(&lease).await.expect("connect");
     client.batch_execute("SELECT 1").await.expect("query");
-    poll_until(
-        Duration::from_secs(10),
-        "the expired lease's database to be dropped",
-        || async {
-            match connect(&lease).await {
-                Err(e) if e.code() == Some(&SqlState::UNDEFINED_DATABASE) => Some(()),
-                _ => None,
-            }
-        },
-    )
-    .await;
+    wait_until_dropped(&lease, "the expired lease's database to be dropped").await;
     assert!(
         client.batch_execute("SELECT 1").await.is_err(),
         "its session was terminated"

@@ -174,3 +174,29 @@ async fn a_missing_migrations_directory_is_a_clear_error() {
         .as_str()
         .is_some_and(|m| m.contains("/nonexistent/pglease-migrations")));
 }
+
+#[tokio::test]
+async fn prebuild_builds_every_template_before_the_first_lease() {
+    let dir = scratch_dir("prebuild");
+    fs::write(dir.join("001.sql"), "CREATE TABLE pre (id int);").expect("write");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--prebuild",
+            "--min-ready",
+            "1",
+            "--template",
+            &format!("pre=migrations:{}", dir.display()),
+        ])
+        .start()
+        .await;
+    let status = crate::support::poll_until(
+        std::time::Duration::from_secs(20),
+        "the prebuilt template",
+        || async {
+            let status = daemon.template_status("pre").await;
+            (status["state"] == "ready" && status["ready"] == 1).then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status["leased"], 0, "nobody leased it yet");
+}

@@ -127,6 +127,17 @@ impl DaemonBuilder {
     }
 }
 
+/// The answer to a request sent in the background.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// Whether a Retry-After header came with it.
+    pub retry_after: bool,
+    /// The JSON body.
+    pub body: Value,
+}
+
 /// A running `pglease serve`.
 pub struct TestDaemon {
     /// `http://127.0.0.1:PORT`.
@@ -169,6 +180,30 @@ impl TestDaemon {
         let (status, body) = self.lease(json!({ "template": template })).await;
         assert_eq!(status, 201, "lease failed: {body}");
         body
+    }
+
+    /// Sends `POST /lease` from a background task, for requests that are meant to wait.
+    pub fn lease_in_background(&self, body: Value) -> tokio::task::JoinHandle<Answer> {
+        let request = self.http.post(format!("{}/lease", self.base)).json(&body);
+        tokio::spawn(async move {
+            let response = request.send().await.expect("lease request");
+            let status = response.status().as_u16();
+            let retry_after = response.headers().contains_key("retry-after");
+            let body = response.json().await.expect("json body");
+            Answer {
+                status,
+                retry_after,
+                body,
+            }
+        })
+    }
+
+    /// Waits until `count` requests wait for a database of `template`.
+    pub async fn wait_for_waiting(&self, template: &str, count: u64) {
+        poll_until(Duration::from_secs(10), "requests to wait", || async {
+            (self.template_status(template).await["waiting"] == count).then_some(())
+        })
+        .await;
     }
 
     /// `DELETE /leases/{id}`.
@@ -302,6 +337,19 @@ pub fn process_alive(pid: u32) -> bool {
             .is_some_and(|rest| rest.starts_with('Z')),
         Err(_) => false,
     }
+}
+
+/// Waits until the lease's database no longer exists (connecting says so).
+pub async fn wait_until_dropped(lease: &Value, what: &str) {
+    poll_until(Duration::from_secs(10), what, || async {
+        match connect(lease).await {
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_DATABASE) => {
+                Some(())
+            }
+            _ => None,
+        }
+    })
+    .await;
 }
 
 /// A test's lease id, as a string.
