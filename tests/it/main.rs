@@ -5,6 +5,7 @@ mod bad_input;
 mod cli;
 mod daemon;
 mod external;
+mod full_tmpfs;
 mod leases;
 mod support;
 mod templates;
