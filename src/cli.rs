@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pglease_api::ApiConfig;
+use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
 use pglease_pool::{
-    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig,
+    CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
     TemplateConfig, TemplateName, TemplateSource,
 };
 use serde::Deserialize;
@@ -80,6 +81,15 @@ pub struct ServeArgs {
     /// Build every template at start instead of on first lease.
     #[arg(long)]
     pub prebuild: bool,
+    /// How lease roles log in: scram (a low-iteration SCRAM verifier) or trust [default: scram].
+    #[arg(long, value_enum)]
+    pub lease_auth: Option<LeaseAuthArg>,
+    /// PBKDF2 iterations of lease roles' SCRAM verifiers (postgres' own default is 4096) [default: 16].
+    #[arg(long, value_name = "N")]
+    pub scram_iterations: Option<u32>,
+    /// Make lease roles superusers (for suites that need it; they can then reach every database).
+    #[arg(long)]
+    pub lease_superuser: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
         long,
@@ -137,6 +147,16 @@ pub enum StrategyArg {
     FileCopy,
     /// CREATE DATABASE … STRATEGY WAL_LOG (postgres 15's default).
     WalLog,
+}
+
+/// `--lease-auth`.
+#[derive(Debug, Clone, Copy, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseAuthArg {
+    /// SCRAM-SHA-256 with a verifier computed by pglease.
+    Scram,
+    /// No password check; each role still reaches only its own database.
+    Trust,
 }
 
 /// Options shared by client commands.
@@ -243,6 +263,9 @@ struct ConfigFile {
     clone_strategy: Option<StrategyArg>,
     default_ttl_secs: Option<u64>,
     prebuild: Option<bool>,
+    lease_auth: Option<LeaseAuthArg>,
+    scram_iterations: Option<u32>,
+    lease_superuser: Option<bool>,
     #[serde(default)]
     postgres: PostgresFile,
     #[serde(default)]
@@ -381,6 +404,17 @@ impl ServeArgs {
             Some(StrategyArg::WalLog) => CloneStrategy::WalLog,
             Some(StrategyArg::FileCopy) | None => CloneStrategy::FileCopy,
         };
+        let iterations = self
+            .scram_iterations
+            .or(file.scram_iterations)
+            .unwrap_or(DEFAULT_SCRAM_ITERATIONS);
+        if iterations == 0 {
+            return Err("--scram-iterations must be at least 1".into());
+        }
+        let lease_auth = match self.lease_auth.or(file.lease_auth) {
+            Some(LeaseAuthArg::Trust) => LeaseAuth::Trust,
+            Some(LeaseAuthArg::Scram) | None => LeaseAuth::Scram { iterations },
+        };
         let listen = match self.listen.or(file.listen) {
             Some(listen) => listen,
             None => DEFAULT_LISTEN
@@ -399,6 +433,8 @@ impl ServeArgs {
                 limits,
                 clone_strategy: strategy,
                 prebuild: self.prebuild || file.prebuild.unwrap_or(false),
+                lease_auth,
+                lease_superuser: self.lease_superuser || file.lease_superuser.unwrap_or(false),
             },
         })
     }

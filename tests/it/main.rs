@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cli;
+mod credentials;
 mod daemon;
 mod external;
 mod full_tmpfs;

@@ -16,7 +16,8 @@ use tokio_postgres::NoTls;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{
-    CloneStrategy, ExternalConfig, PoolConfig, ServerConfig, TemplateConfig, TemplateSource,
+    CloneStrategy, ExternalConfig, LeaseAuth, PoolConfig, ServerConfig, TemplateConfig,
+    TemplateSource,
 };
 use crate::error::{LeaseError, StartError};
 use crate::handle::{Command, PoolHandle};
@@ -83,6 +84,8 @@ struct UpInputs {
     templates: Vec<TemplateConfig>,
     pool_size: usize,
     clone_strategy: CloneStrategy,
+    lease_auth: LeaseAuth,
+    lease_superuser: bool,
 }
 
 /// Results of worker tasks, tagged with the server generation they ran against.
@@ -92,11 +95,12 @@ enum JobResult {
         template: TemplateName,
         outcome: Result<(String, DbName), String>,
     },
+    /// A clone made, or a reused one recycled: `Ok` carries its role's new password.
     Cloned {
         generation: u64,
         template: TemplateName,
         clone: DbName,
-        outcome: Result<(), String>,
+        outcome: Result<String, String>,
     },
     Dropped {
         generation: u64,
@@ -132,9 +136,16 @@ pub async fn start(
         templates: templates.clone(),
         pool_size: config.limits.clone_concurrency.max(1) * 2 + 2,
         clone_strategy: config.clone_strategy,
+        lease_auth: config.lease_auth,
+        lease_superuser: config.lease_superuser,
     };
     let target = match &config.server {
-        ServerConfig::Embedded(embedded) => Target::Embedded(Embedded::prepare(embedded).await?),
+        ServerConfig::Embedded(embedded) => {
+            // The embedded server's pg_hba rule for lease roles follows the pool's choice.
+            let mut embedded = (**embedded).clone();
+            embedded.lease_auth = config.lease_auth;
+            Target::Embedded(Embedded::prepare(&embedded).await?)
+        }
         ServerConfig::External(external) => Target::External(ExternalTarget::parse(external)?),
     };
     let (target, outcome) = bring_up(target, inputs.clone()).await;
@@ -166,6 +177,7 @@ pub async fn start(
         stopping: false,
         waiters: HashMap::new(),
         next_waiter: 1,
+        passwords: HashMap::new(),
         jobs_tx,
         tracker: TaskTracker::new(),
     };
@@ -189,6 +201,8 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     clone_strategy: inputs.clone_strategy,
                     templates: inputs.templates.clone(),
                     external: false,
+                    lease_auth: inputs.lease_auth,
+                    lease_superuser: inputs.lease_superuser,
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -214,6 +228,8 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 clone_strategy: inputs.clone_strategy,
                 templates: inputs.templates.clone(),
                 external: true,
+                lease_auth: inputs.lease_auth,
+                lease_superuser: inputs.lease_superuser,
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,
@@ -263,6 +279,8 @@ struct Actor {
     stopping: bool,
     waiters: HashMap<WaiterId, oneshot::Sender<Result<Lease, LeaseError>>>,
     next_waiter: WaiterId,
+    /// The password of each clone's role, from its creation (or last recycle) to its drop.
+    passwords: HashMap<DbName, String>,
     jobs_tx: mpsc::UnboundedSender<JobResult>,
     tracker: TaskTracker,
 }
@@ -392,9 +410,16 @@ impl Actor {
                 clone,
                 outcome,
             } if generation == self.generation => {
-                if let Err(message) = &outcome {
-                    tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
-                }
+                let outcome = match outcome {
+                    Ok(password) => {
+                        self.passwords.insert(clone.clone(), password);
+                        Ok(())
+                    }
+                    Err(message) => {
+                        tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
+                        Err(message)
+                    }
+                };
                 let actions = self.state.clone_finished(&template, clone, outcome, now);
                 self.apply(actions);
             }
@@ -452,6 +477,7 @@ impl Actor {
     fn server_lost(&mut self, reason: String) {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
+        self.passwords.clear();
         self.session = None;
         self.monitor = None;
         if let Some(running) = self.running.take() {
@@ -506,7 +532,11 @@ impl Actor {
                     template_db,
                     clone,
                 } => self.spawn_clone(template, template_db, clone),
-                Action::Drop { db } => self.spawn_drop(db),
+                Action::Recycle { template, clone } => self.spawn_recycle(template, clone),
+                Action::Drop { db } => {
+                    self.passwords.remove(&db);
+                    self.spawn_drop(db);
+                }
                 Action::Grant { waiter, grant } => {
                     if let Some(more) = self.deliver(waiter, grant) {
                         queue.extend(more);
@@ -539,8 +569,13 @@ impl Actor {
             connect: ConnectInfo {
                 host: session.lease_host.clone(),
                 port: session.lease_port,
-                user: session.lease_role.clone(),
-                password: session.lease_password.clone(),
+                // Each clone's role is named like its database.
+                user: grant.database.as_str().to_owned(),
+                password: self
+                    .passwords
+                    .get(&grant.database)
+                    .cloned()
+                    .unwrap_or_default(),
                 database: grant.database,
             },
             expires_at: SystemTime::now() + grant.ttl,
@@ -592,6 +627,28 @@ impl Actor {
         };
         self.tracker.spawn(async move {
             let outcome = session.clone_database(&template_db, &clone).await;
+            let _ = jobs.send(JobResult::Cloned {
+                generation,
+                template,
+                clone,
+                outcome,
+            });
+        });
+    }
+
+    fn spawn_recycle(&mut self, template: TemplateName, clone: DbName) {
+        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
+        let Some(session) = self.session.clone() else {
+            let _ = jobs.send(JobResult::Cloned {
+                generation,
+                template,
+                clone,
+                outcome: Err("postgres is not running".into()),
+            });
+            return;
+        };
+        self.tracker.spawn(async move {
+            let outcome = session.recycle(&clone).await;
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,

@@ -22,7 +22,35 @@ pub struct PoolConfig {
     pub clone_strategy: CloneStrategy,
     /// Build every template at start instead of on first lease.
     pub prebuild: bool,
+    /// How lease roles authenticate.
+    pub lease_auth: LeaseAuth,
+    /// Lease roles are superusers (for suites that need it; they can then reach everything).
+    pub lease_superuser: bool,
 }
+
+/// How lease roles authenticate to the embedded server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAuth {
+    /// SCRAM-SHA-256 with a verifier of this many PBKDF2 iterations (postgres' default is 4096).
+    Scram {
+        /// PBKDF2 iterations in the stored verifier.
+        iterations: u32,
+    },
+    /// No password check (the `sameuser` rule still limits each role to its own database).
+    Trust,
+}
+
+impl Default for LeaseAuth {
+    fn default() -> Self {
+        LeaseAuth::Scram {
+            iterations: DEFAULT_SCRAM_ITERATIONS,
+        }
+    }
+}
+
+/// The verifier's iteration count: with random 32-byte passwords the count protects nothing,
+/// while each iteration costs on both ends of every connection.
+pub const DEFAULT_SCRAM_ITERATIONS: u32 = 16;
 
 /// Per-template pool sizes and timings.
 #[derive(Debug, Clone, Copy)]
@@ -142,6 +170,9 @@ pub struct EmbeddedConfig {
     pub max_connections: u32,
     /// `shared_buffers`, e.g. "128MB", sized by the caller from the pool.
     pub shared_buffers: String,
+    /// How lease roles authenticate (the `pg_hba.conf` rule for them); set from
+    /// [`PoolConfig::lease_auth`] when the pool starts.
+    pub lease_auth: LeaseAuth,
 }
 
 impl EmbeddedConfig {
@@ -167,6 +198,7 @@ impl EmbeddedConfig {
             max_connections,
             // Small on purpose: every clone checkpoint flushes all dirty buffers.
             shared_buffers: "128MB".into(),
+            lease_auth: LeaseAuth::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 mod handle;
 pub mod names;
 pub mod postgres;
+mod scram;
 mod session;
 mod state;
 mod template;
@@ -20,7 +21,7 @@ pub mod types;
 
 pub use actor::start;
 pub use config::{
-    CloneStrategy, EmbeddedConfig, ExternalConfig, PoolConfig, PoolLimits, ServerConfig,
+    CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
     TemplateConfig, TemplateSource,
 };
 pub use error::{LeaseError, LeaseOpError, StartError};

@@ -11,13 +11,15 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use crate::config::{CloneStrategy, TemplateConfig};
+use crate::config::{CloneStrategy, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, MARKER, PREFIX};
-use crate::template;
+use crate::{scram, template};
 
-/// The role lease holders log in as.
-pub const LEASE_ROLE: &str = "pglease_tests";
+/// The NOLOGIN role that owns what migrations create. Every lease role is a member, so a
+/// test may alter, truncate and drop the template's objects in its own clone; it owns no
+/// database, so membership gives nothing outside that clone.
+pub const OWNER_ROLE: &str = "pglease_owner";
 
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[
@@ -52,6 +54,10 @@ pub struct SessionParams {
     pub templates: Vec<TemplateConfig>,
     /// True for an external server (warn when it runs with fsync on).
     pub external: bool,
+    /// How lease roles authenticate.
+    pub lease_auth: LeaseAuth,
+    /// Lease roles are superusers.
+    pub lease_superuser: bool,
 }
 
 /// An open session with the server. Cheap to clone: the pool is shared.
@@ -64,10 +70,6 @@ pub struct Session {
     pub pg_major: u32,
     /// `server_version`.
     pub version: String,
-    /// The lease role's name.
-    pub lease_role: String,
-    /// The lease role's password (random per session).
-    pub lease_password: String,
     /// Host lease holders connect to.
     pub lease_host: String,
     /// Port lease holders connect to.
@@ -75,6 +77,8 @@ pub struct Session {
     /// Settings read back with the server's values.
     pub settings: Vec<(String, String)>,
     clone_strategy: CloneStrategy,
+    lease_auth: LeaseAuth,
+    lease_superuser: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -89,8 +93,8 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Connects, checks privileges, (re)creates the lease role with a fresh password,
-    /// reads the settings back and sweeps what earlier runs left.
+    /// Connects, checks privileges, creates the owner role, reads the settings back and
+    /// sweeps what earlier runs left.
     pub async fn open(params: SessionParams) -> Result<Session, StartError> {
         let target = describe_target(&params.admin_config);
         let manager = Manager::from_config(
@@ -133,23 +137,20 @@ impl Session {
                 "the role pglease connects as on {target} is not a superuser; pglease creates databases and roles"
             )));
         }
-        let lease_password = hex::encode(rand::random::<[u8; 32]>());
-        let role = quote_ident(LEASE_ROLE);
+        let role = quote_ident(OWNER_ROLE);
         client
             .batch_execute(&format!(
                 "DO $$ BEGIN \
                    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN \
-                     CREATE ROLE {role} LOGIN; \
+                     CREATE ROLE {role} NOLOGIN; \
                    END IF; \
                  END $$; \
-                 ALTER ROLE {role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {password}; \
                  COMMENT ON ROLE {role} IS {marker};",
-                name = quote_literal(LEASE_ROLE),
-                password = quote_literal(&lease_password),
+                name = quote_literal(OWNER_ROLE),
                 marker = quote_literal(MARKER),
             ))
             .await
-            .map_err(sql_error("creating the lease role"))?;
+            .map_err(sql_error("creating the owner role"))?;
         let rows = client
             .query(
                 "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name",
@@ -170,12 +171,12 @@ impl Session {
             admin_config: params.admin_config,
             pg_major: (version_num / 10000) as u32,
             version,
-            lease_role: LEASE_ROLE.to_owned(),
-            lease_password,
             lease_host: params.lease_host,
             lease_port: params.lease_port,
             settings,
             clone_strategy: params.clone_strategy,
+            lease_auth: params.lease_auth,
+            lease_superuser: params.lease_superuser,
         };
         session
             .sweep(&params.templates)
@@ -213,6 +214,24 @@ impl Session {
             }
             tracing::info!(database = %name, "dropping a database left by an earlier run");
             self.drop_database(&DbName::from_server(name)).await?;
+        }
+        // Lease roles of earlier runs; their databases are gone by now.
+        let client = self.client().await?;
+        let roles = client
+            .query(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE $1 AND rolname <> $2 \
+                 AND shobj_description(oid, 'pg_authid') LIKE $3",
+                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        for row in roles {
+            let name: String = row.get(0);
+            tracing::info!(role = %name, "dropping a role left by an earlier run");
+            client
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
+                .await
+                .map_err(|e| pg_message(&e))?;
         }
         Ok(())
     }
@@ -275,9 +294,34 @@ impl Session {
         }
     }
 
-    /// `CREATE DATABASE clone TEMPLATE template_db`, owned by the lease role and marked.
-    pub async fn clone_database(&self, template_db: &DbName, clone: &DbName) -> Result<(), String> {
+    /// Makes a clone ready to lease: its own LOGIN role (named like the database, a member
+    /// of the owner role, with a fresh password), `CREATE DATABASE clone TEMPLATE
+    /// template_db` owned by that role, CONNECT and TEMPORARY revoked from PUBLIC, the
+    /// template's database-level settings re-applied, and our marker on both.
+    /// Returns the role's password.
+    pub async fn clone_database(
+        &self,
+        template_db: &DbName,
+        clone: &DbName,
+    ) -> Result<String, String> {
         let client = self.client().await?;
+        let role = quote_ident(clone.as_str());
+        let password = scram::random_password();
+        let superuser = if self.lease_superuser {
+            "SUPERUSER"
+        } else {
+            "NOSUPERUSER"
+        };
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN {superuser} PASSWORD {verifier} IN ROLE {owner}; \
+                 COMMENT ON ROLE {role} IS {marker};",
+                verifier = quote_literal(&self.verifier(&password)),
+                owner = quote_ident(OWNER_ROLE),
+                marker = quote_literal(MARKER),
+            ))
+            .await
+            .map_err(|e| pg_message(&e))?;
         // STRATEGY exists from postgres 15; older servers always copy files.
         let strategy = if self.pg_major >= 15 {
             format!(" STRATEGY {}", self.clone_strategy.as_sql())
@@ -285,10 +329,9 @@ impl Session {
             String::new()
         };
         let create = format!(
-            "CREATE DATABASE {} TEMPLATE {}{strategy} OWNER {}",
+            "CREATE DATABASE {} TEMPLATE {}{strategy} OWNER {role}",
             clone.quoted(),
             template_db.quoted(),
-            quote_ident(&self.lease_role)
         );
         let mut attempt = 0;
         loop {
@@ -305,14 +348,68 @@ impl Session {
                 Err(e) => return Err(pg_message(&e)),
             }
         }
+        // CREATE DATABASE copies neither database-level settings nor the comment.
+        let settings = client
+            .query(
+                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s \
+                 JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1 AND s.setrole = 0",
+                &[&template_db.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        let mut sql = format!(
+            "REVOKE CONNECT, TEMPORARY ON DATABASE {db} FROM PUBLIC; COMMENT ON DATABASE {db} IS {marker};",
+            db = clone.quoted(),
+            marker = quote_literal(MARKER)
+        );
+        for row in settings {
+            let setting: String = row.get(0);
+            if let Some((name, value)) = setting.split_once('=') {
+                sql.push_str(&format!(
+                    " ALTER DATABASE {} SET {} TO {};",
+                    clone.quoted(),
+                    quote_ident(name),
+                    quote_literal(value)
+                ));
+            }
+        }
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(password)
+    }
+
+    /// Gets a clone ready to lease again after a `reuse` release: a new password first,
+    /// then every session of the previous holder ended. Returns the new password.
+    pub async fn recycle(&self, clone: &DbName) -> Result<String, String> {
+        let client = self.client().await?;
+        let password = scram::random_password();
         client
             .batch_execute(&format!(
-                "COMMENT ON DATABASE {} IS {}",
-                clone.quoted(),
-                quote_literal(MARKER)
+                "ALTER ROLE {} PASSWORD {}",
+                quote_ident(clone.as_str()),
+                quote_literal(&self.verifier(&password))
             ))
             .await
-            .map_err(|e| pg_message(&e))
+            .map_err(|e| pg_message(&e))?;
+        client
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                &[&clone.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(password)
+    }
+
+    fn verifier(&self, password: &str) -> String {
+        let iterations = match self.lease_auth {
+            LeaseAuth::Scram { iterations } => iterations,
+            // Trust ignores it; a valid verifier keeps the role usable if the rule changes.
+            LeaseAuth::Trust => crate::config::DEFAULT_SCRAM_ITERATIONS,
+        };
+        scram::verifier(password, iterations)
     }
 
     /// Drops `db` if it exists, ending its sessions; a template is unmarked first.
@@ -326,7 +423,8 @@ impl Session {
             .await
             .map_err(|e| pg_message(&e))?;
         let Some(row) = row else {
-            return Ok(());
+            // A clone whose CREATE DATABASE failed may still have its role.
+            return Self::drop_role(&client, db).await;
         };
         if row.get::<_, bool>(0) {
             client
@@ -343,7 +441,23 @@ impl Session {
                 db.quoted()
             ))
             .await
-            .map_err(|e| pg_message(&e))
+            .map_err(|e| pg_message(&e))?;
+        Self::drop_role(&client, db).await
+    }
+
+    /// Drops the lease role named like `db`, if there is one (templates have none).
+    async fn drop_role(client: &tokio_postgres::Client, db: &DbName) -> Result<(), String> {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&db.as_str()])
+            .await
+            .map_err(|e| pg_message(&e))?;
+        if exists.is_some() {
+            client
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(db.as_str())))
+                .await
+                .map_err(|e| pg_message(&e))?;
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,11 @@ pub(crate) enum Action {
         template_db: DbName,
         clone: DbName,
     },
+    /// Rotate a reused clone's password and end its sessions; reported like a clone.
+    Recycle {
+        template: TemplateName,
+        clone: DbName,
+    },
     /// `DROP DATABASE db WITH (FORCE)`.
     Drop { db: DbName },
     /// Hand a lease to a parked request.
@@ -336,7 +341,7 @@ impl PoolState {
         actions
     }
 
-    /// A clone ended. On success it joins the ready queue (or goes straight to a waiter);
+    /// A clone (or a recycle) ended. On success it joins the ready queue (or goes straight to a waiter);
     /// on failure the template's waiters get the error and its clones pause briefly, so a
     /// full disk does not turn into a busy loop.
     pub fn clone_finished(
@@ -423,8 +428,15 @@ impl PoolState {
             entry.leased = entry.leased.saturating_sub(1);
             let current = matches!(&entry.build, Build::Ready { fingerprint, .. } if *fingerprint == record.fingerprint);
             if reuse && current {
-                if let Some(db) = to_drop.take() {
-                    entry.ready.push_back(db);
+                if let Some(clone) = to_drop.take() {
+                    // Back in the ready queue only once the old holder is locked out;
+                    // until then it counts as being made.
+                    entry.creating += 1;
+                    self.clones_running += 1;
+                    actions.push(Action::Recycle {
+                        template: record.template.clone(),
+                        clone,
+                    });
                 }
             }
         }

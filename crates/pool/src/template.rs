@@ -14,7 +14,7 @@ use tokio_postgres::NoTls;
 
 use crate::config::TemplateSource;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
-use crate::session::{pg_message, Session};
+use crate::session::{pg_message, Session, OWNER_ROLE};
 
 /// SHA-256 (hex) of a source and the postgres major version. File names and contents count;
 /// for a migrations directory, only its `*.sql` files, in the order they are applied.
@@ -110,10 +110,11 @@ async fn build_fresh(
     db: &DbName,
 ) -> Result<(), String> {
     session.drop_database(db).await?;
-    let role = quote_ident(&session.lease_role);
+    // Owned by the superuser: lease roles are members of the owner role and must not
+    // gain power over template databases through it.
     session
         .execute(&format!(
-            "CREATE DATABASE {} OWNER {role} TEMPLATE template0",
+            "CREATE DATABASE {} TEMPLATE template0",
             db.quoted()
         ))
         .await?;
@@ -137,8 +138,8 @@ async fn build_fresh(
     Ok(())
 }
 
-/// Runs the source's SQL in the template database as the lease role, so that the role
-/// owns every object and tests can alter, truncate and drop them.
+/// Runs the source's SQL in the template database as the owner role, so that role owns
+/// every object and the lease roles (its members) can alter, truncate and drop them.
 async fn apply_source(
     session: &Session,
     source: &TemplateSource,
@@ -164,10 +165,14 @@ async fn apply_source(
     })?;
     let connection = tokio::spawn(connection);
     let result = async {
+        let owner = quote_ident(OWNER_ROLE);
         client
-            .batch_execute(&format!("SET ROLE {}", quote_ident(&session.lease_role)))
+            .batch_execute(&format!(
+                "GRANT ALL ON SCHEMA public TO {owner}; GRANT CREATE ON DATABASE {} TO {owner}; SET ROLE {owner};",
+                db.quoted()
+            ))
             .await
-            .map_err(|e| format!("SET ROLE failed: {}", pg_message(&e)))?;
+            .map_err(|e| format!("preparing the template database: {}", pg_message(&e)))?;
         for path in files {
             let sql = tokio::fs::read_to_string(&path)
                 .await

@@ -31,7 +31,7 @@ use self::binaries::Binaries;
 use self::initdb::Cache;
 use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
 use self::spawn::{CommandSpec, Output};
-use crate::config::EmbeddedConfig;
+use crate::config::{EmbeddedConfig, LeaseAuth};
 use crate::error::StartError;
 
 /// The superuser role initdb creates; it connects only over the private unix socket.
@@ -47,17 +47,26 @@ const EXIT_POLL: Duration = Duration::from_millis(10);
 /// Log lines quoted in start-up errors.
 const ERROR_TAIL_LINES: usize = 20;
 
-/// The `pg_hba.conf` written at every start (first match wins).
-const PG_HBA: &str = "\
+/// The `pg_hba.conf` written at every start (first match wins). Lease roles are named like
+/// their databases, so `sameuser` lets each one open its own database and nothing else.
+fn pg_hba(lease_auth: LeaseAuth) -> String {
+    let method = match lease_auth {
+        LeaseAuth::Scram { .. } => "scram-sha-256",
+        LeaseAuth::Trust => "trust",
+    };
+    format!(
+        "\
 # Written by pglease at every start; edits are lost.
 # The socket directory is private (mode 0700, owned by the server's OS user), so only the
 # daemon (root or that user) can use the trusted local connections.
-local   all   all                  trust
+local   all        all                  trust
 # The superuser never over TCP.
-host    all   postgres   all       reject
-host    all   all        all       scram-sha-256
-";
-
+host    all        postgres   all       reject
+# A lease role (named like its database) reaches its own database only.
+host    sameuser   all        all       {method}
+"
+    )
+}
 /// How a start obtained its cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterOrigin {
@@ -272,7 +281,8 @@ impl Launch {
         let origin = self.make_cluster()?;
         let hba = self.data_dir.join("pg_hba.conf");
         // Overwriting keeps the file's owner (the server's user) and mode.
-        std::fs::write(&hba, PG_HBA).map_err(|e| io_error("cannot write", &hba, e))?;
+        std::fs::write(&hba, pg_hba(self.config.lease_auth))
+            .map_err(|e| io_error("cannot write", &hba, e))?;
         let port = choose_port(
             self.config.port,
             self.previous_port,

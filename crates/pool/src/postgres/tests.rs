@@ -514,7 +514,8 @@ async fn the_initdb_cache_is_filled_once_then_reused() {
     assert_eq!(query_text(&running, "SHOW server_encoding").await, "UTF8");
     // The hba rules were written over the cached ones.
     let hba = std::fs::read_to_string(running.data_dir.join("pg_hba.conf")).expect("hba");
-    assert!(hba.contains("host    all   postgres   all       reject"));
+    assert!(hba.contains("host    all        postgres   all       reject"));
+    assert!(hba.contains("host    sameuser   all        all       scram-sha-256"));
     eprintln!("cold start (initdb + cache fill): {cold:?}; warm start (cache copy): {warm:?}");
     running.shutdown(Duration::from_secs(10)).await;
     second.cleanup();

@@ -81,9 +81,11 @@ impl Driver {
                 }
                 Action::Clone {
                     template, clone, ..
-                } => self
-                    .state
-                    .clone_finished(&template, clone, Ok(()), self.now),
+                }
+                | Action::Recycle { template, clone } => {
+                    self.state
+                        .clone_finished(&template, clone, Ok(()), self.now)
+                }
                 Action::Drop { db } => {
                     self.drops.push(db);
                     self.state.drop_finished(self.now)
