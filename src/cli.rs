@@ -90,6 +90,10 @@ pub struct ServeArgs {
     /// Make lease roles superusers (for suites that need it; they can then reach every database).
     #[arg(long)]
     pub lease_superuser: bool,
+    /// Build every template from scratch once per run, even when a template with the same
+    /// fingerprint exists (for CI: a stale template cannot hide a broken migration).
+    #[arg(long)]
+    pub verify_templates: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
         long,
@@ -266,6 +270,7 @@ struct ConfigFile {
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
     lease_superuser: Option<bool>,
+    verify_templates: Option<bool>,
     #[serde(default)]
     postgres: PostgresFile,
     #[serde(default)]
@@ -435,6 +440,7 @@ impl ServeArgs {
                 prebuild: self.prebuild || file.prebuild.unwrap_or(false),
                 lease_auth,
                 lease_superuser: self.lease_superuser || file.lease_superuser.unwrap_or(false),
+                verify_templates: self.verify_templates || file.verify_templates.unwrap_or(false),
             },
         })
     }

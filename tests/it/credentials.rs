@@ -31,26 +31,44 @@ async fn a_lease_opens_its_own_database_and_nothing_else() {
     let b = daemon.lease_ok("default").await;
     assert_ne!(a["user"], b["user"], "each lease has its own role");
     assert_ne!(a["password"], b["password"]);
-    assert_eq!(a["user"], a["database"], "the role is named like its database");
+    assert_eq!(
+        a["user"], a["database"],
+        "the role is named like its database"
+    );
 
     let client = connect(&a).await.expect("A opens A");
-    let row = client.query_one("SELECT current_user, current_database()", &[]).await.expect("query");
+    let row = client
+        .query_one("SELECT current_user, current_database()", &[])
+        .await
+        .expect("query");
     assert_eq!(row.get::<_, String>(0), a["user"].as_str().expect("user"));
 
     // A's credentials open neither B's database, nor a template, nor postgres' own.
     let template: String = client
-        .query_one("SELECT datname FROM pg_database WHERE datname LIKE 'pglease\\_tpl\\_%' LIMIT 1", &[])
+        .query_one(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'pglease\\_tpl\\_%' LIMIT 1",
+            &[],
+        )
         .await
         .expect("template name")
         .get(0);
-    for other in [b["database"].as_str().expect("db"), template.as_str(), "postgres", "template1"] {
+    for other in [
+        b["database"].as_str().expect("db"),
+        template.as_str(),
+        "postgres",
+        "template1",
+    ] {
         let refused = try_connect(&url_for(&a, other)).await;
         assert!(refused.is_err(), "A's credentials opened {other}");
     }
     // B's password does not log A's role in.
     let mut swapped = a.clone();
     swapped["password"] = b["password"].clone();
-    assert!(try_connect(&url_for(&swapped, a["database"].as_str().expect("db"))).await.is_err());
+    assert!(
+        try_connect(&url_for(&swapped, a["database"].as_str().expect("db")))
+            .await
+            .is_err()
+    );
 
     // A role cannot read anyone's secret.
     let secrets = client.query("SELECT rolpassword FROM pg_authid", &[]).await;
@@ -64,7 +82,10 @@ async fn a_lease_opens_its_own_database_and_nothing_else() {
         .collect();
     assert!(shown.is_empty(), "pg_roles exposes {shown:?}");
     let not_super: bool = client
-        .query_one("SELECT NOT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+        .query_one(
+            "SELECT NOT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
         .await
         .expect("rolsuper")
         .get(0);
@@ -73,38 +94,63 @@ async fn a_lease_opens_its_own_database_and_nothing_else() {
 
 #[tokio::test]
 async fn reuse_rotates_the_password_and_ends_the_old_sessions() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "1", "--max-total", "1"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1", "--max-total", "1"])
+        .start()
+        .await;
     let first = daemon.lease_ok("default").await;
     let old_session = connect(&first).await.expect("connect");
     let (status, _) = daemon.release(&id_of(&first), true).await;
     assert_eq!(status, 204);
     let second = daemon.lease_ok("default").await;
-    assert_eq!(second["database"], first["database"], "the same database came back");
+    assert_eq!(
+        second["database"], first["database"],
+        "the same database came back"
+    );
     assert_ne!(second["password"], first["password"], "with a new password");
-    assert!(old_session.batch_execute("SELECT 1").await.is_err(), "the old holder's session was ended");
-    assert!(connect(&first).await.is_err(), "the old password no longer works");
+    assert!(
+        old_session.batch_execute("SELECT 1").await.is_err(),
+        "the old holder's session was ended"
+    );
+    assert!(
+        connect(&first).await.is_err(),
+        "the old password no longer works"
+    );
     connect(&second).await.expect("the new one does");
 }
 
 #[tokio::test]
 async fn roles_are_dropped_with_their_databases() {
-    let daemon = TestDaemon::builder().args(["--min-ready", "1"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1"])
+        .start()
+        .await;
     let lease = daemon.lease_ok("default").await;
     let watcher = daemon.lease_ok("default").await;
     let (status, _) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(status, 204);
     let client = connect(&watcher).await.expect("connect");
     let role = lease["user"].as_str().expect("user").to_owned();
-    crate::support::poll_until(std::time::Duration::from_secs(10), "the role to be dropped", || async {
-        let rows = client.query("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role]).await.expect("query");
-        rows.is_empty().then_some(())
-    })
+    crate::support::poll_until(
+        std::time::Duration::from_secs(10),
+        "the role to be dropped",
+        || async {
+            let rows = client
+                .query("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+                .await
+                .expect("query");
+            rows.is_empty().then_some(())
+        },
+    )
     .await;
 }
 
 #[tokio::test]
 async fn trust_auth_needs_no_password_but_still_only_opens_its_own_database() {
-    let daemon = TestDaemon::builder().args(["--lease-auth", "trust"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--lease-auth", "trust"])
+        .start()
+        .await;
     let a = daemon.lease_ok("default").await;
     let b = daemon.lease_ok("default").await;
     let mut no_password = a.clone();
@@ -112,16 +158,26 @@ async fn trust_auth_needs_no_password_but_still_only_opens_its_own_database() {
     try_connect(&url_for(&no_password, a["database"].as_str().expect("db")))
         .await
         .expect("trust ignores the password");
-    assert!(try_connect(&url_for(&a, b["database"].as_str().expect("db"))).await.is_err());
+    assert!(
+        try_connect(&url_for(&a, b["database"].as_str().expect("db")))
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
 async fn lease_superuser_gives_superuser_roles() {
-    let daemon = TestDaemon::builder().args(["--lease-superuser"]).start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--lease-superuser"])
+        .start()
+        .await;
     let lease = daemon.lease_ok("default").await;
     let client = connect(&lease).await.expect("connect");
     let is_super: bool = client
-        .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
         .await
         .expect("rolsuper")
         .get(0);

@@ -39,6 +39,8 @@ async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
         ("full_page_writes", "off"),
         ("wal_level", "minimal"),
         ("jit", "off"),
+        ("shared_buffers", "128MB"),
+        ("checkpoint_timeout", "1d"),
     ] {
         assert_eq!(settings[name], value, "{name} in {settings}");
     }

@@ -83,13 +83,40 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     );
 
     // The next run reuses them instead of building again.
-    let again = TestDaemon::builder().args(args).start().await;
-    again.lease_ok("app").await;
+    let again = TestDaemon::builder().args(args.clone()).start().await;
+    let leased = again.lease_ok("app").await;
+    let leased_db = leased["database"].as_str().expect("db").to_owned();
     assert!(
         again.log().contains("template already built"),
         "{}",
         again.log()
     );
-    assert!(again.stop().await.success());
-    assert!(database_names(&admin).await.contains(&"keepme".to_owned()));
+    // Killed, it cannot clean up: its clones and their roles stay until the next start.
+    again.kill();
+    assert!(database_names(&admin).await.contains(&leased_db));
+    let third = TestDaemon::builder().args(args.clone()).start().await;
+    let names = database_names(&admin).await;
+    assert!(!names.contains(&leased_db), "swept: {names:?}");
+    assert!(
+        names.contains(&"keepme".to_owned()) && names.contains(&"pglease_lookalike".to_owned())
+    );
+    let role_left = admin
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&leased_db])
+        .await
+        .expect("roles");
+    assert!(
+        role_left.is_none(),
+        "the killed run's lease role was swept too"
+    );
+    assert!(third.stop().await.success());
+
+    // --verify-templates builds from scratch once even though the fingerprint matches.
+    let mut verify = args;
+    verify.push("--verify-templates".to_owned());
+    let verifying = TestDaemon::builder().args(verify).start().await;
+    verifying.lease_ok("app").await;
+    let log = verifying.log();
+    assert!(!log.contains("template already built"), "{log}");
+    assert!(log.contains("template built"), "{log}");
+    assert!(verifying.stop().await.success());
 }

@@ -6,6 +6,7 @@ mod cli;
 mod credentials;
 mod daemon;
 mod external;
+mod freshness;
 mod full_tmpfs;
 mod leases;
 mod support;

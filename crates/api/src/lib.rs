@@ -6,6 +6,9 @@
 //! - `POST   /lease`              — lease a database (`routes::leases::lease`)
 //! - `DELETE /leases/{id}`        — release it, `?reuse=true` to recycle as is (`routes::leases::release`)
 //! - `POST   /leases/{id}/renew`  — extend its time to live (`routes::leases::renew`)
+//! - `GET    /templates`          — every template's version, state, size (`routes::templates::list`)
+//! - `GET    /templates/{name}`   — one template (`routes::templates::show`)
+//! - `POST   /templates/{name}/rebuild` — build a new version now (`routes::templates::rebuild`)
 //! - `GET    /status`             — postgres, templates, open leases (`routes::status::status`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
@@ -83,6 +86,12 @@ pub fn router(state: AppState) -> Router {
         .route("/lease", post(routes::leases::lease))
         .route("/leases/{id}", delete(routes::leases::release))
         .route("/leases/{id}/renew", post(routes::leases::renew))
+        .route("/templates", get(routes::templates::list))
+        .route("/templates/{name}", get(routes::templates::show))
+        .route(
+            "/templates/{name}/rebuild",
+            post(routes::templates::rebuild),
+        )
         .route("/status", get(routes::status::status))
         .route("/healthz", get(routes::status::healthz))
         .route("/readyz", get(routes::status::readyz))

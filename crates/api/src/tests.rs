@@ -486,6 +486,10 @@ async fn status_renders_the_report_without_credentials() {
             TemplateStatus {
                 name: TemplateName::default_name(),
                 fingerprint: Some("f00d".repeat(16)),
+                version: 2,
+                build_ms: Some(31),
+                size_bytes: Some(7_500_000),
+                built_at: Some(expiry()),
                 state: "ready",
                 ready: 4,
                 leased: 1,
@@ -496,6 +500,10 @@ async fn status_renders_the_report_without_credentials() {
             TemplateStatus {
                 name: template("app"),
                 fingerprint: None,
+                version: 0,
+                build_ms: None,
+                size_bytes: None,
+                built_at: None,
                 state: "failed",
                 ready: 0,
                 leased: 0,
@@ -544,6 +552,10 @@ async fn status_renders_the_report_without_credentials() {
                 {
                     "name": "default",
                     "fingerprint": "f00d".repeat(16),
+                    "version": 2,
+                    "build_ms": 31,
+                    "size_bytes": 7_500_000,
+                    "built_at": humantime::format_rfc3339_seconds(expiry()).to_string(),
                     "state": "ready",
                     "ready": 4,
                     "leased": 1,
@@ -554,6 +566,10 @@ async fn status_renders_the_report_without_credentials() {
                 {
                     "name": "app",
                     "fingerprint": null,
+                    "version": 0,
+                    "build_ms": null,
+                    "size_bytes": null,
+                    "built_at": null,
                     "state": "failed",
                     "ready": 0,
                     "leased": 0,

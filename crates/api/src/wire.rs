@@ -124,8 +124,16 @@ pub struct TemplateJson {
     pub name: String,
     /// Fingerprint of the built version.
     pub fingerprint: Option<String>,
+    /// Versions built in this run (the current one's number).
+    pub version: u32,
     /// idle, building, ready, failed.
     pub state: &'static str,
+    /// How long the last build took.
+    pub build_ms: Option<u64>,
+    /// Size of the template database.
+    pub size_bytes: Option<i64>,
+    /// RFC 3339 time the last build finished.
+    pub built_at: Option<String>,
     /// Ready clones.
     pub ready: usize,
     /// Leased clones.

@@ -6,7 +6,7 @@
 //!
 //! Rules live in [`PoolState`]; this file only carries out its actions and watches postgres.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
@@ -24,8 +24,8 @@ use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{describe_target, Session, SessionParams};
-use crate::state::{Action, Grant, PoolState, WaiterId};
-use crate::template;
+use crate::state::{Action, Built, Grant, PoolState, WaiterId};
+use crate::template::{self, SourceStamp};
 use crate::types::{ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport};
 
 /// How often the actor checks that postgres is alive ("notices within a second").
@@ -34,6 +34,7 @@ const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
 const RESTART_BACKOFF: Duration = Duration::from_secs(2);
 /// Fast shutdown of postgres gets this long before SIGKILL.
 const POSTGRES_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Capacity of the command channel; senders wait when it is full.
 const COMMAND_CAPACITY: usize = 1024;
 
@@ -70,6 +71,12 @@ impl ExternalTarget {
     }
 }
 
+/// The sources behind a template's current version.
+struct Watch {
+    stamp: SourceStamp,
+    fingerprint: String,
+}
+
 /// What a successful (re)start hands the actor.
 struct Up {
     running: Option<RunningPostgres>,
@@ -93,12 +100,15 @@ enum JobResult {
     Built {
         generation: u64,
         template: TemplateName,
-        outcome: Result<(String, DbName), String>,
+        /// The sources' stamp, taken before they were hashed.
+        stamp: SourceStamp,
+        outcome: Result<Built, String>,
     },
     /// A clone made, or a reused one recycled: `Ok` carries its role's new password.
     Cloned {
         generation: u64,
         template: TemplateName,
+        template_db: DbName,
         clone: DbName,
         outcome: Result<String, String>,
     },
@@ -178,6 +188,9 @@ pub async fn start(
         waiters: HashMap::new(),
         next_waiter: 1,
         passwords: HashMap::new(),
+        watches: HashMap::new(),
+        verify_templates: config.verify_templates,
+        verified: HashSet::new(),
         jobs_tx,
         tracker: TaskTracker::new(),
     };
@@ -281,6 +294,11 @@ struct Actor {
     next_waiter: WaiterId,
     /// The password of each clone's role, from its creation (or last recycle) to its drop.
     passwords: HashMap<DbName, String>,
+    /// What each built template's current version was built from.
+    watches: HashMap<TemplateName, Watch>,
+    verify_templates: bool,
+    /// Templates built from scratch once already in this run (for `verify_templates`).
+    verified: HashSet<TemplateName>,
     jobs_tx: mpsc::UnboundedSender<JobResult>,
     tracker: TaskTracker,
 }
@@ -327,6 +345,12 @@ impl Actor {
         let now = Instant::now();
         match command {
             Command::Lease { request, reply } => {
+                if self.sources_changed(&request.template) {
+                    tracing::info!(template = %request.template, "template sources changed; building a new version");
+                    self.watches.remove(&request.template);
+                    let actions = self.state.rebuild(&request.template, now);
+                    self.apply(actions);
+                }
                 let waiter = self.next_waiter;
                 self.next_waiter += 1;
                 self.waiters.insert(waiter, reply);
@@ -352,6 +376,25 @@ impl Actor {
             }
             Command::Status { reply } => {
                 let _ = reply.send(self.status());
+            }
+            Command::Rebuild { template, reply } => {
+                let status = self
+                    .state
+                    .template_status()
+                    .into_iter()
+                    .find(|t| t.name == template);
+                if status.is_some() {
+                    tracing::info!(template = %template, "rebuild requested");
+                    self.watches.remove(&template);
+                    let actions = self.state.rebuild(&template, now);
+                    self.apply(actions);
+                }
+                let status = self
+                    .state
+                    .template_status()
+                    .into_iter()
+                    .find(|t| t.name == template);
+                let _ = reply.send(status.ok_or(LeaseError::UnknownTemplate(template)));
             }
             Command::Readiness { reply } => {
                 let _ = reply.send(Readiness {
@@ -396,10 +439,22 @@ impl Actor {
             JobResult::Built {
                 generation,
                 template,
+                stamp,
                 outcome,
             } if generation == self.generation => {
-                if let Err(message) = &outcome {
-                    tracing::warn!(template = %template, error = %message, "template build failed");
+                match &outcome {
+                    Ok(built) => {
+                        self.watches.insert(
+                            template.clone(),
+                            Watch {
+                                stamp,
+                                fingerprint: built.fingerprint.clone(),
+                            },
+                        );
+                    }
+                    Err(message) => {
+                        tracing::warn!(template = %template, error = %message, "template build failed");
+                    }
                 }
                 let actions = self.state.build_finished(&template, outcome, now);
                 self.apply(actions);
@@ -407,6 +462,7 @@ impl Actor {
             JobResult::Cloned {
                 generation,
                 template,
+                template_db,
                 clone,
                 outcome,
             } if generation == self.generation => {
@@ -420,7 +476,9 @@ impl Actor {
                         Err(message)
                     }
                 };
-                let actions = self.state.clone_finished(&template, clone, outcome, now);
+                let actions =
+                    self.state
+                        .clone_finished(&template, &template_db, clone, outcome, now);
                 self.apply(actions);
             }
             JobResult::Dropped {
@@ -478,6 +536,7 @@ impl Actor {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.passwords.clear();
+        self.watches.clear();
         self.session = None;
         self.monitor = None;
         if let Some(running) = self.running.take() {
@@ -532,7 +591,11 @@ impl Actor {
                     template_db,
                     clone,
                 } => self.spawn_clone(template, template_db, clone),
-                Action::Recycle { template, clone } => self.spawn_recycle(template, clone),
+                Action::Recycle {
+                    template,
+                    template_db,
+                    clone,
+                } => self.spawn_recycle(template, template_db, clone),
                 Action::Drop { db } => {
                     self.passwords.remove(&db);
                     self.spawn_drop(db);
@@ -599,19 +662,61 @@ impl Actor {
             let _ = jobs.send(JobResult::Built {
                 generation,
                 template,
+                stamp: SourceStamp::default(),
                 outcome: Err("postgres is not running".into()),
             });
             return;
         };
+        // --verify-templates: the first build of each template in this run starts from
+        // scratch even if a template with the same fingerprint exists.
+        let reuse_existing = !self.verify_templates || !self.verified.insert(template.clone());
         tracing::info!(template = %template, ?source, "building template");
         self.tracker.spawn(async move {
-            let outcome = template::build(&session, &template, &source).await;
+            let stamp_source = source.clone();
+            let stamp = tokio::task::spawn_blocking(move || template::stamp(&stamp_source))
+                .await
+                .unwrap_or_default();
+            let outcome = template::build(&session, &template, &source, reuse_existing).await;
             let _ = jobs.send(JobResult::Built {
                 generation,
                 template,
+                stamp,
                 outcome,
             });
         });
+    }
+
+    /// Whether a template's sources changed since its current version was built: their
+    /// stamp first (one stat call per file, microseconds, at every lease so an edit followed
+    /// at once by a lease is seen), the hash only when the stamp moved. Runs on the actor's
+    /// task: it is file metadata, not SQL.
+    fn sources_changed(&mut self, template: &TemplateName) -> bool {
+        let (Some(watch), Some(session)) = (self.watches.get_mut(template), self.session.as_ref())
+        else {
+            return false;
+        };
+
+        let Some(source) = self
+            .inputs
+            .templates
+            .iter()
+            .find(|t| t.name == *template)
+            .map(|t| &t.source)
+        else {
+            return false;
+        };
+        let stamp = template::stamp(source);
+        if stamp == watch.stamp {
+            return false;
+        }
+        match template::fingerprint(source, session.pg_major) {
+            Ok(fingerprint) if fingerprint == watch.fingerprint => {
+                // Touched but unchanged: remember the new stamp, keep the version.
+                watch.stamp = stamp;
+                false
+            }
+            _ => true,
+        }
     }
 
     fn spawn_clone(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
@@ -620,6 +725,7 @@ impl Actor {
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,
+                template_db,
                 clone,
                 outcome: Err("postgres is not running".into()),
             });
@@ -630,18 +736,20 @@ impl Actor {
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,
+                template_db,
                 clone,
                 outcome,
             });
         });
     }
 
-    fn spawn_recycle(&mut self, template: TemplateName, clone: DbName) {
+    fn spawn_recycle(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
         let (generation, jobs) = (self.generation, self.jobs_tx.clone());
         let Some(session) = self.session.clone() else {
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,
+                template_db,
                 clone,
                 outcome: Err("postgres is not running".into()),
             });
@@ -652,6 +760,7 @@ impl Actor {
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,
+                template_db,
                 clone,
                 outcome,
             });

@@ -26,6 +26,9 @@ pub struct PoolConfig {
     pub lease_auth: LeaseAuth,
     /// Lease roles are superusers (for suites that need it; they can then reach everything).
     pub lease_superuser: bool,
+    /// Build each template from scratch once per run even if a template database with the
+    /// same fingerprint exists (a drift guard for CI).
+    pub verify_templates: bool,
 }
 
 /// How lease roles authenticate to the embedded server.

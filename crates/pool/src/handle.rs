@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LeaseError, LeaseOpError};
-use crate::names::LeaseId;
-use crate::types::{Lease, LeaseRequest, Readiness, StatusReport};
+use crate::names::{LeaseId, TemplateName};
+use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// How long past a request's own wait the handle gives the actor before giving up on it.
 const ACTOR_MARGIN: Duration = Duration::from_secs(10);
@@ -31,6 +31,10 @@ pub(crate) enum Command {
     },
     Status {
         reply: oneshot::Sender<StatusReport>,
+    },
+    Rebuild {
+        template: TemplateName,
+        reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
     },
     Readiness {
         reply: oneshot::Sender<Readiness>,
@@ -88,6 +92,16 @@ impl PoolHandle {
             .await
             .map_err(|()| LeaseOpError::ShuttingDown)?;
         answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+    }
+
+    /// Builds a new version of a template now (its ready clones are replaced; leased ones
+    /// are dropped when released). Answers the template's status after the request.
+    pub async fn rebuild(&self, template: TemplateName) -> Result<TemplateStatus, LeaseError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Rebuild { template, reply })
+            .await
+            .map_err(|()| LeaseError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseError::ShuttingDown)?
     }
 
     /// A snapshot for `/status`; None once the pool has stopped.

@@ -178,15 +178,19 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
         };
-        session
-            .sweep(&params.templates)
-            .await
-            .map_err(|message| StartError::BadUrl(format!("sweeping old databases: {message}")))?;
+        // Leftovers cost space, not correctness: failing to remove them must not stop us.
+        if let Err(message) = session.sweep(&params.templates).await {
+            tracing::warn!(error = %message, "could not clean up after an earlier run");
+        }
         Ok(session)
     }
 
     /// Drops every database with our prefix and marker except complete templates of the
-    /// current configuration; nothing without the marker is touched.
+    /// current configuration, then our lease roles; nothing without the marker is touched.
+    /// A clone counts as marked when its comment says so or its owner is a marked lease
+    /// role: the role is created (and marked) before its database, so a daemon killed
+    /// between `CREATE DATABASE` and `COMMENT` leaves nothing unrecognisable. Failures to
+    /// drop one leftover are logged and the sweep goes on.
     async fn sweep(&self, templates: &[TemplateConfig]) -> Result<(), String> {
         let keep: HashSet<String> = templates
             .iter()
@@ -200,8 +204,10 @@ impl Session {
         let rows = client
             .query(
                 "SELECT datname, datistemplate AND NOT datallowconn FROM pg_database \
-                 WHERE datname LIKE $1 AND shobj_description(oid, 'pg_database') LIKE $2",
-                &[&pattern, &format!("{MARKER}%")],
+                 WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
+                   OR datdba IN (SELECT oid FROM pg_roles WHERE rolname LIKE $1 AND rolname <> $3 \
+                                 AND shobj_description(oid, 'pg_authid') LIKE $2))",
+                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
             )
             .await
             .map_err(|e| pg_message(&e))?;
@@ -213,7 +219,9 @@ impl Session {
                 continue;
             }
             tracing::info!(database = %name, "dropping a database left by an earlier run");
-            self.drop_database(&DbName::from_server(name)).await?;
+            if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
+                tracing::warn!(database = %name, error = %message, "could not drop a leftover database");
+            }
         }
         // Lease roles of earlier runs; their databases are gone by now.
         let client = self.client().await?;
@@ -228,10 +236,12 @@ impl Session {
         for row in roles {
             let name: String = row.get(0);
             tracing::info!(role = %name, "dropping a role left by an earlier run");
-            client
+            let dropped = client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
-                .await
-                .map_err(|e| pg_message(&e))?;
+                .await;
+            if let Err(error) = dropped {
+                tracing::warn!(role = %name, error = %pg_message(&error), "could not drop a leftover role");
+            }
         }
         Ok(())
     }
@@ -247,6 +257,16 @@ impl Session {
     pub async fn execute(&self, sql: &str) -> Result<(), String> {
         let client = self.client().await?;
         client.batch_execute(sql).await.map_err(|e| pg_message(&e))
+    }
+
+    /// `pg_database_size(db)` in bytes.
+    pub async fn database_size(&self, db: &DbName) -> Result<i64, String> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT pg_database_size($1::text::name)", &[&db.as_str()])
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(row.get(0))
     }
 
     /// True when `db` exists, is marked a template and refuses connections: a finished build.

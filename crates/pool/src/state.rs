@@ -42,6 +42,7 @@ pub(crate) enum Action {
     /// Rotate a reused clone's password and end its sessions; reported like a clone.
     Recycle {
         template: TemplateName,
+        template_db: DbName,
         clone: DbName,
     },
     /// `DROP DATABASE db WITH (FORCE)`.
@@ -71,11 +72,28 @@ pub(crate) struct OpenLease {
     pub expires_at: Instant,
 }
 
+/// A finished build, as the actor reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct Built {
+    pub fingerprint: String,
+    pub db: DbName,
+    pub elapsed: Duration,
+    pub size_bytes: i64,
+    pub built_at: std::time::SystemTime,
+}
+
 #[derive(Debug)]
 enum Build {
     Idle,
-    Building,
-    Ready { fingerprint: String, db: DbName },
+    /// `previous` is the template database of the version being replaced, dropped once
+    /// the build ends.
+    Building {
+        previous: Option<DbName>,
+    },
+    Ready {
+        fingerprint: String,
+        db: DbName,
+    },
     Failed,
 }
 
@@ -100,6 +118,9 @@ struct TemplateEntry {
     waiters: VecDeque<Waiter>,
     last_error: Option<String>,
     clones_paused_until: Option<Instant>,
+    /// Builds finished in this run; the current version's number.
+    version: u32,
+    last_build: Option<Built>,
 }
 
 #[derive(Debug)]
@@ -157,6 +178,8 @@ impl PoolState {
                     waiters: VecDeque::new(),
                     last_error: None,
                     clones_paused_until: None,
+                    version: 0,
+                    last_build: None,
                 },
             );
         }
@@ -184,7 +207,7 @@ impl PoolState {
         let mut actions = Vec::new();
         for (name, entry) in &mut self.templates {
             if entry.wanted && matches!(entry.build, Build::Idle) {
-                entry.build = Build::Building;
+                entry.build = Build::Building { previous: None };
                 actions.push(Action::Build {
                     template: name.clone(),
                     source: entry.source.clone(),
@@ -280,7 +303,7 @@ impl PoolState {
         entry.wanted = true;
         if matches!(entry.build, Build::Idle | Build::Failed) {
             // A failed build is retried by the next request: the sources may have been fixed.
-            entry.build = Build::Building;
+            entry.build = Build::Building { previous: None };
             actions.push(Action::Build {
                 template: request.template.clone(),
                 source: entry.source.clone(),
@@ -307,23 +330,67 @@ impl PoolState {
         }
     }
 
-    /// A build ended: with the template's fingerprint and database, or an error message.
+    /// The template's sources changed (or a rebuild was asked for): build a new version.
+    /// The old version's ready clones are dropped now, its leased ones when released, and
+    /// its template database once the new build ends. Unknown templates are ignored.
+    pub fn rebuild(&mut self, template: &TemplateName, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if self.server != Server::Up {
+            return actions;
+        }
+        let Some(entry) = self.templates.get_mut(template) else {
+            return actions;
+        };
+        if matches!(entry.build, Build::Building { .. }) {
+            return actions;
+        }
+        let previous = match std::mem::replace(&mut entry.build, Build::Building { previous: None })
+        {
+            Build::Ready { db, .. } => Some(db),
+            Build::Idle | Build::Building { .. } | Build::Failed => None,
+        };
+        entry.build = Build::Building { previous };
+        entry.wanted = true;
+        self.drop_queue.extend(entry.ready.drain(..));
+        actions.push(Action::Build {
+            template: template.clone(),
+            source: entry.source.clone(),
+        });
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A build ended: with the new version, or an error message.
     pub fn build_finished(
         &mut self,
         template: &TemplateName,
-        outcome: Result<(String, DbName), String>,
+        outcome: Result<Built, String>,
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         let Some(entry) = self.templates.get_mut(template) else {
             return actions;
         };
+        let previous = match &mut entry.build {
+            Build::Building { previous } => previous.take(),
+            Build::Idle | Build::Ready { .. } | Build::Failed => None,
+        };
         match outcome {
-            Ok((fingerprint, db)) => {
-                entry.build = Build::Ready { fingerprint, db };
+            Ok(built) => {
+                if let Some(old) = previous.filter(|old| *old != built.db) {
+                    self.drop_queue.push_back(old);
+                }
+                entry.version += 1;
+                entry.build = Build::Ready {
+                    fingerprint: built.fingerprint.clone(),
+                    db: built.db.clone(),
+                };
+                entry.last_build = Some(built);
                 entry.last_error = None;
             }
             Err(message) => {
+                // A stale version must not hide a broken migration: it goes too.
+                self.drop_queue.extend(previous);
                 for waiter in entry.waiters.drain(..) {
                     actions.push(Action::Fail {
                         waiter: waiter.id,
@@ -347,6 +414,7 @@ impl PoolState {
     pub fn clone_finished(
         &mut self,
         template: &TemplateName,
+        template_db: &DbName,
         clone: DbName,
         outcome: Result<(), String>,
         now: Instant,
@@ -359,7 +427,10 @@ impl PoolState {
             return actions;
         };
         entry.creating = entry.creating.saturating_sub(1);
+        let current = matches!(&entry.build, Build::Ready { db, .. } if db == template_db);
         match outcome {
+            // Made from a version replaced meanwhile: nobody may lease it.
+            Ok(()) if !current => self.drop_queue.push_back(clone),
             Ok(()) => {
                 entry.ready.push_back(clone);
                 entry.last_error = None;
@@ -426,8 +497,13 @@ impl PoolState {
         let mut to_drop = Some(record.database);
         if let Some(entry) = self.templates.get_mut(&record.template) {
             entry.leased = entry.leased.saturating_sub(1);
-            let current = matches!(&entry.build, Build::Ready { fingerprint, .. } if *fingerprint == record.fingerprint);
-            if reuse && current {
+            let current_db = match &entry.build {
+                Build::Ready { fingerprint, db } if *fingerprint == record.fingerprint => {
+                    Some(db.clone())
+                }
+                _ => None,
+            };
+            if let (true, Some(template_db)) = (reuse, current_db) {
                 if let Some(clone) = to_drop.take() {
                     // Back in the ready queue only once the old holder is locked out;
                     // until then it counts as being made.
@@ -435,6 +511,7 @@ impl PoolState {
                     self.clones_running += 1;
                     actions.push(Action::Recycle {
                         template: record.template.clone(),
+                        template_db,
                         clone,
                     });
                 }
@@ -529,13 +606,20 @@ impl PoolState {
             .map(|(name, entry)| {
                 let (state, fingerprint) = match &entry.build {
                     Build::Idle => ("idle", None),
-                    Build::Building => ("building", None),
+                    Build::Building { .. } => ("building", None),
                     Build::Ready { fingerprint, .. } => ("ready", Some(fingerprint.clone())),
                     Build::Failed => ("failed", None),
                 };
                 TemplateStatus {
                     name: name.clone(),
                     fingerprint,
+                    version: entry.version,
+                    build_ms: entry
+                        .last_build
+                        .as_ref()
+                        .map(|b| b.elapsed.as_millis() as u64),
+                    size_bytes: entry.last_build.as_ref().map(|b| b.size_bytes),
+                    built_at: entry.last_build.as_ref().map(|b| b.built_at),
                     state,
                     ready: entry.ready.len(),
                     leased: entry.leased,

@@ -6,7 +6,7 @@
 //! because they travel to every waiting client.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::error::ErrorPosition;
@@ -15,6 +15,37 @@ use tokio_postgres::NoTls;
 use crate::config::TemplateSource;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
+use crate::state::Built;
+
+/// Sizes and modification times of a source's files: cheap to take, and compared before
+/// paying for a hash when checking whether sources changed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SourceStamp(Vec<(PathBuf, u64, Option<SystemTime>)>);
+
+/// Takes the stamp of a source. Unreadable paths enter as such, so their repair shows.
+pub fn stamp(source: &TemplateSource) -> SourceStamp {
+    let mut entries = Vec::new();
+    let mut add = |path: &Path| {
+        let meta = std::fs::metadata(path).ok();
+        entries.push((
+            path.to_path_buf(),
+            meta.as_ref().map_or(0, |m| m.len()),
+            meta.and_then(|m| m.modified().ok()),
+        ));
+    };
+    match source {
+        TemplateSource::Empty => {}
+        TemplateSource::SqlFile(path) => add(path),
+        TemplateSource::Migrations(dir) => {
+            // The directory's own mtime moves when a file is added, removed or renamed.
+            add(dir);
+            for file in migration_files(dir).unwrap_or_default() {
+                add(&file);
+            }
+        }
+    }
+    SourceStamp(entries)
+}
 
 /// SHA-256 (hex) of a source and the postgres major version. File names and contents count;
 /// for a migrations directory, only its `*.sql` files, in the order they are applied.
@@ -66,13 +97,14 @@ pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// Builds (or finds already built) the template database of `name`, returning its
-/// fingerprint and database name. On failure nothing is left behind.
+/// Builds (or, with `reuse_existing`, finds already built) the template database of `name`.
+/// On failure nothing is left behind.
 pub async fn build(
     session: &Session,
     name: &TemplateName,
     source: &TemplateSource,
-) -> Result<(String, DbName), String> {
+    reuse_existing: bool,
+) -> Result<Built, String> {
     let source_for_hash = source.clone();
     let major = session.pg_major;
     // Sources are small files, but reading them is still blocking I/O.
@@ -80,19 +112,29 @@ pub async fn build(
         .await
         .map_err(|e| format!("fingerprint task failed: {e}"))??;
     let db = DbName::template(name, &fingerprint);
-    if session.is_complete_template(&db).await? {
-        tracing::info!(template = %name, %fingerprint, database = %db, "template already built");
-        return Ok((fingerprint, db));
-    }
     let started = std::time::Instant::now();
+    let finished = |fingerprint: String, db: DbName, size_bytes: i64| Built {
+        fingerprint,
+        db,
+        elapsed: started.elapsed(),
+        size_bytes,
+        built_at: SystemTime::now(),
+    };
+    if reuse_existing && session.is_complete_template(&db).await? {
+        tracing::info!(template = %name, %fingerprint, database = %db, "template already built");
+        let size = session.database_size(&db).await?;
+        return Ok(finished(fingerprint, db, size));
+    }
     match build_fresh(session, name, source, &db).await {
         Ok(()) => {
+            let size = session.database_size(&db).await?;
             tracing::info!(
                 template = %name, %fingerprint, database = %db,
                 elapsed_ms = started.elapsed().as_millis() as u64,
+                size_bytes = size,
                 "template built"
             );
-            Ok((fingerprint, db))
+            Ok(finished(fingerprint, db, size))
         }
         Err(message) => {
             if let Err(drop_error) = session.drop_database(&db).await {

@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LeaseError, LeaseOpError};
 use crate::handle::{Command, PoolHandle};
-use crate::names::LeaseId;
-use crate::types::{Lease, LeaseRequest, Readiness, StatusReport};
+use crate::names::{LeaseId, TemplateName};
+use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// Commands a handle may queue before its `send` waits. Bounded like the real pool's
 /// channel; tests queue at most a few.
@@ -83,6 +83,13 @@ pub enum FakeCommand {
         /// Where the report goes; dropping it makes `status()` return None.
         reply: oneshot::Sender<StatusReport>,
     },
+    /// [`PoolHandle::rebuild`].
+    Rebuild {
+        /// The template to rebuild.
+        template: TemplateName,
+        /// Where its status or the error goes.
+        reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
+    },
     /// [`PoolHandle::readiness`].
     Readiness {
         /// Where the answer goes; dropping it reads as "not ready".
@@ -103,6 +110,7 @@ impl From<Command> for FakeCommand {
             Command::Release { id, reuse, reply } => FakeCommand::Release { id, reuse, reply },
             Command::Renew { id, ttl, reply } => FakeCommand::Renew { id, ttl, reply },
             Command::Status { reply } => FakeCommand::Status { reply },
+            Command::Rebuild { template, reply } => FakeCommand::Rebuild { template, reply },
             Command::Readiness { reply } => FakeCommand::Readiness { reply },
             Command::Shutdown { reply } => FakeCommand::Shutdown { reply },
         }

@@ -114,6 +114,14 @@ pub struct TemplateStatus {
     pub name: TemplateName,
     /// The fingerprint of the built version, if built.
     pub fingerprint: Option<String>,
+    /// Versions built in this run (the current one's number; 0 before the first build).
+    pub version: u32,
+    /// How long the last successful build took.
+    pub build_ms: Option<u64>,
+    /// `pg_database_size` of the current template database.
+    pub size_bytes: Option<i64>,
+    /// When the last successful build finished.
+    pub built_at: Option<std::time::SystemTime>,
     /// "idle" (not built yet), "building", "ready" or "failed".
     pub state: &'static str,
     /// Clones ready to lease.

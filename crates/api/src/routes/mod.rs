@@ -10,6 +10,7 @@ use crate::error::ApiError;
 
 pub mod leases;
 pub mod status;
+pub mod templates;
 
 /// Parses an optional JSON body: empty means all defaults.
 fn parse_body<T: DeserializeOwned + Default>(

@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use axum::Json;
 
 use super::leases::rfc3339;
+use super::templates::template_json;
 use crate::error::ApiError;
-use crate::wire::{LeaseJson, PostgresJson, ReadyResponse, StatusResponse, TemplateJson};
+use crate::wire::{LeaseJson, PostgresJson, ReadyResponse, StatusResponse};
 use crate::AppState;
 
 /// `GET /status`: postgres, templates and open leases (never credentials).
@@ -34,20 +35,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
             restarts: postgres.restarts,
             last_error: postgres.last_error,
         },
-        templates: report
-            .templates
-            .into_iter()
-            .map(|t| TemplateJson {
-                name: t.name.to_string(),
-                fingerprint: t.fingerprint,
-                state: t.state,
-                ready: t.ready,
-                leased: t.leased,
-                in_progress: t.in_progress,
-                waiting: t.waiting,
-                last_error: t.last_error,
-            })
-            .collect(),
+        templates: report.templates.into_iter().map(template_json).collect(),
         leases: report
             .leases
             .into_iter()

@@ -39,6 +39,17 @@ fn request(template: &str, wait_ms: u64) -> LeaseRequest {
     }
 }
 
+/// A finished build of `template` with `fingerprint`.
+fn built(template: &TemplateName, fingerprint: &str) -> Built {
+    Built {
+        fingerprint: fingerprint.to_owned(),
+        db: DbName::template(template, fingerprint),
+        elapsed: Duration::from_millis(30),
+        size_bytes: 7_500_000,
+        built_at: std::time::SystemTime::UNIX_EPOCH,
+    }
+}
+
 /// Carries out actions the way the actor would, with every build and clone succeeding
 /// at once; returns the grants and failures it saw.
 struct Driver {
@@ -49,6 +60,7 @@ struct Driver {
     failures: Vec<(WaiterId, LeaseError)>,
     drops: Vec<DbName>,
     pending: Vec<Action>,
+    builds: u32,
 }
 
 impl Driver {
@@ -61,6 +73,7 @@ impl Driver {
             failures: Vec::new(),
             drops: Vec::new(),
             pending: Vec::new(),
+            builds: 0,
         };
         let actions = driver.state.server_up();
         driver.pending.extend(actions);
@@ -72,20 +85,27 @@ impl Driver {
         while let Some(action) = self.pending.pop() {
             let more = match action {
                 Action::Build { template, .. } => {
-                    let db = DbName::template(&template, "abcdef0123456789");
+                    // Every build yields a new version, as if the sources had changed.
+                    self.builds += 1;
+                    let fingerprint = format!("{:016x}", self.builds);
                     self.state.build_finished(
                         &template,
-                        Ok(("abcdef0123456789".into(), db)),
+                        Ok(built(&template, &fingerprint)),
                         self.now,
                     )
                 }
                 Action::Clone {
-                    template, clone, ..
+                    template,
+                    template_db,
+                    clone,
                 }
-                | Action::Recycle { template, clone } => {
-                    self.state
-                        .clone_finished(&template, clone, Ok(()), self.now)
-                }
+                | Action::Recycle {
+                    template,
+                    template_db,
+                    clone,
+                } => self
+                    .state
+                    .clone_finished(&template, &template_db, clone, Ok(()), self.now),
                 Action::Drop { db } => {
                     self.drops.push(db);
                     self.state.drop_finished(self.now)
@@ -382,14 +402,9 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
     let mut state = pool(1, 4);
     let now = Instant::now();
     let _ = state.server_up();
-    let mut actions = state.build_finished(
-        &TemplateName::default_name(),
-        Ok((
-            "ff".into(),
-            DbName::template(&TemplateName::default_name(), "ff"),
-        )),
-        now,
-    );
+    let default = TemplateName::default_name();
+    let template_db = DbName::template(&default, "ff");
+    let mut actions = state.build_finished(&default, Ok(built(&default, "ff")), now);
     actions.extend(state.request_lease(7, LeaseId::random(), &request("default", 1000), now));
     // min_ready 1 + one waiter: two clones in flight, at most clone_concurrency.
     let clones: Vec<DbName> = actions
@@ -401,7 +416,8 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
         .collect();
     assert!(!clones.is_empty());
     let actions = state.clone_finished(
-        &TemplateName::default_name(),
+        &default,
+        &template_db,
         clones[0].clone(),
         Err("could not write to file: No space left on device".into()),
         now,
@@ -422,7 +438,8 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
     );
     for clone in &clones[1..] {
         let actions = state.clone_finished(
-            &TemplateName::default_name(),
+            &default,
+            &template_db,
             clone.clone(),
             Err("disk full".into()),
             now,
@@ -451,4 +468,87 @@ fn stopping_refuses_new_requests() {
         driver.failures.as_slice(),
         [(w, LeaseError::ShuttingDown)] if *w == waiter
     ));
+}
+
+#[test]
+fn a_rebuild_replaces_ready_clones_and_the_old_template() {
+    let mut driver = Driver::new(pool(2, 10));
+    driver.settle();
+    let before = default_status(&driver.state);
+    assert_eq!((before.version, before.ready), (1, 2));
+    let old_fingerprint = before.fingerprint.clone().expect("built");
+    let held = driver.lease("default", 1000);
+    driver.settle();
+    let held = driver.grant_of(held).expect("granted").clone();
+    let ready_before: Vec<DbName> = driver.drops.clone();
+    assert!(ready_before.is_empty());
+
+    let actions = driver
+        .state
+        .rebuild(&TemplateName::default_name(), driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let after = default_status(&driver.state);
+    assert_eq!(after.version, 2);
+    assert_ne!(after.fingerprint.as_deref(), Some(old_fingerprint.as_str()));
+    assert_eq!(after.ready, 2, "refilled from the new version");
+    // The two old ready clones and the old template database were dropped.
+    let old_template = DbName::template(&TemplateName::default_name(), &old_fingerprint);
+    assert!(driver.drops.contains(&old_template), "{:?}", driver.drops);
+    assert_eq!(driver.drops.len(), 3, "{:?}", driver.drops);
+    // The old version's leased clone is dropped on release, even with reuse.
+    let (result, actions) = driver.state.release(&held.lease_id, true, driver.now);
+    assert!(result.is_ok());
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Drop { db } if *db == held.database)));
+    assert!(!actions.iter().any(|a| matches!(a, Action::Recycle { .. })));
+}
+
+#[test]
+fn a_clone_of_a_replaced_version_is_never_leased() {
+    let mut state = pool(1, 4);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up();
+    let actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let (old_db, clone) = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Clone {
+                template_db, clone, ..
+            } => Some((template_db.clone(), clone.clone())),
+            _ => None,
+        })
+        .expect("a clone of the first version");
+    // The sources change while that clone is being made.
+    let _ = state.rebuild(&default, now);
+    let _ = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let actions = state.clone_finished(&default, &old_db, clone.clone(), Ok(()), now);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Drop { db } if *db == clone)));
+    let waiter = state.request_lease(9, LeaseId::random(), &request("default", 1000), now);
+    assert!(
+        !waiter
+            .iter()
+            .any(|a| matches!(a, Action::Grant { grant, .. } if grant.database == clone)),
+        "the stale clone must not be granted"
+    );
+}
+
+#[test]
+fn a_failed_rebuild_drops_the_stale_version_too() {
+    let mut state = pool(0, 4);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up();
+    let _ = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let _ = state.rebuild(&default, now);
+    let actions = state.build_finished(&default, Err("002.sql: syntax error".into()), now);
+    let old = DbName::template(&default, "aa");
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Drop { db } if *db == old)));
+    assert_eq!(default_status(&state).state, "failed");
 }

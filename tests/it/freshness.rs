@@ -1,0 +1,144 @@
+//! Templates kept current: a changed migration reaches the next lease without a restart,
+//! a rebuild can be forced over HTTP, and `/templates` shows each version.
+
+use std::fs;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::{connect, id_of, scratch_dir, wait_until_dropped, TestDaemon};
+
+async fn tables(lease: &serde_json::Value) -> Vec<String> {
+    let client = connect(lease).await.expect("connect");
+    client
+        .query(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("list tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_changed_migration_reaches_the_next_lease_without_a_restart() {
+    let dir = scratch_dir("fresh-change");
+    fs::write(dir.join("001_a.sql"), "CREATE TABLE a (id int);").expect("write");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--min-ready",
+            "2",
+            "--template",
+            &format!("app=migrations:{}", dir.display()),
+        ])
+        .start()
+        .await;
+    let old = daemon.lease_ok("app").await;
+    assert_eq!(tables(&old).await, ["a"]);
+    let first = daemon.template_status("app").await;
+    assert_eq!(first["version"], 1);
+
+    // A new migration file, and an edit of the existing one.
+    fs::write(dir.join("002_b.sql"), "CREATE TABLE b (id int);").expect("write");
+    let new = daemon.lease_ok("app").await;
+    assert_eq!(
+        tables(&new).await,
+        ["a", "b"],
+        "the new lease has the new schema"
+    );
+    assert_ne!(new["fingerprint"], old["fingerprint"]);
+    let second = daemon.template_status("app").await;
+    assert_eq!(second["version"], 2);
+    fs::write(dir.join("001_a.sql"), "CREATE TABLE a2 (id int);").expect("write");
+    let newer = daemon.lease_ok("app").await;
+    assert_eq!(tables(&newer).await, ["a2", "b"]);
+
+    // The lease of the old version keeps working until released, then its database goes.
+    assert_eq!(tables(&old).await, ["a"]);
+    let (status, _) = daemon.release(&id_of(&old), true).await;
+    assert_eq!(status, 204);
+    wait_until_dropped(&old, "the old version's clone to be dropped").await;
+
+    // Touching a file without changing it keeps the version.
+    let content = fs::read(dir.join("002_b.sql")).expect("read");
+    std::thread::sleep(Duration::from_millis(150));
+    fs::write(dir.join("002_b.sql"), content).expect("rewrite");
+    let same = daemon.lease_ok("app").await;
+    assert_eq!(same["fingerprint"], newer["fingerprint"]);
+    assert_eq!(daemon.template_status("app").await["version"], 3);
+}
+
+#[tokio::test]
+async fn templates_are_listed_and_a_rebuild_can_be_forced() {
+    let dir = scratch_dir("fresh-rebuild");
+    let file = dir.join("schema.sql");
+    fs::write(&file, "CREATE TABLE t (id int);").expect("write");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--prebuild",
+            "--template",
+            &format!("app=sql:{}", file.display()),
+        ])
+        .start()
+        .await;
+    let held = daemon.lease_ok("app").await;
+    let (status, list) = daemon.get("/templates").await;
+    assert_eq!(status, 200, "{list}");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["app", "default"]);
+    let (status, app) = daemon.get("/templates/app").await;
+    assert_eq!(status, 200, "{app}");
+    assert_eq!(app["state"], "ready");
+    assert_eq!(app["version"], 1);
+    assert_eq!(app["fingerprint"], held["fingerprint"]);
+    assert!(
+        app["size_bytes"]
+            .as_i64()
+            .is_some_and(|size| size > 1_000_000),
+        "{app}"
+    );
+    assert!(app["build_ms"].as_u64().is_some(), "{app}");
+    assert!(app["built_at"].as_str().is_some(), "{app}");
+
+    let (status, answer) = daemon
+        .send(
+            daemon
+                .http
+                .post(format!("{}/templates/app/rebuild", daemon.base)),
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let rebuilt = crate::support::poll_until(Duration::from_secs(10), "the rebuild", || async {
+        let (_, app) = daemon.get("/templates/app").await;
+        (app["version"] == 2 && app["state"] == "ready").then_some(app)
+    })
+    .await;
+    assert_eq!(
+        rebuilt["fingerprint"], held["fingerprint"],
+        "same sources, same fingerprint"
+    );
+    let fresh = daemon.lease_ok("app").await;
+    assert_ne!(fresh["database"], held["database"]);
+
+    for (method, path, expected, code) in [
+        ("GET", "/templates/nope", 404, "unknown_template"),
+        ("POST", "/templates/nope/rebuild", 404, "unknown_template"),
+        ("GET", "/templates/Not%20Valid", 422, "invalid_value"),
+    ] {
+        let request = daemon.http.request(
+            method.parse().expect("method"),
+            format!("{}{path}", daemon.base),
+        );
+        let (status, body) = daemon.send(request).await;
+        assert_eq!(status, expected, "{method} {path}: {body}");
+        assert_eq!(body["error"]["code"], code);
+    }
+    let _ = json!(null);
+}
