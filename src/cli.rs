@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pglease_api::ApiConfig;
-use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
+use pglease_pool::config::{CommandSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS};
 use pglease_pool::{
     CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
     TemplateConfig, TemplateName, TemplateSource,
@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// Address of the HTTP API [default: 127.0.0.1:5480].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// A template: NAME=migrations:DIR, NAME=sql:FILE or NAME=empty. Repeatable.
+    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty. Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
     /// Ready clones kept warm per template [default: 4].
@@ -254,6 +254,14 @@ struct PostgresFile {
 struct TemplateFile {
     migrations: Option<PathBuf>,
     sql: Option<PathBuf>,
+    command: Option<String>,
+    /// For `command`: its working directory (default: the config file's directory).
+    workdir: Option<PathBuf>,
+    /// For `command`: files and directories whose contents enter the fingerprint.
+    #[serde(default)]
+    watch: Vec<PathBuf>,
+    /// For `command`: seconds before it is killed.
+    timeout_secs: Option<u64>,
 }
 
 /// The config file.
@@ -341,13 +349,41 @@ impl ServeArgs {
         }
         let mut templates = Vec::new();
         for (name, source) in &file.templates {
-            let source = match (&source.migrations, &source.sql) {
-                (Some(dir), None) => TemplateSource::Migrations(absolute(&file_dir.join(dir))?),
-                (None, Some(path)) => TemplateSource::SqlFile(absolute(&file_dir.join(path))?),
-                (None, None) => TemplateSource::Empty,
-                (Some(_), Some(_)) => {
+            if source.command.is_none()
+                && (source.workdir.is_some()
+                    || !source.watch.is_empty()
+                    || source.timeout_secs.is_some())
+            {
+                return Err(format!(
+                    "template {name:?}: workdir, watch and timeout_secs go with command"
+                ));
+            }
+            let source = match (&source.migrations, &source.sql, &source.command) {
+                (Some(dir), None, None) => {
+                    TemplateSource::Migrations(absolute(&file_dir.join(dir))?)
+                }
+                (None, Some(path), None) => {
+                    TemplateSource::SqlFile(absolute(&file_dir.join(path))?)
+                }
+                (None, None, Some(command)) => {
+                    let workdir = absolute(
+                        &file_dir.join(source.workdir.as_deref().unwrap_or(Path::new("."))),
+                    )?;
+                    TemplateSource::Command(CommandSource {
+                        command: command.clone(),
+                        watch: source
+                            .watch
+                            .iter()
+                            .map(|path| absolute(&workdir.join(path)))
+                            .collect::<Result<_, _>>()?,
+                        workdir,
+                        timeout: command_timeout(source.timeout_secs)?,
+                    })
+                }
+                (None, None, None) => TemplateSource::Empty,
+                _ => {
                     return Err(format!(
-                        "template {name:?}: give either migrations or sql, not both"
+                        "template {name:?}: give one of migrations, sql or command"
                     ))
                 }
             };
@@ -460,10 +496,19 @@ fn push_template(
     Ok(())
 }
 
-/// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=empty`.
+/// A command's timeout: 1 s to a day.
+fn command_timeout(secs: Option<u64>) -> Result<Duration, String> {
+    match secs {
+        None => Ok(DEFAULT_COMMAND_TIMEOUT),
+        Some(secs @ 1..=86_400) => Ok(Duration::from_secs(secs)),
+        Some(secs) => Err(format!("timeout_secs {secs}: must be between 1 and 86400")),
+    }
+}
+
+/// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=command:CMD`, `NAME=empty`.
 fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
     let usage = || {
-        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE or NAME=empty")
+        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty")
     };
     let (name, source) = spec.split_once('=').ok_or_else(usage)?;
     let source = match source.split_once(':') {
@@ -472,6 +517,16 @@ fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
         }
         Some(("sql", file)) if !file.is_empty() => {
             TemplateSource::SqlFile(absolute(Path::new(file))?)
+        }
+        // Run in the current directory; only the command string enters the fingerprint
+        // (a config file can add `watch`).
+        Some(("command", command)) if !command.trim().is_empty() => {
+            TemplateSource::Command(CommandSource {
+                command: command.to_owned(),
+                workdir: absolute(Path::new("."))?,
+                watch: Vec::new(),
+                timeout: DEFAULT_COMMAND_TIMEOUT,
+            })
         }
         None if source == "empty" => TemplateSource::Empty,
         _ => return Err(usage()),

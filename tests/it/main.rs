@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cli;
+mod commands;
 mod credentials;
 mod daemon;
 mod external;

@@ -120,7 +120,26 @@ pub enum TemplateSource {
     Migrations(PathBuf),
     /// One SQL file, in one transaction.
     SqlFile(PathBuf),
+    /// Any migration tool, run against the template being built.
+    Command(CommandSource),
 }
+
+/// A migration command: run with `sh -c` in `workdir`, with `DATABASE_URL` and
+/// `PGHOST PGPORT PGUSER PGPASSWORD PGDATABASE` pointing at the template being built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSource {
+    /// The shell command, e.g. `dbmate migrate` or `alembic upgrade head`.
+    pub command: String,
+    /// Its working directory.
+    pub workdir: PathBuf,
+    /// Files and directories whose contents enter the fingerprint (with the command string).
+    pub watch: Vec<PathBuf>,
+    /// Killed (with its process group) after this long.
+    pub timeout: Duration,
+}
+
+/// Time a migration command gets by default.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Where the postgres server comes from.
 #[derive(Debug, Clone)]

@@ -76,6 +76,8 @@ pub struct Session {
     pub lease_port: u16,
     /// Settings read back with the server's values.
     pub settings: Vec<(String, String)>,
+    /// True for a server pglease did not start.
+    pub external: bool,
     clone_strategy: CloneStrategy,
     lease_auth: LeaseAuth,
     lease_superuser: bool,
@@ -174,6 +176,7 @@ impl Session {
             lease_host: params.lease_host,
             lease_port: params.lease_port,
             settings,
+            external: params.external,
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
@@ -423,7 +426,8 @@ impl Session {
         Ok(password)
     }
 
-    fn verifier(&self, password: &str) -> String {
+    /// The SCRAM verifier stored for `password` under the configured iteration count.
+    pub(crate) fn verifier(&self, password: &str) -> String {
         let iterations = match self.lease_auth {
             LeaseAuth::Scram { iterations } => iterations,
             // Trust ignores it; a valid verifier keeps the role usable if the rule changes.

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::error::ErrorPosition;
 use tokio_postgres::NoTls;
 
-use crate::config::TemplateSource;
+use crate::config::{CommandSource, TemplateSource};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
 use crate::state::Built;
@@ -43,8 +43,38 @@ pub fn stamp(source: &TemplateSource) -> SourceStamp {
                 add(&file);
             }
         }
+        TemplateSource::Command(command) => {
+            for root in &command.watch {
+                add(root);
+                for path in walk(root).unwrap_or_default() {
+                    add(&path);
+                }
+            }
+        }
     }
     SourceStamp(entries)
+}
+
+/// Every file and directory below `root` (not following symlinked directories), sorted.
+/// A file `root` yields nothing: the caller has it already.
+fn walk(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    if !std::fs::symlink_metadata(root)?.is_dir() {
+        return Ok(found);
+    }
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                pending.push(path.clone());
+            }
+            found.push(path);
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 /// SHA-256 (hex) of a source and the postgres major version. File names and contents count;
@@ -62,6 +92,26 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
             hasher.update(b"migrations\0");
             for path in migration_files(dir)? {
                 hash_file(&mut hasher, &path)?;
+            }
+        }
+        TemplateSource::Command(command) => {
+            hasher.update(format!("command\0{}\0", command.command).as_bytes());
+            for root in &command.watch {
+                hasher.update(format!("watch\0{}\0", root.display()).as_bytes());
+                let meta = std::fs::metadata(root)
+                    .map_err(|e| format!("watched path {}: {e}", root.display()))?;
+                if meta.is_file() {
+                    hash_file(&mut hasher, root)?;
+                    continue;
+                }
+                let files =
+                    walk(root).map_err(|e| format!("watched path {}: {e}", root.display()))?;
+                for path in files.iter().filter(|p| p.is_file()) {
+                    // Relative names, so moving the checkout does not change the fingerprint.
+                    let relative = path.strip_prefix(root).unwrap_or(path);
+                    hasher.update(format!("{}\0", relative.display()).as_bytes());
+                    hash_file(&mut hasher, path)?;
+                }
             }
         }
     }
@@ -180,8 +230,9 @@ async fn build_fresh(
     Ok(())
 }
 
-/// Runs the source's SQL in the template database as the owner role, so that role owns
-/// every object and the lease roles (its members) can alter, truncate and drop them.
+/// Applies the source to the template database: SQL files run as the owner role, so that
+/// role owns every object and the lease roles (its members) can alter, truncate and drop
+/// them; a command runs as a temporary login role whose sessions act as the owner role.
 async fn apply_source(
     session: &Session,
     source: &TemplateSource,
@@ -196,6 +247,7 @@ async fn apply_source(
                 .await
                 .map_err(|e| format!("listing migrations failed: {e}"))??
         }
+        TemplateSource::Command(_) => Vec::new(),
     };
     let mut config = session.admin_config.clone();
     config.dbname(db.as_str());
@@ -210,9 +262,33 @@ async fn apply_source(
         let owner = quote_ident(OWNER_ROLE);
         client
             .batch_execute(&format!(
-                "GRANT ALL ON SCHEMA public TO {owner}; GRANT CREATE ON DATABASE {} TO {owner}; SET ROLE {owner};",
+                "GRANT ALL ON SCHEMA public TO {owner}; GRANT CREATE ON DATABASE {} TO {owner};",
                 db.quoted()
             ))
+            .await
+            .map_err(|e| format!("preparing the template database: {}", pg_message(&e)))?;
+        if let TemplateSource::Command(command) = source {
+            run_command(session, command, db).await?;
+            // Whatever the tool made as its login role rather than the owner role (it may
+            // have reset the role) goes to the owner role, so the login role can go.
+            let role = quote_ident(db.as_str());
+            client
+                .batch_execute(&format!(
+                    "REASSIGN OWNED BY {role} TO {owner}; DROP OWNED BY {role};"
+                ))
+                .await
+                .map_err(|e| {
+                    format!(
+                        "handing the command's objects to {OWNER_ROLE}: {}",
+                        pg_message(&e)
+                    )
+                })?;
+            return session
+                .execute(&format!("DROP ROLE IF EXISTS {role}"))
+                .await;
+        }
+        client
+            .batch_execute(&format!("SET ROLE {owner}"))
             .await
             .map_err(|e| format!("preparing the template database: {}", pg_message(&e)))?;
         for path in files {
@@ -239,6 +315,151 @@ async fn apply_source(
     // The connection task ends once the client is gone; its result carries nothing new.
     let _ = connection.await;
     result
+}
+
+/// PBKDF2 iterations postgres itself uses for SCRAM verifiers (and the minimum some
+/// drivers accept).
+const STANDARD_SCRAM_ITERATIONS: u32 = 4096;
+
+/// Lines of a command's output kept for its error message.
+const OUTPUT_TAIL_LINES: usize = 40;
+
+/// Runs a migration command against the template database `db` as a temporary login role
+/// named like the database (so the `sameuser` rule admits it) whose sessions act as the
+/// owner role. Fails with the exit status (or the timeout) and the tail of its output.
+async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> Result<(), String> {
+    let role = quote_ident(db.as_str());
+    let password = crate::scram::random_password();
+    session
+        .execute(&format!(
+            "CREATE ROLE {role} LOGIN NOSUPERUSER PASSWORD {verifier} IN ROLE {owner}; \
+             ALTER ROLE {role} SET role = {owner_literal}; \
+             COMMENT ON ROLE {role} IS {marker};",
+            // Postgres' standard count, not the lease roles' low one: some drivers (Go's
+            // lib/pq, used by dbmate and others) refuse fewer than 4096 iterations, and a
+            // build connects only a few times.
+            verifier = quote_literal(&crate::scram::verifier(
+                &password,
+                STANDARD_SCRAM_ITERATIONS
+            )),
+            owner = quote_ident(OWNER_ROLE),
+            owner_literal = quote_literal(OWNER_ROLE),
+            marker = quote_literal(MARKER),
+        ))
+        .await?;
+    let host = session.lease_host.clone();
+    let port = session.lease_port.to_string();
+    // The embedded server has no TLS; some drivers (lib/pq) insist on it unless told.
+    let options = if session.external {
+        ""
+    } else {
+        "?sslmode=disable"
+    };
+    let url = format!(
+        "postgres://{}:{password}@{host}:{port}/{}{options}",
+        db.as_str(),
+        db.as_str()
+    );
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(&source.command)
+        .current_dir(&source.workdir)
+        .env("DATABASE_URL", &url)
+        .env("PGHOST", &host)
+        .env("PGPORT", &port)
+        .env("PGUSER", db.as_str())
+        .env("PGPASSWORD", &password)
+        .env("PGDATABASE", db.as_str())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // Its own process group, so a timeout kills the tool and everything it started.
+        .process_group(0)
+        .kill_on_drop(true);
+    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), "running the migration command");
+    let started = std::time::Instant::now();
+    let mut child = command.spawn().map_err(|e| {
+        format!(
+            "cannot run `{}` in {}: {e}",
+            source.command,
+            source.workdir.display()
+        )
+    })?;
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let readers = [
+        child
+            .stdout
+            .take()
+            .map(|out| tokio::spawn(keep_tail(out, tail.clone()))),
+        child
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(keep_tail(err, tail.clone()))),
+    ];
+    let waited = tokio::time::timeout(source.timeout, child.wait()).await;
+    let outcome = match waited {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!("`{}` failed ({status})", source.command)),
+        Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
+        Err(_) => {
+            if let Some(pid) = child.id() {
+                let group = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = child.wait().await;
+            Err(format!(
+                "`{}` did not finish within {} s and was killed",
+                source.command,
+                source.timeout.as_secs()
+            ))
+        }
+    };
+    for reader in readers.into_iter().flatten() {
+        // Output of a killed group's orphans must not hold us: the pipes close with them.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), reader).await;
+    }
+    match outcome {
+        Ok(()) => {
+            tracing::info!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "the migration command succeeded");
+            Ok(())
+        }
+        Err(message) => {
+            let lines: Vec<String> = tail
+                .lock()
+                .map(|t| t.iter().cloned().collect())
+                .unwrap_or_default();
+            Err(format!(
+                "{message}; last lines of its output:\n{}",
+                lines.join("\n")
+            ))
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced).
+async fn keep_tail(
+    pipe: impl tokio::io::AsyncRead + Unpin,
+    tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if let Ok(mut tail) = tail.lock() {
+                    if tail.len() == OUTPUT_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(text);
+                }
+            }
+        }
+    }
 }
 
 /// `FILE: ERROR: message (line N)`, plus postgres' detail and hint when present.

@@ -339,11 +339,18 @@ pub fn process_alive(pid: u32) -> bool {
     }
 }
 
-/// Waits until the lease's database no longer exists (connecting says so).
+/// Waits until the lease's database no longer exists. pglease drops the database first
+/// and then its role, and postgres checks the role before the database, so connecting
+/// with the lease's credentials says either "database does not exist" or (once the role
+/// is gone too) "password authentication failed".
 pub async fn wait_until_dropped(lease: &Value, what: &str) {
+    use tokio_postgres::error::SqlState;
     poll_until(Duration::from_secs(10), what, || async {
         match connect(lease).await {
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_DATABASE) => {
+            Err(e)
+                if e.code() == Some(&SqlState::UNDEFINED_DATABASE)
+                    || e.code() == Some(&SqlState::INVALID_PASSWORD) =>
+            {
                 Some(())
             }
             _ => None,
