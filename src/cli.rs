@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// How CREATE DATABASE copies a template [default: file-copy].
     #[arg(long, value_enum)]
     pub clone_strategy: Option<StrategyArg>,
+    /// Connection limit of a lease when the request names none [default: 10]. Postgres'
+    /// max_connections is sized from it; leases wait while their connections do not fit.
+    #[arg(long, value_name = "N")]
+    pub lease_connections: Option<u32>,
     /// Time to live of a lease when the request names none, in seconds [default: 1800].
     #[arg(long, value_name = "SECS")]
     pub default_ttl: Option<u64>,
@@ -274,6 +278,7 @@ struct ConfigFile {
     clone_concurrency: Option<usize>,
     clone_strategy: Option<StrategyArg>,
     default_ttl_secs: Option<u64>,
+    lease_connections: Option<u32>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -331,7 +336,14 @@ impl ServeArgs {
                 .map(Duration::from_secs)
                 .unwrap_or(defaults.default_ttl),
             max_ttl: defaults.max_ttl,
+            lease_connections: self
+                .lease_connections
+                .or(file.lease_connections)
+                .unwrap_or(defaults.lease_connections),
         };
+        if !(1..=10_000).contains(&limits.lease_connections) {
+            return Err("--lease-connections must be between 1 and 10000".into());
+        }
         if limits.max_total == 0 || limits.min_ready > limits.max_total {
             return Err(format!(
                 "--max-total must be at least 1 and at least --min-ready (got min_ready {}, max_total {})",

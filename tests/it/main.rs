@@ -4,6 +4,7 @@
 mod bad_input;
 mod cli;
 mod commands;
+mod connections;
 mod credentials;
 mod daemon;
 mod external;

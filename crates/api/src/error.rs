@@ -119,6 +119,11 @@ impl From<LeaseError> for ApiError {
             LeaseError::CloneFailed { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message)
             }
+            LeaseError::TooManyConnections { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_connections",
+                message,
+            ),
             LeaseError::Internal(_) => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }

@@ -13,6 +13,8 @@ pub struct LeaseBody {
     pub ttl_secs: Option<u64>,
     /// How long to wait for a ready database, in milliseconds.
     pub wait_ms: Option<u64>,
+    /// The lease's connection limit (`CONNECTION LIMIT` of its role).
+    pub max_connections: Option<u32>,
 }
 
 /// `POST /leases/{id}/renew` body.

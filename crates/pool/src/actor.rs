@@ -93,6 +93,7 @@ struct UpInputs {
     clone_strategy: CloneStrategy,
     lease_auth: LeaseAuth,
     lease_superuser: bool,
+    lease_connections: u32,
 }
 
 /// Results of worker tasks, tagged with the server generation they ran against.
@@ -115,6 +116,13 @@ enum JobResult {
     Dropped {
         generation: u64,
         db: DbName,
+        outcome: Result<(), String>,
+    },
+    /// A lease's own connection limit was set (or not); the lease can go out.
+    LimitSet {
+        generation: u64,
+        waiter: WaiterId,
+        grant: Grant,
         outcome: Result<(), String>,
     },
     ServerUp {
@@ -148,6 +156,7 @@ pub async fn start(
         clone_strategy: config.clone_strategy,
         lease_auth: config.lease_auth,
         lease_superuser: config.lease_superuser,
+        lease_connections: config.limits.lease_connections,
     };
     let target = match &config.server {
         ServerConfig::Embedded(embedded) => {
@@ -216,6 +225,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     external: false,
                     lease_auth: inputs.lease_auth,
                     lease_superuser: inputs.lease_superuser,
+                    lease_connections: inputs.lease_connections,
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -243,6 +253,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 external: true,
                 lease_auth: inputs.lease_auth,
                 lease_superuser: inputs.lease_superuser,
+                lease_connections: inputs.lease_connections,
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,
@@ -492,8 +503,32 @@ impl Actor {
                 let actions = self.state.drop_finished(now);
                 self.apply(actions);
             }
+            JobResult::LimitSet {
+                generation,
+                waiter,
+                grant,
+                outcome,
+            } if generation == self.generation => {
+                let actions = match outcome {
+                    Ok(()) => self.send_lease(waiter, grant).unwrap_or_default(),
+                    Err(message) => {
+                        tracing::warn!(database = %grant.database, error = %message, "could not set a lease's connection limit");
+                        if let Some(reply) = self.waiters.remove(&waiter) {
+                            let _ = reply.send(Err(LeaseError::CloneFailed {
+                                template: grant.template.clone(),
+                                message,
+                            }));
+                        }
+                        self.state.grant_undelivered(&grant.lease_id, now)
+                    }
+                };
+                self.apply(actions);
+            }
             // A job of an earlier server generation: its server is gone, and so is its work.
-            JobResult::Built { .. } | JobResult::Cloned { .. } | JobResult::Dropped { .. } => {}
+            JobResult::Built { .. }
+            | JobResult::Cloned { .. }
+            | JobResult::Dropped { .. }
+            | JobResult::LimitSet { .. } => {}
         }
     }
 
@@ -502,7 +537,12 @@ impl Actor {
         self.running = up.running;
         self.monitor = Some(up.monitor);
         self.retry_at = None;
-        let actions = self.state.server_up();
+        let budget = self.session.as_ref().map_or(0, |s| s.connection_budget);
+        tracing::info!(
+            connection_budget = budget,
+            "connections available to lease holders"
+        );
+        let actions = self.state.server_up(budget);
         self.apply(actions);
     }
 
@@ -614,13 +654,38 @@ impl Actor {
         }
     }
 
+    /// Hands a granted lease to its waiter. A lease that asked for its own connection limit
+    /// first has its role changed by a worker (the default limit costs no SQL here).
+    fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
+        let Some(session) = self.session.clone() else {
+            return self.send_lease(waiter, grant);
+        };
+        if !session.needs_connection_limit(grant.connections) {
+            return self.send_lease(waiter, grant);
+        }
+        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
+        self.tracker.spawn(async move {
+            let outcome = session
+                .set_connection_limit(&grant.database, grant.connections)
+                .await;
+            let _ = jobs.send(JobResult::LimitSet {
+                generation,
+                waiter,
+                grant,
+                outcome,
+            });
+        });
+        None
+    }
+
     /// Sends a granted lease to its waiter; if nobody is listening any more, returns the
     /// actions that put the database back.
-    fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
+    fn send_lease(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
         let lease_id = grant.lease_id.clone();
+        let custom_limit = grant.connections;
         let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref())
         else {
-            return Some(self.state.grant_undelivered(&lease_id, Instant::now()));
+            return Some(self.take_back(&lease_id, custom_limit));
         };
         let span =
             tracing::info_span!("lease", lease_id = %lease_id, fingerprint = %grant.fingerprint);
@@ -651,8 +716,23 @@ impl Actor {
             }
             Err(_) => {
                 tracing::info!(database = %database, "client went away before its lease was delivered; database returned to the pool");
-                Some(self.state.grant_undelivered(&lease_id, Instant::now()))
+                Some(self.take_back(&lease_id, custom_limit))
             }
+        }
+    }
+
+    /// A granted lease nobody received: the database, never used, goes back to the ready
+    /// queue — unless its role got a lease's own connection limit, then it is replaced.
+    fn take_back(&mut self, lease_id: &LeaseId, connections: u32) -> Vec<Action> {
+        let now = Instant::now();
+        let custom = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.needs_connection_limit(connections));
+        if custom {
+            self.state.release(lease_id, false, now).1
+        } else {
+            self.state.grant_undelivered(lease_id, now)
         }
     }
 

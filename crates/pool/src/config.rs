@@ -68,6 +68,8 @@ pub struct PoolLimits {
     pub default_ttl: Duration,
     /// Upper bound on any lease's time to live.
     pub max_ttl: Duration,
+    /// A lease's connection limit when the request names none.
+    pub lease_connections: u32,
 }
 
 impl Default for PoolLimits {
@@ -78,6 +80,7 @@ impl Default for PoolLimits {
             clone_concurrency: 2,
             default_ttl: Duration::from_secs(30 * 60),
             max_ttl: Duration::from_secs(24 * 60 * 60),
+            lease_connections: 10,
         }
     }
 }
@@ -200,9 +203,11 @@ pub struct EmbeddedConfig {
 impl EmbeddedConfig {
     /// Defaults for a pool with the given limits.
     pub fn for_limits(limits: &PoolLimits, template_count: usize) -> Self {
-        // Every clone may have a few test connections open, plus the daemon's own.
+        // Room for every clone's lease connections, plus the daemon's own; past the cap the
+        // pool's connection budget makes leases wait instead.
         let clones = limits.max_total.saturating_mul(template_count.max(1));
-        let max_connections = (clones * 4 + 20).clamp(100, 2000) as u32;
+        let lease_connections = clones.saturating_mul(limits.lease_connections as usize);
+        let max_connections = (lease_connections + 30).clamp(100, 5000) as u32;
         EmbeddedConfig {
             bin_dir: None,
             data_dir: None,

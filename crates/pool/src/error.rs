@@ -197,6 +197,14 @@ pub enum LeaseError {
     /// Postgres is down or restarting.
     #[error("postgres is unavailable: {0}")]
     PostgresDown(String),
+    /// The lease asks for more connections than the server can ever give lease holders.
+    #[error("a lease of {requested} connections can never fit: the server has room for {budget} lease connections in all")]
+    TooManyConnections {
+        /// The request's connection limit.
+        requested: u32,
+        /// The whole budget.
+        budget: u32,
+    },
     /// Something inside the pool failed (the actor did not answer).
     #[error("internal error: {0}")]
     Internal(String),

@@ -58,6 +58,8 @@ pub struct SessionParams {
     pub lease_auth: LeaseAuth,
     /// Lease roles are superusers.
     pub lease_superuser: bool,
+    /// A lease's connection limit unless its request names one.
+    pub lease_connections: u32,
 }
 
 /// An open session with the server. Cheap to clone: the pool is shared.
@@ -78,9 +80,13 @@ pub struct Session {
     pub settings: Vec<(String, String)>,
     /// True for a server pglease did not start.
     pub external: bool,
+    /// Connections lease holders can have in all: `max_connections` less what is reserved
+    /// for superusers, the daemon's own connections and a small margin.
+    pub connection_budget: u32,
     clone_strategy: CloneStrategy,
     lease_auth: LeaseAuth,
     lease_superuser: bool,
+    lease_connections: u32,
 }
 
 impl std::fmt::Debug for Session {
@@ -167,7 +173,6 @@ impl Session {
                 "the external postgres runs with fsync=on: clones and drops will be much slower than on a tuned server"
             );
         }
-        drop(client);
         let session = Session {
             pool,
             admin_config: params.admin_config,
@@ -175,12 +180,15 @@ impl Session {
             version,
             lease_host: params.lease_host,
             lease_port: params.lease_port,
+            connection_budget: budget(&client, params.pool_size).await?,
             settings,
             external: params.external,
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
+            lease_connections: params.lease_connections,
         };
+        drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         if let Err(message) = session.sweep(&params.templates).await {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
@@ -337,8 +345,10 @@ impl Session {
         };
         client
             .batch_execute(&format!(
-                "CREATE ROLE {role} LOGIN {superuser} PASSWORD {verifier} IN ROLE {owner}; \
+                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
+                   IN ROLE {owner}; \
                  COMMENT ON ROLE {role} IS {marker};",
+                limit = self.lease_connections,
                 verifier = quote_literal(&self.verifier(&password)),
                 owner = quote_ident(OWNER_ROLE),
                 marker = quote_literal(MARKER),
@@ -403,6 +413,20 @@ impl Session {
         Ok(password)
     }
 
+    /// Sets the connection limit of a clone's role (for a lease that asked for its own).
+    pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), String> {
+        self.execute(&format!(
+            "ALTER ROLE {} CONNECTION LIMIT {limit}",
+            quote_ident(clone.as_str())
+        ))
+        .await
+    }
+
+    /// Whether a lease of `limit` connections needs its role changed from the default.
+    pub fn needs_connection_limit(&self, limit: u32) -> bool {
+        limit != self.lease_connections
+    }
+
     /// Gets a clone ready to lease again after a `reuse` release: a new password first,
     /// then every session of the previous holder ended. Returns the new password.
     pub async fn recycle(&self, clone: &DbName) -> Result<String, String> {
@@ -410,8 +434,9 @@ impl Session {
         let password = scram::random_password();
         client
             .batch_execute(&format!(
-                "ALTER ROLE {} PASSWORD {}",
+                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}",
                 quote_ident(clone.as_str()),
+                self.lease_connections,
                 quote_literal(&self.verifier(&password))
             ))
             .await
@@ -483,6 +508,24 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Connections left for lease holders: `max_connections` less `superuser_reserved_connections`,
+/// the daemon's worker pool, its monitor connection and a margin of 3.
+async fn budget(client: &tokio_postgres::Client, pool_size: usize) -> Result<u32, StartError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int",
+            &[],
+        )
+        .await
+        .map_err(|source| StartError::Sql {
+            context: "reading max_connections".into(),
+            source,
+        })?;
+    let (max, reserved): (i32, i32) = (row.get(0), row.get(1));
+    let ours = pool_size as i64 + 1 + 3;
+    Ok((i64::from(max) - i64::from(reserved) - ours).max(0) as u32)
 }
 
 /// Postgres' own words for an error: severity, message, detail and hint when the server

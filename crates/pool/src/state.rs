@@ -61,6 +61,8 @@ pub(crate) struct Grant {
     pub fingerprint: String,
     pub database: DbName,
     pub ttl: Duration,
+    /// The lease's connection limit.
+    pub connections: u32,
 }
 
 /// An open lease as `/status` shows it.
@@ -102,6 +104,7 @@ struct Waiter {
     id: WaiterId,
     lease_id: LeaseId,
     ttl: Duration,
+    connections: u32,
     enqueued: Instant,
     deadline: Instant,
 }
@@ -129,6 +132,7 @@ struct LeaseRecord {
     fingerprint: String,
     database: DbName,
     expires_at: Instant,
+    connections: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +156,9 @@ pub(crate) struct PoolState {
     drop_queue: VecDeque<DbName>,
     clones_running: usize,
     drops_running: usize,
+    /// Connections the server can give lease holders; leases are granted only while the
+    /// sum of their connection limits fits.
+    connection_budget: u32,
 }
 
 impl PoolState {
@@ -195,15 +202,18 @@ impl PoolState {
             drop_queue: VecDeque::new(),
             clones_running: 0,
             drops_running: 0,
+            connection_budget: 0,
         }
     }
 
-    /// Postgres accepts connections (first start, restart or reconnect): build what is wanted.
-    pub fn server_up(&mut self) -> Vec<Action> {
+    /// Postgres accepts connections (first start, restart or reconnect), with room for
+    /// `connection_budget` lease connections: build what is wanted.
+    pub fn server_up(&mut self, connection_budget: u32) -> Vec<Action> {
         if self.server == Server::Stopping {
             return Vec::new();
         }
         self.server = Server::Up;
+        self.connection_budget = connection_budget;
         let mut actions = Vec::new();
         for (name, entry) in &mut self.templates {
             if entry.wanted && matches!(entry.build, Build::Idle) {
@@ -293,6 +303,17 @@ impl PoolState {
             .ttl
             .unwrap_or(self.limits.default_ttl)
             .min(self.limits.max_ttl);
+        let connections = request.connections.unwrap_or(self.limits.lease_connections);
+        if connections > self.connection_budget {
+            actions.push(Action::Fail {
+                waiter,
+                error: LeaseError::TooManyConnections {
+                    requested: connections,
+                    budget: self.connection_budget,
+                },
+            });
+            return actions;
+        }
         let Some(entry) = self.templates.get_mut(&request.template) else {
             actions.push(Action::Fail {
                 waiter,
@@ -313,6 +334,7 @@ impl PoolState {
             id: waiter,
             lease_id,
             ttl,
+            connections,
             enqueued: now,
             deadline: now + request.wait,
         });
@@ -520,7 +542,7 @@ impl PoolState {
         if let Some(db) = to_drop {
             self.drop_queue.push_back(db);
         }
-        self.serve_waiters(&record.template, now, &mut actions);
+        self.serve_all_waiters(now, &mut actions);
         self.dispatch(now, &mut actions);
         (Ok(()), actions)
     }
@@ -562,6 +584,7 @@ impl PoolState {
                 self.drop_queue.push_back(record.database);
             }
         }
+        self.serve_all_waiters(now, &mut actions);
         let max_total = self.limits.max_total;
         for (name, entry) in &mut self.templates {
             let leased = entry.leased;
@@ -703,12 +726,22 @@ impl PoolState {
         let Build::Ready { fingerprint, .. } = &entry.build else {
             return;
         };
+        let mut in_use: u32 = self.leases.values().map(|r| r.connections).sum();
         while !entry.ready.is_empty() && !entry.waiters.is_empty() {
+            // The first in line waits for connections to free up; nobody overtakes it.
+            if entry
+                .waiters
+                .front()
+                .is_some_and(|w| in_use + w.connections > self.connection_budget)
+            {
+                break;
+            }
             let (Some(database), Some(waiter)) =
                 (entry.ready.pop_front(), entry.waiters.pop_front())
             else {
                 break;
             };
+            in_use += waiter.connections;
             entry.leased += 1;
             self.leases.insert(
                 waiter.lease_id.clone(),
@@ -717,6 +750,7 @@ impl PoolState {
                     fingerprint: fingerprint.clone(),
                     database: database.clone(),
                     expires_at: now + waiter.ttl,
+                    connections: waiter.connections,
                 },
             );
             actions.push(Action::Grant {
@@ -727,8 +761,17 @@ impl PoolState {
                     fingerprint: fingerprint.clone(),
                     database,
                     ttl: waiter.ttl,
+                    connections: waiter.connections,
                 },
             });
+        }
+    }
+
+    /// Serves every template's waiters: a freed lease frees connections for all of them.
+    fn serve_all_waiters(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
+        for name in names {
+            self.serve_waiters(&name, now, actions);
         }
     }
 

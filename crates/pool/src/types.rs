@@ -15,6 +15,8 @@ pub struct LeaseRequest {
     pub ttl: Option<Duration>,
     /// How long to wait for a ready clone.
     pub wait: Duration,
+    /// The lease's connection limit; the pool's default when None.
+    pub connections: Option<u32>,
 }
 
 /// A database handed to one caller until released or expired.

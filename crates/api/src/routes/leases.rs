@@ -16,6 +16,9 @@ use crate::error::ApiError;
 use crate::wire::{LeaseBody, LeaseResponse, ReleaseQuery, RenewBody, RenewResponse};
 use crate::AppState;
 
+/// Largest `max_connections` a request may name (postgres' own limit is far above).
+const MAX_LEASE_CONNECTIONS: u32 = 10_000;
+
 /// `POST /lease` → 201 with connection details.
 pub async fn lease(
     State(state): State<AppState>,
@@ -43,16 +46,24 @@ pub async fn lease(
             )))
         }
     };
+    let connections = match body.max_connections {
+        None => None,
+        Some(n @ 1..=MAX_LEASE_CONNECTIONS) => Some(n),
+        Some(n) => {
+            return Err(ApiError::invalid(format!(
+                "max_connections must be between 1 and {MAX_LEASE_CONNECTIONS}, got {n}"
+            )))
+        }
+    };
     // If the client goes away, axum drops this future and with it the reply receiver:
     // the pool then takes the database back.
-    let lease = state
-        .pool
-        .lease(LeaseRequest {
-            template,
-            ttl,
-            wait,
-        })
-        .await?;
+    let request = LeaseRequest {
+        template,
+        ttl,
+        wait,
+        connections,
+    };
+    let lease = state.pool.lease(request).await?;
     Ok((StatusCode::CREATED, Json(lease_response(lease))))
 }
 

@@ -14,6 +14,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         clone_concurrency: 2,
         default_ttl: Duration::from_secs(60),
         max_ttl: Duration::from_secs(600),
+        lease_connections: 10,
     }
 }
 
@@ -36,6 +37,7 @@ fn request(template: &str, wait_ms: u64) -> LeaseRequest {
         template: name(template),
         ttl: None,
         wait: Duration::from_millis(wait_ms),
+        connections: None,
     }
 }
 
@@ -75,7 +77,7 @@ impl Driver {
             pending: Vec::new(),
             builds: 0,
         };
-        let actions = driver.state.server_up();
+        let actions = driver.state.server_up(1000);
         driver.pending.extend(actions);
         driver
     }
@@ -317,7 +319,7 @@ fn max_total_caps_clones_per_template() {
 #[test]
 fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
     let mut state = pool(1, 4);
-    let _ = state.server_up();
+    let _ = state.server_up(1000);
     let now = Instant::now();
     let actions = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
     assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })));
@@ -391,7 +393,7 @@ fn losing_postgres_fails_waiters_and_marks_leases_lost() {
         .iter()
         .any(|(w, e)| *w == refused && matches!(e, LeaseError::PostgresDown(_))));
     // Back up: the wanted templates are rebuilt.
-    let actions = driver.state.server_up();
+    let actions = driver.state.server_up(1000);
     assert!(actions
         .iter()
         .any(|a| matches!(a, Action::Build { template, .. } if template.as_str() == "default")));
@@ -401,7 +403,7 @@ fn losing_postgres_fails_waiters_and_marks_leases_lost() {
 fn clone_failures_fail_waiters_and_pause_that_template() {
     let mut state = pool(1, 4);
     let now = Instant::now();
-    let _ = state.server_up();
+    let _ = state.server_up(1000);
     let default = TemplateName::default_name();
     let template_db = DbName::template(&default, "ff");
     let mut actions = state.build_finished(&default, Ok(built(&default, "ff")), now);
@@ -510,7 +512,7 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
     let mut state = pool(1, 4);
     let now = Instant::now();
     let default = TemplateName::default_name();
-    let _ = state.server_up();
+    let _ = state.server_up(1000);
     let actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
     let (old_db, clone) = actions
         .iter()
@@ -542,7 +544,7 @@ fn a_failed_rebuild_drops_the_stale_version_too() {
     let mut state = pool(0, 4);
     let now = Instant::now();
     let default = TemplateName::default_name();
-    let _ = state.server_up();
+    let _ = state.server_up(1000);
     let _ = state.build_finished(&default, Ok(built(&default, "aa")), now);
     let _ = state.rebuild(&default, now);
     let actions = state.build_finished(&default, Err("002.sql: syntax error".into()), now);
@@ -551,4 +553,64 @@ fn a_failed_rebuild_drops_the_stale_version_too() {
         .iter()
         .any(|a| matches!(a, Action::Drop { db } if *db == old)));
     assert_eq!(default_status(&state).state, "failed");
+}
+
+#[test]
+fn leases_wait_while_their_connections_do_not_fit() {
+    let mut state = pool(2, 10);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up(25);
+    let mut actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    // Two ready clones appear.
+    for action in std::mem::take(&mut actions) {
+        if let Action::Clone {
+            template,
+            template_db,
+            clone,
+        } = action
+        {
+            actions.extend(state.clone_finished(&template, &template_db, clone, Ok(()), now));
+        }
+    }
+    let ask = |connections| LeaseRequest {
+        template: TemplateName::default_name(),
+        ttl: None,
+        wait: Duration::from_secs(10),
+        connections: Some(connections),
+    };
+    let granted = |actions: &[Action], waiter| {
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Grant { waiter: w, .. } if *w == waiter))
+    };
+    let first = state.request_lease(1, LeaseId::random(), &ask(20), now);
+    assert!(granted(&first, 1));
+    // 20 + 10 > 25: the second waits although a clone is ready.
+    let second = state.request_lease(2, LeaseId::random(), &ask(10), now);
+    assert!(!granted(&second, 2));
+    assert_eq!(default_status(&state).waiting, 1);
+    // More than the whole budget can never fit: refused at once.
+    let huge = state.request_lease(3, LeaseId::random(), &ask(26), now);
+    assert!(huge.iter().any(|a| matches!(
+        a,
+        Action::Fail {
+            waiter: 3,
+            error: LeaseError::TooManyConnections {
+                requested: 26,
+                budget: 25
+            }
+        }
+    )));
+    // Releasing the first frees its 20 connections: the second is served.
+    let first_id = first
+        .iter()
+        .find_map(|a| match a {
+            Action::Grant { grant, .. } => Some(grant.lease_id.clone()),
+            _ => None,
+        })
+        .expect("grant");
+    let (result, actions) = state.release(&first_id, false, now);
+    assert!(result.is_ok());
+    assert!(granted(&actions, 2));
 }
