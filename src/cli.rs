@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Make lease roles superusers (for suites that need it; they can then reach every database).
     #[arg(long)]
     pub lease_superuser: bool,
+    /// Let `PUT /templates/{name}` register `command` sources. Those commands run as the
+    /// daemon's OS user: only for a daemon whose every API client you trust.
+    #[arg(long)]
+    pub allow_http_commands: bool,
     /// Build every template from scratch once per run, even when a template with the same
     /// fingerprint exists (for CI: a stale template cannot hide a broken migration).
     #[arg(long)]
@@ -478,6 +482,7 @@ impl ServeArgs {
             listen,
             api: ApiConfig {
                 max_ttl: limits.max_ttl,
+                allow_http_commands: self.allow_http_commands,
                 ..ApiConfig::default()
             },
             pool: PoolConfig {

@@ -11,5 +11,6 @@ mod external;
 mod freshness;
 mod full_tmpfs;
 mod leases;
+mod register;
 mod support;
 mod templates;

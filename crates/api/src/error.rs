@@ -62,6 +62,11 @@ impl ApiError {
         )
     }
 
+    /// 403: the daemon does not allow this.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
     /// 503 while the daemon stops.
     pub fn shutting_down() -> Self {
         Self::new(

@@ -8,6 +8,7 @@
 //! - `POST   /leases/{id}/renew`  — extend its time to live (`routes::leases::renew`)
 //! - `GET    /templates`          — every template's version, state, size (`routes::templates::list`)
 //! - `GET    /templates/{name}`   — one template (`routes::templates::show`)
+//! - `PUT    /templates/{name}`   — register a template, or give it a new source (`routes::templates::register`)
 //! - `POST   /templates/{name}/rebuild` — build a new version now (`routes::templates::rebuild`)
 //! - `GET    /status`             — postgres, templates, open leases (`routes::status::status`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
@@ -40,6 +41,9 @@ pub struct ApiConfig {
     pub max_wait: Duration,
     /// Largest `ttl_secs` accepted.
     pub max_ttl: Duration,
+    /// `PUT /templates/{name}` may register `command` sources (commands run as the
+    /// daemon's OS user, so this is off unless the operator trusts every API client).
+    pub allow_http_commands: bool,
 }
 
 impl Default for ApiConfig {
@@ -48,6 +52,7 @@ impl Default for ApiConfig {
             default_wait: Duration::from_secs(60),
             max_wait: Duration::from_secs(10 * 60),
             max_ttl: Duration::from_secs(24 * 60 * 60),
+            allow_http_commands: false,
         }
     }
 }
@@ -87,7 +92,10 @@ pub fn router(state: AppState) -> Router {
         .route("/leases/{id}", delete(routes::leases::release))
         .route("/leases/{id}/renew", post(routes::leases::renew))
         .route("/templates", get(routes::templates::list))
-        .route("/templates/{name}", get(routes::templates::show))
+        .route(
+            "/templates/{name}",
+            get(routes::templates::show).put(routes::templates::register),
+        )
         .route(
             "/templates/{name}/rebuild",
             post(routes::templates::rebuild),

@@ -17,6 +17,25 @@ pub struct LeaseBody {
     pub max_connections: Option<u32>,
 }
 
+/// `PUT /templates/{name}` body: one of `migrations`, `sql` or `command` (none: empty).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateBody {
+    /// An absolute directory of `*.sql` files.
+    pub migrations: Option<String>,
+    /// An absolute path of one SQL file.
+    pub sql: Option<String>,
+    /// A migration command (needs `--allow-http-commands`).
+    pub command: Option<String>,
+    /// The command's absolute working directory.
+    pub workdir: Option<String>,
+    /// Absolute paths whose contents enter the fingerprint.
+    #[serde(default)]
+    pub watch: Vec<String>,
+    /// The command's timeout.
+    pub timeout_secs: Option<u64>,
+}
+
 /// `POST /leases/{id}/renew` body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -388,6 +388,31 @@ impl Actor {
             Command::Status { reply } => {
                 let _ = reply.send(self.status());
             }
+            Command::Register {
+                name,
+                source,
+                reply,
+            } => {
+                if name == TemplateName::default_name() {
+                    let _ = reply.send(Err(LeaseError::Internal(
+                        "the default template cannot be replaced".into(),
+                    )));
+                    return;
+                }
+                let (registered, actions) = self.state.register(name.clone(), source, now);
+                tracing::info!(template = %name, ?registered, "template registered over the API");
+                self.apply(actions);
+                let status = self
+                    .state
+                    .template_status()
+                    .into_iter()
+                    .find(|t| t.name == name);
+                let _ = reply.send(
+                    status
+                        .map(|s| (registered, s))
+                        .ok_or(LeaseError::UnknownTemplate(name)),
+                );
+            }
             Command::Rebuild { template, reply } => {
                 let status = self
                     .state
@@ -593,6 +618,8 @@ impl Actor {
         let Some(target) = self.target.take() else {
             return;
         };
+        // Templates registered at run time survive the sweep of a reconnected server too.
+        self.inputs.templates = self.state.templates();
         let generation = self.generation;
         let inputs = self.inputs.clone();
         let jobs = self.jobs_tx.clone();
@@ -776,13 +803,7 @@ impl Actor {
             return false;
         };
 
-        let Some(source) = self
-            .inputs
-            .templates
-            .iter()
-            .find(|t| t.name == *template)
-            .map(|t| &t.source)
-        else {
+        let Some(source) = self.state.source_of(template) else {
             return false;
         };
         let stamp = template::stamp(source);

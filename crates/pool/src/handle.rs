@@ -5,8 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::config::TemplateSource;
 use crate::error::{LeaseError, LeaseOpError};
 use crate::names::{LeaseId, TemplateName};
+use crate::state::Registered;
 use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// How long past a request's own wait the handle gives the actor before giving up on it.
@@ -35,6 +37,11 @@ pub(crate) enum Command {
     Rebuild {
         template: TemplateName,
         reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
+    },
+    Register {
+        name: TemplateName,
+        source: TemplateSource,
+        reply: oneshot::Sender<Result<(Registered, TemplateStatus), LeaseError>>,
     },
     Readiness {
         reply: oneshot::Sender<Readiness>,
@@ -101,6 +108,23 @@ impl PoolHandle {
         self.send(Command::Rebuild { template, reply })
             .await
             .map_err(|()| LeaseError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseError::ShuttingDown)?
+    }
+
+    /// Adds a template, or gives an existing one (not `default`) a new source.
+    pub async fn register(
+        &self,
+        name: TemplateName,
+        source: TemplateSource,
+    ) -> Result<(Registered, TemplateStatus), LeaseError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Register {
+            name,
+            source,
+            reply,
+        })
+        .await
+        .map_err(|()| LeaseError::ShuttingDown)?;
         answer.await.map_err(|_| LeaseError::ShuttingDown)?
     }
 

@@ -21,12 +21,13 @@ pub mod types;
 
 pub use actor::start;
 pub use config::{
-    CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
-    TemplateConfig, TemplateSource,
+    CloneStrategy, CommandSource, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig,
+    PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
 };
 pub use error::{LeaseError, LeaseOpError, StartError};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
+pub use state::Registered;
 pub use types::{
     ConnectInfo, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness, StatusReport,
     TemplateStatus,

@@ -161,6 +161,35 @@ pub(crate) struct PoolState {
     connection_budget: u32,
 }
 
+impl TemplateEntry {
+    fn new(source: TemplateSource, wanted: bool) -> Self {
+        TemplateEntry {
+            source,
+            build: Build::Idle,
+            wanted,
+            ready: VecDeque::new(),
+            creating: 0,
+            leased: 0,
+            waiters: VecDeque::new(),
+            last_error: None,
+            clones_paused_until: None,
+            version: 0,
+            last_build: None,
+        }
+    }
+}
+
+/// What [`PoolState::register`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    /// A new template.
+    Created,
+    /// An existing template got a new source (a new version follows).
+    Replaced,
+    /// The template already had this source.
+    Unchanged,
+}
+
 impl PoolState {
     /// A pool whose server is not up yet. `default` is wanted from the start so `/readyz`
     /// and the first lease do not wait for a build; others only with `prebuild`.
@@ -175,19 +204,7 @@ impl PoolState {
             let wanted = prebuild || template.name == TemplateName::default_name();
             entries.insert(
                 template.name.clone(),
-                TemplateEntry {
-                    source: template.source.clone(),
-                    build: Build::Idle,
-                    wanted,
-                    ready: VecDeque::new(),
-                    creating: 0,
-                    leased: 0,
-                    waiters: VecDeque::new(),
-                    last_error: None,
-                    clones_paused_until: None,
-                    version: 0,
-                    last_build: None,
-                },
+                TemplateEntry::new(template.source.clone(), wanted),
             );
         }
         PoolState {
@@ -350,6 +367,51 @@ impl PoolState {
         for entry in self.templates.values_mut() {
             entry.waiters.retain(|w| w.id != waiter);
         }
+    }
+
+    /// Adds a template at run time, or gives an existing one a new source: its current
+    /// version is then replaced as if its sources had changed. Built on first lease.
+    pub fn register(
+        &mut self,
+        name: TemplateName,
+        source: TemplateSource,
+        now: Instant,
+    ) -> (Registered, Vec<Action>) {
+        match self.templates.get_mut(&name) {
+            None => {
+                self.templates
+                    .insert(name, TemplateEntry::new(source, false));
+                (Registered::Created, Vec::new())
+            }
+            Some(entry) if entry.source == source => (Registered::Unchanged, Vec::new()),
+            Some(entry) => {
+                entry.source = source;
+                let actions = if matches!(entry.build, Build::Ready { .. }) {
+                    self.rebuild(&name, now)
+                } else {
+                    // Idle or failed: the next lease builds the new source. A build in
+                    // flight uses the old one; the next lease sees the change and rebuilds.
+                    Vec::new()
+                };
+                (Registered::Replaced, actions)
+            }
+        }
+    }
+
+    /// Every template's name and current source.
+    pub fn templates(&self) -> Vec<TemplateConfig> {
+        self.templates
+            .iter()
+            .map(|(name, entry)| TemplateConfig {
+                name: name.clone(),
+                source: entry.source.clone(),
+            })
+            .collect()
+    }
+
+    /// The current source of a template.
+    pub fn source_of(&self, name: &TemplateName) -> Option<&TemplateSource> {
+        self.templates.get(name).map(|entry| &entry.source)
     }
 
     /// The template's sources changed (or a rebuild was asked for): build a new version.

@@ -11,9 +11,11 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::config::TemplateSource;
 use crate::error::{LeaseError, LeaseOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{LeaseId, TemplateName};
+use crate::state::Registered;
 use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// Commands a handle may queue before its `send` waits. Bounded like the real pool's
@@ -90,6 +92,15 @@ pub enum FakeCommand {
         /// Where its status or the error goes.
         reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
     },
+    /// [`PoolHandle::register`].
+    Register {
+        /// The template's name.
+        name: TemplateName,
+        /// Its new source.
+        source: TemplateSource,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(Registered, TemplateStatus), LeaseError>>,
+    },
     /// [`PoolHandle::readiness`].
     Readiness {
         /// Where the answer goes; dropping it reads as "not ready".
@@ -111,6 +122,15 @@ impl From<Command> for FakeCommand {
             Command::Renew { id, ttl, reply } => FakeCommand::Renew { id, ttl, reply },
             Command::Status { reply } => FakeCommand::Status { reply },
             Command::Rebuild { template, reply } => FakeCommand::Rebuild { template, reply },
+            Command::Register {
+                name,
+                source,
+                reply,
+            } => FakeCommand::Register {
+                name,
+                source,
+                reply,
+            },
             Command::Readiness { reply } => FakeCommand::Readiness { reply },
             Command::Shutdown { reply } => FakeCommand::Shutdown { reply },
         }

@@ -1,14 +1,24 @@
-//! `GET /templates`, `GET /templates/{name}`, `POST /templates/{name}/rebuild`: what each
-//! template's current version is, and forcing a new one.
+//! `GET /templates`, `GET /templates/{name}`, `PUT /templates/{name}`,
+//! `POST /templates/{name}/rebuild`: what each template's current version is, registering
+//! templates at run time, and forcing a new version.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use pglease_pool::{LeaseError, TemplateName, TemplateStatus};
+use pglease_pool::config::DEFAULT_COMMAND_TIMEOUT;
+use pglease_pool::{
+    CommandSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
+};
 
 use super::leases::rfc3339;
+use super::parse_body;
 use crate::error::ApiError;
-use crate::wire::TemplateJson;
+use crate::wire::{TemplateBody, TemplateJson};
 use crate::AppState;
 
 /// `GET /templates`: every template.
@@ -53,6 +63,105 @@ pub async fn rebuild(
     let name = parse_name(&name)?;
     let status = state.pool.rebuild(name).await?;
     Ok((StatusCode::ACCEPTED, Json(template_json(status))))
+}
+
+/// `PUT /templates/{name}` → 201 for a new template, 200 when replaced or unchanged.
+pub async fn register(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<TemplateJson>), ApiError> {
+    if state.is_shutting_down() {
+        return Err(ApiError::shutting_down());
+    }
+    let name = parse_name(&name)?;
+    if name == TemplateName::default_name() {
+        return Err(ApiError::invalid(
+            "the template \"default\" is the empty database and cannot be replaced",
+        ));
+    }
+    let body: TemplateBody = parse_body(body)?;
+    let source = template_source(&state, body)?;
+    let (registered, status) = state.pool.register(name, source).await?;
+    let code = match registered {
+        Registered::Created => StatusCode::CREATED,
+        Registered::Replaced | Registered::Unchanged => StatusCode::OK,
+    };
+    Ok((code, Json(template_json(status))))
+}
+
+/// Checks a source sent over HTTP: exactly one kind, absolute paths without `..`, and
+/// commands only where the operator allowed them.
+fn template_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, ApiError> {
+    let is_command = body.command.is_some();
+    if !is_command
+        && (body.workdir.is_some() || !body.watch.is_empty() || body.timeout_secs.is_some())
+    {
+        return Err(ApiError::invalid(
+            "workdir, watch and timeout_secs go with command",
+        ));
+    }
+    match (body.migrations, body.sql, body.command) {
+        (None, None, None) => Ok(TemplateSource::Empty),
+        (Some(dir), None, None) => Ok(TemplateSource::Migrations(checked_path(
+            "migrations",
+            &dir,
+        )?)),
+        (None, Some(file), None) => Ok(TemplateSource::SqlFile(checked_path("sql", &file)?)),
+        (None, None, Some(command)) => {
+            if !state.config.allow_http_commands {
+                return Err(ApiError::forbidden(
+                    "command sources run programs as the daemon's user; this daemon was not started with --allow-http-commands",
+                ));
+            }
+            if command.trim().is_empty() {
+                return Err(ApiError::invalid("command is empty"));
+            }
+            let workdir = match body.workdir {
+                Some(dir) => checked_path("workdir", &dir)?,
+                None => return Err(ApiError::invalid("a command needs an absolute workdir")),
+            };
+            let timeout = match body.timeout_secs {
+                None => DEFAULT_COMMAND_TIMEOUT,
+                Some(secs @ 1..=86_400) => Duration::from_secs(secs),
+                Some(secs) => {
+                    return Err(ApiError::invalid(format!(
+                        "timeout_secs must be between 1 and 86400, got {secs}"
+                    )))
+                }
+            };
+            let watch = body
+                .watch
+                .iter()
+                .map(|path| checked_path("watch", path))
+                .collect::<Result<_, _>>()?;
+            Ok(TemplateSource::Command(CommandSource {
+                command,
+                workdir,
+                watch,
+                timeout,
+            }))
+        }
+        _ => Err(ApiError::invalid("give one of migrations, sql or command")),
+    }
+}
+
+/// An absolute path with no `..` component (the daemon's working directory must not
+/// matter, and a source must say plainly what it reads).
+fn checked_path(field: &str, text: &str) -> Result<PathBuf, ApiError> {
+    let path = PathBuf::from(text);
+    let plain = path.is_absolute()
+        && !text.contains('\0')
+        && path
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir));
+    if plain {
+        Ok(path)
+    } else {
+        Err(ApiError::invalid(format!(
+            "{field} must be an absolute path without '..', got {text:?}"
+        )))
+    }
 }
 
 fn parse_name(name: &str) -> Result<TemplateName, ApiError> {
