@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// Instance directory for postgres' data [default: a fresh directory under /dev/shm].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Bytes templates and clones may take in all (e.g. 4G) [default: 3/4 of the data
+    /// directory's tmpfs; no limit on an external server]. Past it, what nobody waits for
+    /// is evicted, then requests get 507.
+    #[arg(long, value_name = "SIZE")]
+    pub max_bytes: Option<String>,
     /// Mount a dedicated tmpfs of this size (e.g. 2G) for the data (needs root).
     #[arg(long, value_name = "SIZE")]
     pub tmpfs_size: Option<String>,
@@ -283,6 +288,7 @@ struct ConfigFile {
     clone_strategy: Option<StrategyArg>,
     default_ttl_secs: Option<u64>,
     lease_connections: Option<u32>,
+    max_bytes: Option<String>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -344,6 +350,11 @@ impl ServeArgs {
                 .lease_connections
                 .or(file.lease_connections)
                 .unwrap_or(defaults.lease_connections),
+            max_bytes: self
+                .max_bytes
+                .or(file.max_bytes)
+                .map(|size| parse_size(&size))
+                .transpose()?,
         };
         if !(1..=10_000).contains(&limits.lease_connections) {
             return Err("--lease-connections must be between 1 and 10000".into());

@@ -2,6 +2,7 @@
 //! and talks HTTP and the Postgres protocol to them. One module per feature.
 
 mod bad_input;
+mod budget;
 mod cli;
 mod commands;
 mod connections;

@@ -129,6 +129,11 @@ impl From<LeaseError> for ApiError {
                 "too_many_connections",
                 message,
             ),
+            LeaseError::OutOfSpace { .. } => Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                message,
+            ),
             LeaseError::Internal(_) => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }

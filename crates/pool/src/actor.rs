@@ -158,12 +158,17 @@ pub async fn start(
         lease_superuser: config.lease_superuser,
         lease_connections: config.limits.lease_connections,
     };
+    let mut limits = config.limits;
     let target = match &config.server {
         ServerConfig::Embedded(embedded) => {
             // The embedded server's pg_hba rule for lease roles follows the pool's choice.
             let mut embedded = (**embedded).clone();
             embedded.lease_auth = config.lease_auth;
-            Target::Embedded(Embedded::prepare(&embedded).await?)
+            let prepared = Embedded::prepare(&embedded).await?;
+            if limits.max_bytes.is_none() {
+                limits.max_bytes = default_byte_budget(prepared.instance_dir());
+            }
+            Target::Embedded(prepared)
         }
         ServerConfig::External(external) => Target::External(ExternalTarget::parse(external)?),
     };
@@ -178,7 +183,8 @@ pub async fn start(
         }
     };
     let instance = hex::encode(rand::random::<[u8; 3]>());
-    let state = PoolState::new(config.limits, instance.clone(), &templates, config.prebuild);
+    tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
+    let state = PoolState::new(limits, instance.clone(), &templates, config.prebuild);
     let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {
@@ -207,6 +213,14 @@ pub async fn start(
     actor.server_came_up(up);
     let join = tokio::spawn(actor.run(commands, jobs));
     Ok((PoolHandle::new(commands_tx), join))
+}
+
+/// Three quarters of the filesystem holding the instance directory: the rest is for the
+/// cluster itself (~40 MB), its WAL and what tests write into leased databases.
+fn default_byte_budget(instance_dir: &std::path::Path) -> Option<u64> {
+    let stats = nix::sys::statvfs::statvfs(instance_dir).ok()?;
+    let total = stats.blocks().saturating_mul(stats.fragment_size());
+    Some(total / 4 * 3)
 }
 
 /// Starts postgres (embedded) or connects (external), then opens a session.

@@ -70,6 +70,9 @@ pub struct PoolLimits {
     pub max_ttl: Duration,
     /// A lease's connection limit when the request names none.
     pub lease_connections: u32,
+    /// Bytes templates and clones may take in all; None: no limit. (The embedded server
+    /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for PoolLimits {
@@ -81,6 +84,7 @@ impl Default for PoolLimits {
             default_ttl: Duration::from_secs(30 * 60),
             max_ttl: Duration::from_secs(24 * 60 * 60),
             lease_connections: 10,
+            max_bytes: None,
         }
     }
 }

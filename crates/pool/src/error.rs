@@ -205,6 +205,19 @@ pub enum LeaseError {
         /// The whole budget.
         budget: u32,
     },
+    /// A clone of the template cannot fit in the byte budget, even after evicting what
+    /// nobody waits for.
+    #[error("no room for a database of template \"{template}\": it needs {needed} bytes, {in_use} of the {budget}-byte budget are in use (leased databases free theirs when released)")]
+    OutOfSpace {
+        /// The template.
+        template: TemplateName,
+        /// Bytes one clone needs.
+        needed: u64,
+        /// Bytes in use.
+        in_use: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// Something inside the pool failed (the actor did not answer).
     #[error("internal error: {0}")]
     Internal(String),

@@ -124,6 +124,8 @@ struct TemplateEntry {
     /// Builds finished in this run; the current version's number.
     version: u32,
     last_build: Option<Built>,
+    /// When a lease of it was last granted (for evicting the least recently used).
+    last_used: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -133,6 +135,8 @@ struct LeaseRecord {
     database: DbName,
     expires_at: Instant,
     connections: u32,
+    /// Bytes its database was made with (its template version's size).
+    bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +166,13 @@ pub(crate) struct PoolState {
 }
 
 impl TemplateEntry {
+    /// Bytes of the current (or last built) version: what each of its clones costs.
+    fn version_size(&self) -> u64 {
+        self.last_build
+            .as_ref()
+            .map_or(0, |b| u64::try_from(b.size_bytes).unwrap_or(0))
+    }
+
     fn new(source: TemplateSource, wanted: bool) -> Self {
         TemplateEntry {
             source,
@@ -175,6 +186,7 @@ impl TemplateEntry {
             clones_paused_until: None,
             version: 0,
             last_build: None,
+            last_used: None,
         }
     }
 }
@@ -471,6 +483,9 @@ impl PoolState {
                 };
                 entry.last_build = Some(built);
                 entry.last_error = None;
+                if !self.fits(0) {
+                    self.make_room(template, 0);
+                }
             }
             Err(message) => {
                 // A stale version must not hide a broken migration: it goes too.
@@ -513,8 +528,9 @@ impl PoolState {
         entry.creating = entry.creating.saturating_sub(1);
         let current = matches!(&entry.build, Build::Ready { db, .. } if db == template_db);
         match outcome {
-            // Made from a version replaced meanwhile: nobody may lease it.
-            Ok(()) if !current => self.drop_queue.push_back(clone),
+            // Made (or not: its template may be gone already) from a version replaced
+            // meanwhile: nobody may lease it, and its fate is no news for today's waiters.
+            _ if !current => self.drop_queue.push_back(clone),
             Ok(()) => {
                 entry.ready.push_back(clone);
                 entry.last_error = None;
@@ -789,6 +805,7 @@ impl PoolState {
             return;
         };
         let mut in_use: u32 = self.leases.values().map(|r| r.connections).sum();
+        let bytes = entry.version_size();
         while !entry.ready.is_empty() && !entry.waiters.is_empty() {
             // The first in line waits for connections to free up; nobody overtakes it.
             if entry
@@ -805,6 +822,7 @@ impl PoolState {
             };
             in_use += waiter.connections;
             entry.leased += 1;
+            entry.last_used = Some(now);
             self.leases.insert(
                 waiter.lease_id.clone(),
                 LeaseRecord {
@@ -813,6 +831,7 @@ impl PoolState {
                     database: database.clone(),
                     expires_at: now + waiter.ttl,
                     connections: waiter.connections,
+                    bytes,
                 },
             );
             actions.push(Action::Grant {
@@ -838,19 +857,15 @@ impl PoolState {
     }
 
     /// Starts drops and clones up to the concurrency limit. Templates with waiters go first;
-    /// then clones are spread one per template per round.
+    /// then clones are spread one per template per round. Under a byte budget a clone that
+    /// does not fit is made only for a waiting request, after evicting what nobody waits
+    /// for; if it still does not fit, that template's waiters are told so.
     fn dispatch(&mut self, now: Instant, actions: &mut Vec<Action>) {
         if self.server != Server::Up {
             return;
         }
+        self.dispatch_drops(actions);
         let limit = self.limits.clone_concurrency.max(1);
-        while self.drops_running < limit {
-            let Some(db) = self.drop_queue.pop_front() else {
-                break;
-            };
-            self.drops_running += 1;
-            actions.push(Action::Drop { db });
-        }
         let mut order: Vec<TemplateName> = self.templates.keys().cloned().collect();
         order.sort_by_key(|name| {
             self.templates
@@ -858,13 +873,13 @@ impl PoolState {
                 .map_or(0, |e| e.waiters.is_empty() as u8)
         });
         let (min_ready, max_total) = (self.limits.min_ready, self.limits.max_total);
-        loop {
+        'rounds: loop {
             let mut started = false;
             for name in &order {
                 if self.clones_running >= limit {
-                    return;
+                    break 'rounds;
                 }
-                let Some(entry) = self.templates.get_mut(name) else {
+                let Some(entry) = self.templates.get(name) else {
                     continue;
                 };
                 let Build::Ready {
@@ -882,6 +897,23 @@ impl PoolState {
                 if have >= want || total >= max_total {
                     continue;
                 }
+                let (template_db, size) = (template_db.clone(), entry.version_size());
+                // Only a clone that will serve a waiting request may evict; keeping clones
+                // warm (min_ready) never does.
+                let for_a_waiter = entry.waiters.len() > have;
+                if !self.fits(size) {
+                    if !for_a_waiter {
+                        continue;
+                    }
+                    self.make_room(name, size);
+                    if !self.fits(size) {
+                        self.fail_for_space(name, size, actions);
+                        continue;
+                    }
+                }
+                let Some(entry) = self.templates.get_mut(name) else {
+                    continue;
+                };
                 let clone = DbName::clone_db(&self.instance, self.next_seq);
                 self.next_seq += 1;
                 entry.creating += 1;
@@ -889,13 +921,123 @@ impl PoolState {
                 started = true;
                 actions.push(Action::Clone {
                     template: name.clone(),
-                    template_db: template_db.clone(),
+                    template_db,
                     clone,
                 });
             }
             if !started {
+                break;
+            }
+        }
+        self.dispatch_drops(actions);
+    }
+
+    fn dispatch_drops(&mut self, actions: &mut Vec<Action>) {
+        let limit = self.limits.clone_concurrency.max(1);
+        while self.drops_running < limit {
+            let Some(db) = self.drop_queue.pop_front() else {
+                break;
+            };
+            self.drops_running += 1;
+            actions.push(Action::Drop { db });
+        }
+    }
+
+    /// Bytes of template databases and clones this pool holds (a clone counts as large as
+    /// its template; databases queued for dropping no longer count).
+    fn bytes_in_use(&self) -> u64 {
+        let templates: u64 = self
+            .templates
+            .values()
+            .map(|e| {
+                let template_dbs = match &e.build {
+                    Build::Ready { .. } | Build::Building { previous: Some(_) } => 1,
+                    Build::Idle | Build::Building { previous: None } | Build::Failed => 0,
+                };
+                e.version_size() * (template_dbs + e.ready.len() as u64 + e.creating as u64)
+            })
+            .sum();
+        templates + self.leases.values().map(|r| r.bytes).sum::<u64>()
+    }
+
+    fn fits(&self, more: u64) -> bool {
+        self.limits
+            .max_bytes
+            .is_none_or(|budget| self.bytes_in_use() + more <= budget)
+    }
+
+    /// Frees room for `needed` more bytes for `template`: first ready clones of other
+    /// templates nobody waits for, least recently leased template first; then whole
+    /// versions of idle templates (never `default`, which `/readyz` reports on).
+    fn make_room(&mut self, template: &TemplateName, needed: u64) {
+        for name in self.eviction_order(template, false) {
+            while !self.fits(needed) {
+                let Some(db) = self
+                    .templates
+                    .get_mut(&name)
+                    .and_then(|e| e.ready.pop_back())
+                else {
+                    break;
+                };
+                tracing::info!(template = %name, database = %db, "evicting a ready clone to make room");
+                self.drop_queue.push_back(db);
+            }
+        }
+        for name in self.eviction_order(template, true) {
+            if self.fits(needed) {
                 return;
             }
+            let Some(entry) = self.templates.get_mut(&name) else {
+                continue;
+            };
+            if let Build::Ready { db, .. } = std::mem::replace(&mut entry.build, Build::Idle) {
+                tracing::info!(template = %name, database = %db, "evicting an idle template version to make room");
+                entry.wanted = false;
+                self.drop_queue.extend(entry.ready.drain(..));
+                self.drop_queue.push_back(db);
+            }
+        }
+    }
+
+    /// Templates other than `template` that nobody waits for, least recently leased first;
+    /// with `only_idle`, only built ones with nothing leased or being made, never `default`.
+    fn eviction_order(&self, template: &TemplateName, only_idle: bool) -> Vec<TemplateName> {
+        let mut names: Vec<(Option<Instant>, TemplateName)> = self
+            .templates
+            .iter()
+            .filter(|(name, e)| *name != template && e.waiters.is_empty())
+            .filter(|(name, e)| {
+                !only_idle
+                    || (**name != TemplateName::default_name()
+                        && matches!(e.build, Build::Ready { .. })
+                        && e.leased == 0
+                        && e.creating == 0)
+            })
+            .map(|(name, e)| (e.last_used, name.clone()))
+            .collect();
+        names.sort();
+        names.into_iter().map(|(_, name)| name).collect()
+    }
+
+    /// Tells `template`'s waiters that their clone cannot fit in the byte budget.
+    fn fail_for_space(&mut self, template: &TemplateName, needed: u64, actions: &mut Vec<Action>) {
+        let (in_use, budget) = (
+            self.bytes_in_use(),
+            self.limits.max_bytes.unwrap_or(u64::MAX),
+        );
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        for waiter in entry.waiters.drain(..) {
+            actions.push(Action::Fail {
+                waiter: waiter.id,
+                error: LeaseError::OutOfSpace {
+                    template: template.clone(),
+                    needed,
+                    in_use,
+                    budget,
+                },
+            });
         }
     }
 }

@@ -15,6 +15,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         default_ttl: Duration::from_secs(60),
         max_ttl: Duration::from_secs(600),
         lease_connections: 10,
+        max_bytes: None,
     }
 }
 
@@ -613,4 +614,82 @@ fn leases_wait_while_their_connections_do_not_fit() {
     let (result, actions) = state.release(&first_id, false, now);
     assert!(result.is_ok());
     assert!(granted(&actions, 2));
+}
+
+#[test]
+fn a_byte_budget_evicts_what_nobody_waits_for_then_refuses_with_out_of_space() {
+    // Every version is 7.5 MB (see `built`); the budget holds exactly four databases.
+    let mut limits = limits(2, 10);
+    limits.max_bytes = Some(4 * 7_500_000);
+    let templates = vec![
+        TemplateConfig {
+            name: TemplateName::default_name(),
+            source: TemplateSource::Empty,
+        },
+        TemplateConfig {
+            name: name("app"),
+            source: TemplateSource::Migrations(PathBuf::from("migrations")),
+        },
+    ];
+    let mut driver = Driver::new(PoolState::new(limits, "t1".into(), &templates, false));
+    driver.settle();
+    // default: its template and two warm clones.
+    assert_eq!(default_status(&driver.state).ready, 2);
+
+    // app is built (4th database) and its first lease evicts a warm clone of default.
+    let first = driver.lease("app", 1000);
+    driver.settle();
+    assert!(driver.grant_of(first).is_some());
+    assert_eq!(
+        default_status(&driver.state).ready,
+        1,
+        "one warm clone was evicted"
+    );
+    let second = driver.lease("app", 1000);
+    driver.settle();
+    assert!(driver.grant_of(second).is_some());
+    assert_eq!(default_status(&driver.state).ready, 0, "the other one too");
+    // Keeping default warm never evicts app's leases or template: nothing is refilled.
+    assert_eq!(driver.state.bytes_in_use(), 4 * 7_500_000);
+
+    // Nothing left to evict (default's template stays for /readyz): 507.
+    let third = driver.lease("app", 1000);
+    driver.settle();
+    assert!(matches!(
+        driver.failures.as_slice(),
+        [(w, LeaseError::OutOfSpace { needed: 7_500_000, budget: 30_000_000, .. })] if *w == third
+    ));
+    // A release makes room again.
+    let id = driver.grant_of(first).expect("granted").lease_id.clone();
+    let (result, actions) = driver.state.release(&id, false, driver.now);
+    assert!(result.is_ok());
+    driver.pending.extend(actions);
+    driver.settle();
+    let fourth = driver.lease("app", 1000);
+    driver.settle();
+    assert!(driver.grant_of(fourth).is_some());
+}
+
+#[test]
+fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
+    let mut state = pool(0, 4);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up(1000);
+    let _ = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let old_db = DbName::template(&default, "aa");
+    let _ = state.rebuild(&default, now);
+    let _ = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let parked = state.request_lease(8, LeaseId::random(), &request("default", 1000), now);
+    assert!(!parked.iter().any(|a| matches!(a, Action::Fail { .. })));
+    // A clone of the old version fails because its template was dropped under it.
+    let failed = state.clone_finished(
+        &default,
+        &old_db,
+        DbName::clone_db("t1", 999),
+        Err("template database does not exist".into()),
+        now,
+    );
+    assert!(!failed.iter().any(|a| matches!(a, Action::Fail { .. })), "{failed:?}");
+    assert_eq!(default_status(&state).waiting, 1, "the waiter still waits for the new version");
 }
