@@ -54,6 +54,10 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // When stderr is gone (a log pipe whose reader died), tracing would report the
+        // failed write with eprintln!, which panics on a closed stderr: lose the log line,
+        // keep the daemon.
+        .log_internal_errors(false)
         .init();
 }
 

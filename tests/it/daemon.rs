@@ -240,3 +240,57 @@ async fn an_unusable_postgres_binary_directory_is_a_clear_start_error() {
         "names the directory: {log}"
     );
 }
+
+#[tokio::test]
+async fn a_closed_log_pipe_does_not_kill_the_daemon() {
+    use std::io::{BufRead, BufReader};
+    let mut command = crate::support::binary();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
+        .arg(crate::support::cache_dir())
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Ok(bin_dir) = std::env::var(crate::support::PG_BIN_ENV) {
+        command.arg("--pg-bin-dir").arg(bin_dir);
+    }
+    let mut child = command.spawn().expect("spawn");
+    let stderr = child.stderr.take().expect("piped");
+    let addr = tokio::task::spawn_blocking(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            if let Some(addr) = line
+                .split("addr=")
+                .nth(1)
+                .filter(|_| line.contains("listening"))
+            {
+                return addr.split_whitespace().next().map(str::to_owned);
+            }
+            line.clear();
+        }
+        None
+        // The reader is dropped here: the daemon's stderr now has no reader.
+    })
+    .await
+    .expect("join")
+    .expect("listening line");
+    let http = reqwest::Client::new();
+    for _ in 0..5 {
+        let response = http
+            .post(format!("http://{addr}/lease"))
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("the daemon still answers");
+        assert_eq!(response.status().as_u16(), 201);
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGTERM).expect("sigterm");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}

@@ -64,8 +64,14 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     );
     assert!(daemon.stop().await.success());
 
-    // Clones are gone, templates stay for the next run, foreign databases are untouched.
+    // The leased clone is gone; templates and the ready clones (marked for adoption) stay
+    // for the next run; foreign databases are untouched.
     let names = database_names(&admin).await;
+    let leased_first = lease["database"].as_str().expect("db").to_owned();
+    assert!(
+        !names.contains(&leased_first),
+        "the leased clone was dropped: {names:?}"
+    );
     for name in ["keepme", "pglease_lookalike", "postgres"] {
         assert!(
             names.contains(&name.to_owned()),
@@ -76,11 +82,25 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
         .iter()
         .filter(|n| n.starts_with("pglease_") && *n != "pglease_lookalike")
         .collect();
-    assert_eq!(ours.len(), 2, "only the two templates remain: {ours:?}");
-    assert!(
-        ours.iter().all(|n| n.starts_with("pglease_tpl_")),
-        "{ours:?}"
-    );
+    let templates = ours
+        .iter()
+        .filter(|n| n.starts_with("pglease_tpl_"))
+        .count();
+    assert_eq!(templates, 2, "both templates remain: {ours:?}");
+    for clone in ours.iter().filter(|n| !n.starts_with("pglease_tpl_")) {
+        let comment: Option<String> = admin
+            .query_one(
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+                &[clone],
+            )
+            .await
+            .expect("comment")
+            .get(0);
+        assert!(
+            comment.is_some_and(|c| c.contains("; ready; template=")),
+            "{clone} is kept only as a ready clone"
+        );
+    }
 
     // The next run reuses them instead of building again.
     let again = TestDaemon::builder().args(args.clone()).start().await;
@@ -119,4 +139,56 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     assert!(!log.contains("template already built"), "{log}");
     assert!(log.contains("template built"), "{log}");
     assert!(verifying.stop().await.success());
+}
+
+#[tokio::test]
+async fn ready_clones_survive_a_clean_restart_and_leased_ones_do_not() {
+    let server = PlainPostgres::start("adopt");
+    let admin = server.connect().await;
+    let args = vec![
+        "--postgres-url".to_owned(),
+        server.url(),
+        "--min-ready".to_owned(),
+        "2".to_owned(),
+    ];
+    let first = TestDaemon::builder().args(args.clone()).start().await;
+    let leased = first.lease_ok("default").await;
+    crate::support::poll_until(
+        std::time::Duration::from_secs(10),
+        "two warm clones",
+        || async { (first.template_status("default").await["ready"] == 2).then_some(()) },
+    )
+    .await;
+
+    assert!(first.stop().await.success());
+    let after_stop = database_names(&admin).await;
+    let leased_db = leased["database"].as_str().expect("db").to_owned();
+    assert!(
+        !after_stop.contains(&leased_db),
+        "the leased clone was dropped"
+    );
+    let kept: Vec<String> = after_stop
+        .iter()
+        .filter(|n| n.starts_with("pglease_") && !n.starts_with("pglease_tpl_"))
+        .cloned()
+        .collect();
+    assert_eq!(kept.len(), 2, "two ready clones kept: {after_stop:?}");
+
+    // The next run adopts them: its first leases are those very databases, with new
+    // passwords that work.
+    let second = TestDaemon::builder().args(args).start().await;
+    let mut adopted = Vec::new();
+    for _ in 0..2 {
+        let lease = second.lease_ok("default").await;
+        connect(&lease)
+            .await
+            .expect("the adopted clone's new password works");
+        adopted.push(lease["database"].as_str().expect("db").to_owned());
+    }
+    adopted.sort();
+    let mut kept_sorted = kept.clone();
+    kept_sorted.sort();
+    assert_eq!(adopted, kept_sorted, "{}", second.log());
+    assert!(second.log().contains("adopting a ready clone"));
+    assert!(second.stop().await.success());
 }

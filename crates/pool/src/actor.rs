@@ -23,7 +23,7 @@ use crate::error::{LeaseError, StartError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
-use crate::session::{describe_target, Session, SessionParams};
+use crate::session::{describe_target, mark_ready, Session, SessionParams};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport};
@@ -571,7 +571,8 @@ impl Actor {
         }
     }
 
-    fn server_came_up(&mut self, up: Up) {
+    fn server_came_up(&mut self, mut up: Up) {
+        let adoptable = std::mem::take(&mut up.session.adoptable);
         self.session = Some(up.session);
         self.running = up.running;
         self.monitor = Some(up.monitor);
@@ -582,6 +583,9 @@ impl Actor {
             "connections available to lease holders"
         );
         let actions = self.state.server_up(budget);
+        for (template, fingerprint, clone) in adoptable {
+            self.state.adopt(&template, fingerprint, clone);
+        }
         self.apply(actions);
     }
 
@@ -971,7 +975,15 @@ impl Actor {
                 self.handle_job(result);
             }
             if let Some(session) = self.session.clone() {
-                for db in self.state.all_clones() {
+                // Ready clones stay, marked, for the next run to adopt; the rest go.
+                let (keep, lose) = self.state.clones_at_shutdown();
+                for (template, fingerprint, db) in keep {
+                    if let Err(message) = mark_ready(&session, &template, &fingerprint, &db).await {
+                        tracing::warn!(database = %db, error = %message, "could not mark a ready clone; dropping it");
+                        let _ = session.drop_database(&db).await;
+                    }
+                }
+                for db in lose {
                     if let Err(message) = session.drop_database(&db).await {
                         tracing::warn!(database = %db, error = %message, "could not drop a clone at shutdown");
                     }

@@ -13,7 +13,7 @@ use tokio_postgres::NoTls;
 
 use crate::config::{CloneStrategy, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
-use crate::names::{quote_ident, quote_literal, DbName, MARKER, PREFIX};
+use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
 use crate::{scram, template};
 
 /// The NOLOGIN role that owns what migrations create. Every lease role is a member, so a
@@ -80,6 +80,8 @@ pub struct Session {
     pub settings: Vec<(String, String)>,
     /// True for a server pglease did not start.
     pub external: bool,
+    /// Ready clones of an earlier run to adopt: (template, fingerprint, clone).
+    pub adoptable: Vec<(TemplateName, String, DbName)>,
     /// Connections lease holders can have in all: `max_connections` less what is reserved
     /// for superusers, the daemon's own connections and a small margin.
     pub connection_budget: u32,
@@ -183,6 +185,7 @@ impl Session {
             connection_budget: budget(&client, params.pool_size).await?,
             settings,
             external: params.external,
+            adoptable: Vec::new(),
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
@@ -190,6 +193,7 @@ impl Session {
         };
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
+        let mut session = session;
         if let Err(message) = session.sweep(&params.templates).await {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
         }
@@ -202,19 +206,27 @@ impl Session {
     /// role: the role is created (and marked) before its database, so a daemon killed
     /// between `CREATE DATABASE` and `COMMENT` leaves nothing unrecognisable. Failures to
     /// drop one leftover are logged and the sweep goes on.
-    async fn sweep(&self, templates: &[TemplateConfig]) -> Result<(), String> {
-        let keep: HashSet<String> = templates
+    async fn sweep(&mut self, templates: &[TemplateConfig]) -> Result<(), String> {
+        // The current fingerprint of every configured template, by name.
+        let current: Vec<(TemplateName, String)> = templates
             .iter()
             .filter_map(|t| {
-                let fingerprint = template::fingerprint(&t.source, self.pg_major).ok()?;
-                Some(DbName::template(&t.name, &fingerprint).as_str().to_owned())
+                Some((
+                    t.name.clone(),
+                    template::fingerprint(&t.source, self.pg_major).ok()?,
+                ))
             })
+            .collect();
+        let keep: HashSet<String> = current
+            .iter()
+            .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())
             .collect();
         let client = self.client().await?;
         let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
         let rows = client
             .query(
-                "SELECT datname, datistemplate AND NOT datallowconn FROM pg_database \
+                "SELECT datname, datistemplate AND NOT datallowconn, \
+                        coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
                  WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
                    OR datdba IN (SELECT oid FROM pg_roles WHERE rolname LIKE $1 AND rolname <> $3 \
                                  AND shobj_description(oid, 'pg_authid') LIKE $2))",
@@ -223,11 +235,28 @@ impl Session {
             .await
             .map_err(|e| pg_message(&e))?;
         drop(client);
+        let mut adopted: HashSet<String> = HashSet::new();
         for row in rows {
             let name: String = row.get(0);
             let complete: bool = row.get(1);
+            let comment: String = row.get(2);
             if complete && keep.contains(&name) {
                 continue;
+            }
+            // A ready clone a clean shutdown left, of a template version still current.
+            if let Some((template, fingerprint)) = parse_ready_marker(&comment) {
+                let current_version = current
+                    .iter()
+                    .any(|(n, f)| *n == template && *f == fingerprint);
+                if current_version
+                    && keep.contains(DbName::template(&template, &fingerprint).as_str())
+                {
+                    tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
+                    self.adoptable
+                        .push((template, fingerprint, DbName::from_server(name.clone())));
+                    adopted.insert(name);
+                    continue;
+                }
             }
             tracing::info!(database = %name, "dropping a database left by an earlier run");
             if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
@@ -246,6 +275,9 @@ impl Session {
             .map_err(|e| pg_message(&e))?;
         for row in roles {
             let name: String = row.get(0);
+            if adopted.contains(&name) {
+                continue;
+            }
             tracing::info!(role = %name, "dropping a role left by an earlier run");
             let dropped = client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
@@ -427,17 +459,22 @@ impl Session {
         limit != self.lease_connections
     }
 
-    /// Gets a clone ready to lease again after a `reuse` release: a new password first,
-    /// then every session of the previous holder ended. Returns the new password.
+    /// Gets a clone ready to lease again — after a `reuse` release, or adopted from an
+    /// earlier run: a new password and the default connection limit first (and the plain
+    /// marker), then every session of the previous holder ended. Returns the new password.
     pub async fn recycle(&self, clone: &DbName) -> Result<String, String> {
         let client = self.client().await?;
         let password = scram::random_password();
         client
             .batch_execute(&format!(
-                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}",
+                // The plain marker again: an adopted clone must not stay "ready" for a
+                // later run while someone holds it.
+                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS {};",
                 quote_ident(clone.as_str()),
                 self.lease_connections,
-                quote_literal(&self.verifier(&password))
+                quote_literal(&self.verifier(&password)),
+                clone.quoted(),
+                quote_literal(MARKER)
             ))
             .await
             .map_err(|e| pg_message(&e))?;
@@ -508,6 +545,38 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// The comment a clean shutdown leaves on a ready clone of a server that outlives us.
+pub fn ready_marker(template: &TemplateName, fingerprint: &str) -> String {
+    format!("{MARKER}; ready; template={template}; fingerprint={fingerprint}")
+}
+
+/// Template and fingerprint of a [`ready_marker`] comment.
+fn parse_ready_marker(comment: &str) -> Option<(TemplateName, String)> {
+    let rest = comment
+        .strip_prefix(MARKER)?
+        .strip_prefix("; ready; template=")?;
+    let (template, fingerprint) = rest.split_once("; fingerprint=")?;
+    let fingerprint_ok =
+        fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit());
+    Some((TemplateName::new(template).ok()?, fingerprint.to_owned())).filter(|_| fingerprint_ok)
+}
+
+/// Marks a ready clone for the next run to adopt.
+pub(crate) async fn mark_ready(
+    session: &Session,
+    template: &TemplateName,
+    fingerprint: &str,
+    clone: &DbName,
+) -> Result<(), String> {
+    session
+        .execute(&format!(
+            "COMMENT ON DATABASE {} IS {}",
+            clone.quoted(),
+            quote_literal(&ready_marker(template, fingerprint))
+        ))
+        .await
 }
 
 /// Connections left for lease holders: `max_connections` less `superuser_reserved_connections`,

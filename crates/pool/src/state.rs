@@ -126,6 +126,8 @@ struct TemplateEntry {
     last_build: Option<Built>,
     /// When a lease of it was last granted (for evicting the least recently used).
     last_used: Option<Instant>,
+    /// Ready clones of an earlier run, by fingerprint, waiting for this run's build.
+    adoptable: Vec<(String, DbName)>,
 }
 
 #[derive(Debug)]
@@ -187,6 +189,7 @@ impl TemplateEntry {
             version: 0,
             last_build: None,
             last_used: None,
+            adoptable: Vec::new(),
         }
     }
 }
@@ -269,6 +272,8 @@ impl PoolState {
         let mut actions = Vec::new();
         for entry in self.templates.values_mut() {
             entry.ready.clear();
+            // Found again by the sweep of the next session, if still there.
+            entry.adoptable.clear();
             entry.creating = 0;
             entry.leased = 0;
             entry.clones_paused_until = None;
@@ -481,6 +486,21 @@ impl PoolState {
                     fingerprint: built.fingerprint.clone(),
                     db: built.db.clone(),
                 };
+                // Ready clones an earlier run left of this very version rejoin the pool;
+                // they are recycled (new password) first, like a reused lease.
+                for (fingerprint, clone) in std::mem::take(&mut entry.adoptable) {
+                    if fingerprint == built.fingerprint {
+                        entry.creating += 1;
+                        self.clones_running += 1;
+                        actions.push(Action::Recycle {
+                            template: template.clone(),
+                            template_db: built.db.clone(),
+                            clone,
+                        });
+                    } else {
+                        self.drop_queue.push_back(clone);
+                    }
+                }
                 entry.last_build = Some(built);
                 entry.last_error = None;
                 if !self.fits(0) {
@@ -490,6 +510,8 @@ impl PoolState {
             Err(message) => {
                 // A stale version must not hide a broken migration: it goes too.
                 self.drop_queue.extend(previous);
+                self.drop_queue
+                    .extend(entry.adoptable.drain(..).map(|(_, clone)| clone));
                 for waiter in entry.waiters.drain(..) {
                     actions.push(Action::Fail {
                         waiter: waiter.id,
@@ -762,18 +784,39 @@ impl PoolState {
         self.server == Server::Up
     }
 
-    /// Every clone this pool holds (ready, leased, queued for drop): what an external
-    /// server must lose at shutdown.
-    pub fn all_clones(&self) -> Vec<DbName> {
-        let ready = self
-            .templates
-            .values()
-            .flat_map(|e| e.ready.iter().cloned());
-        let leased = self.leases.values().map(|r| r.database.clone());
-        ready
-            .chain(leased)
-            .chain(self.drop_queue.iter().cloned())
-            .collect()
+    /// What a server that outlives us keeps and loses at shutdown: ready clones of built
+    /// versions (template, fingerprint, clone) to adopt next time, and the clones that must
+    /// go (leased ones, whose holders may still use them, and those queued for dropping).
+    pub fn clones_at_shutdown(&self) -> (Vec<(TemplateName, String, DbName)>, Vec<DbName>) {
+        let mut keep = Vec::new();
+        for (name, entry) in &self.templates {
+            if let Build::Ready { fingerprint, .. } = &entry.build {
+                keep.extend(
+                    entry
+                        .ready
+                        .iter()
+                        .map(|db| (name.clone(), fingerprint.clone(), db.clone())),
+                );
+            }
+        }
+        let mut lose: Vec<DbName> = self.leases.values().map(|r| r.database.clone()).collect();
+        lose.extend(self.drop_queue.iter().cloned());
+        for entry in self.templates.values() {
+            if !matches!(entry.build, Build::Ready { .. }) {
+                lose.extend(entry.ready.iter().cloned());
+            }
+        }
+        (keep, lose)
+    }
+
+    /// A ready clone an earlier run left on the server: it rejoins the pool (with a new
+    /// password) once its template's current version is built with the same fingerprint,
+    /// and is dropped otherwise.
+    pub fn adopt(&mut self, template: &TemplateName, fingerprint: String, clone: DbName) {
+        match self.templates.get_mut(template) {
+            Some(entry) => entry.adoptable.push((fingerprint, clone)),
+            None => self.drop_queue.push_back(clone),
+        }
     }
 
     fn missing_lease(&self, id: &LeaseId) -> LeaseOpError {

@@ -690,6 +690,13 @@ fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
         Err("template database does not exist".into()),
         now,
     );
-    assert!(!failed.iter().any(|a| matches!(a, Action::Fail { .. })), "{failed:?}");
-    assert_eq!(default_status(&state).waiting, 1, "the waiter still waits for the new version");
+    assert!(
+        !failed.iter().any(|a| matches!(a, Action::Fail { .. })),
+        "{failed:?}"
+    );
+    assert_eq!(
+        default_status(&state).waiting,
+        1,
+        "the waiter still waits for the new version"
+    );
 }

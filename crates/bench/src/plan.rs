@@ -1,0 +1,97 @@
+//! How much each scenario does in quick and full mode: durations, repetitions, sizes.
+//! The numbers are chosen so quick mode stays under two minutes on a 2-core machine and
+//! full mode under fifteen.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The parameters of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// `quick` or `full`.
+    pub mode: &'static str,
+    /// Scenario 1: concurrency levels.
+    pub latency_workers: Vec<usize>,
+    /// Scenario 1: how long each level runs.
+    #[serde(serialize_with = "secs")]
+    pub latency_duration: Duration,
+    /// Scenario 2 and 3: concurrency levels.
+    pub throughput_workers: Vec<usize>,
+    /// Scenario 2: how long each level starts new tests.
+    #[serde(serialize_with = "secs")]
+    pub throughput_duration: Duration,
+    /// Scenario 3: how long each level starts new create/drop cycles.
+    #[serde(serialize_with = "secs")]
+    pub ceiling_duration: Duration,
+    /// Scenario 4: warm starts per template.
+    pub startup_warm_runs: usize,
+    /// Scenario 4: cold starts per template.
+    pub startup_cold_runs: usize,
+    /// Scenario 5: connections per kind.
+    pub connect_iterations: usize,
+    /// Scenario 7: clients waiting at once on a pool of `scale_pool`.
+    pub scale_clients: usize,
+    /// Scenario 7: the pool's `--max-total`.
+    pub scale_pool: usize,
+    /// Scenario 7: lease → release(reuse) rounds per client.
+    pub scale_reuse_rounds: usize,
+    /// Scenario 7: lease → release(drop) rounds per client.
+    pub scale_drop_rounds: usize,
+    /// Scenario 7: leases held open for the RSS figure.
+    pub rss_leases: usize,
+    /// Scenario 7: pgbench scale factors for clone time vs template size (empty: skipped).
+    pub clone_size_scales: Vec<u32>,
+    /// Scenario 7: clones timed per size.
+    pub clone_size_reps: usize,
+}
+
+fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(value.as_secs_f64())
+}
+
+impl Plan {
+    /// Quick mode: every scenario, small.
+    pub fn quick() -> Plan {
+        Plan {
+            mode: "quick",
+            latency_workers: vec![1, 8, 32],
+            latency_duration: Duration::from_secs(2),
+            throughput_workers: vec![1, 2, 8, 32],
+            throughput_duration: Duration::from_secs(4),
+            ceiling_duration: Duration::from_secs(3),
+            startup_warm_runs: 2,
+            startup_cold_runs: 1,
+            connect_iterations: 100,
+            scale_clients: 256,
+            scale_pool: 8,
+            scale_reuse_rounds: 2,
+            scale_drop_rounds: 1,
+            rss_leases: 100,
+            clone_size_scales: vec![1],
+            clone_size_reps: 3,
+        }
+    }
+
+    /// Full mode: longer runs, 1,000 open leases, templates up to ~1 GB.
+    pub fn full() -> Plan {
+        Plan {
+            mode: "full",
+            latency_workers: vec![1, 8, 32],
+            latency_duration: Duration::from_secs(10),
+            throughput_workers: vec![1, 2, 8, 32],
+            throughput_duration: Duration::from_secs(20),
+            ceiling_duration: Duration::from_secs(15),
+            startup_warm_runs: 5,
+            startup_cold_runs: 3,
+            connect_iterations: 500,
+            scale_clients: 256,
+            scale_pool: 8,
+            scale_reuse_rounds: 10,
+            scale_drop_rounds: 2,
+            rss_leases: 1000,
+            clone_size_scales: vec![1, 10, 70],
+            clone_size_reps: 5,
+        }
+    }
+}

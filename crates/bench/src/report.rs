@@ -1,0 +1,569 @@
+//! The report: one JSON object (machine, plan, one object per scenario) and the
+//! readable tables printed from it. Printing reads the typed results; it judges nothing
+//! except the targets the issue names, which it shows beside the figures.
+
+use serde::Serialize;
+
+use crate::machine::MachineInfo;
+use crate::plan::Plan;
+use crate::scenarios::ceiling::CeilingResult;
+use crate::scenarios::connect::ConnectResult;
+use crate::scenarios::latency::LatencyResult;
+use crate::scenarios::scale::ScaleResult;
+use crate::scenarios::startup::StartupResult;
+use crate::scenarios::throughput::ThroughputResult;
+use crate::stats::round3;
+
+/// How a scenario ended.
+#[derive(Debug, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome<T> {
+    /// Ran; here are its figures.
+    Done(T),
+    /// The harness failed (not a figure): the error.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+    /// Not run.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Not implemented yet.
+    NotDone {
+        /// What is missing.
+        reason: String,
+    },
+}
+
+impl<T> Outcome<T> {
+    /// The figures, if the scenario ran.
+    pub fn done(&self) -> Option<&T> {
+        match self {
+            Outcome::Done(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// A skipped scenario.
+    pub fn skipped(reason: impl Into<String>) -> Self {
+        Outcome::Skipped {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What the fixture template is, read from one lease of it.
+#[derive(Debug, Serialize)]
+pub struct FixtureInfo {
+    /// Its migrations directory.
+    pub migrations: String,
+    /// Tables in `public`, without the harness' `bench_marker`.
+    pub tables: i64,
+    /// Indexes in `public` (primary keys and unique constraints included).
+    pub indexes: i64,
+    /// Foreign keys.
+    pub foreign_keys: i64,
+    /// Rows over all tables.
+    pub rows: i64,
+    /// `pg_database_size` of a lease, bytes.
+    pub lease_database_bytes: i64,
+}
+
+/// Scenario 2 against scenario 3 at one concurrency.
+#[derive(Debug, Serialize)]
+pub struct Fraction {
+    /// Concurrency.
+    pub workers: usize,
+    /// Scenario 2, settled tests per second.
+    pub pglease_tests_per_sec: f64,
+    /// Scenario 3, create+drop cycles per second.
+    pub ceiling_cycles_per_sec: f64,
+    /// Their ratio.
+    pub fraction: f64,
+    /// The issue's target for it.
+    pub target: f64,
+}
+
+/// Every scenario's outcome.
+#[derive(Debug, Serialize)]
+pub struct Scenarios {
+    /// 1.
+    pub warm_lease_latency: Outcome<LatencyResult>,
+    /// 2.
+    pub end_to_end_throughput: Outcome<ThroughputResult>,
+    /// 3.
+    pub physical_limit: Outcome<CeilingResult>,
+    /// 2 ÷ 3.
+    pub throughput_vs_ceiling: Vec<Fraction>,
+    /// 4.
+    pub startup: Outcome<StartupResult>,
+    /// 5.
+    pub connection_cost: Outcome<ConnectResult>,
+    /// 6.
+    pub seed_workloads: Outcome<()>,
+    /// 7.
+    pub pool_scale: Outcome<ScaleResult>,
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `quick` or `full`.
+    pub mode: &'static str,
+    /// The machine and revision.
+    pub machine: MachineInfo,
+    /// Sizes and durations used.
+    pub plan: Plan,
+    /// The settings the daemon's postgres reported (from `/status`).
+    pub postgres_settings: serde_json::Map<String, serde_json::Value>,
+    /// The fixture template.
+    pub fixture: Outcome<FixtureInfo>,
+    /// The scenarios.
+    pub scenarios: Scenarios,
+    /// No double lease and no missing database was seen.
+    pub isolation_ok: bool,
+    /// Wall time of the whole run, seconds.
+    pub total_secs: f64,
+}
+
+/// A text table with right-aligned columns (the first left-aligned).
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn render(&self, out: &mut String) {
+        let columns = self.header.len();
+        let mut widths = vec![0; columns];
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            let mut line = String::from("  ");
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                let pad = widths[i] - cell.chars().count();
+                if i == 0 {
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad));
+                } else {
+                    line.push_str("  ");
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+}
+
+/// A number with one decimal (or two below 10).
+fn num(value: f64) -> String {
+    if value.abs() < 10.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+fn mib(bytes: i64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1_048_576.0)
+}
+
+/// A line for a scenario that did not produce figures.
+fn not_done<T>(outcome: &Outcome<T>, out: &mut String) -> bool {
+    match outcome {
+        Outcome::Done(_) => false,
+        Outcome::Failed { error } => {
+            out.push_str(&format!("  FAILED (harness): {error}\n"));
+            true
+        }
+        Outcome::Skipped { reason } => {
+            out.push_str(&format!("  not run: {reason}\n"));
+            true
+        }
+        Outcome::NotDone { reason } => {
+            out.push_str(&format!("  NOT DONE: {reason}\n"));
+            true
+        }
+    }
+}
+
+impl Report {
+    /// The readable tables.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        out.push_str(&format!(
+            "pglease benchmark — {} mode — {} — git {}{} — {} cores, {} MiB — PostgreSQL {} — {:.0} s\n",
+            self.mode,
+            m.started_at,
+            m.git_rev.get(..10).unwrap_or(&m.git_rev),
+            if m.git_dirty { " (dirty)" } else { "" },
+            m.nproc,
+            m.memory_mib,
+            m.postgres_version,
+            self.total_secs,
+        ));
+        match &self.fixture {
+            Outcome::Done(f) => out.push_str(&format!(
+                "fixture: {} tables, {} indexes, {} foreign keys, {} rows; a lease is {} ({} bytes)\n",
+                f.tables,
+                f.indexes,
+                f.foreign_keys,
+                f.rows,
+                mib(f.lease_database_bytes),
+                f.lease_database_bytes
+            )),
+            other => {
+                out.push_str("fixture:\n");
+                not_done(other, &mut out);
+            }
+        }
+        self.render_latency(&mut out);
+        self.render_throughput(&mut out);
+        self.render_ceiling(&mut out);
+        self.render_startup(&mut out);
+        self.render_connect(&mut out);
+        out.push_str(
+            "\n6. Seed workloads (pgbench / 10k inserts vs stock and hand-tuned postgres)\n",
+        );
+        not_done(&self.scenarios.seed_workloads, &mut out);
+        self.render_scale(&mut out);
+        out.push_str(&format!(
+            "\nisolation: {}\n",
+            if self.isolation_ok {
+                "OK (0 double leases, 0 missing databases)"
+            } else {
+                "FAILED — see scenario 2"
+            }
+        ));
+        out
+    }
+
+    fn render_latency(&self, out: &mut String) {
+        out.push_str(
+            "\n1. Warm lease latency: POST /lease, pool ahead of demand, release reuse=true (ms)\n",
+        );
+        let outcome = &self.scenarios.warm_lease_latency;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "workers",
+            "leases",
+            "leases/s",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "release p50",
+            "errors",
+        ]);
+        for l in &r.levels {
+            t.row(vec![
+                l.workers.to_string(),
+                l.leases.to_string(),
+                num(l.leases_per_sec),
+                num(l.lease.p50_ms),
+                num(l.lease.p90_ms),
+                num(l.lease.p99_ms),
+                num(l.lease.max_ms),
+                num(l.release.p50_ms),
+                l.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+    }
+
+    fn render_throughput(&self, out: &mut String) {
+        out.push_str("\n2. End-to-end tests: lease → connect → tx (10 inserts + select) → disconnect → release(drop)\n");
+        let outcome = &self.scenarios.end_to_end_throughput;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "workers",
+            "tests",
+            "tests/s",
+            "settled/s",
+            "overhead p50",
+            "p90",
+            "p99",
+            "lease p50",
+            "lease p99",
+            "connect p50",
+            "work p50",
+            "double",
+            "missing",
+            "errors",
+        ]);
+        for l in &r.levels {
+            t.row(vec![
+                l.workers.to_string(),
+                l.tests.to_string(),
+                num(l.tests_per_sec),
+                num(l.tests_per_sec_settled),
+                num(l.overhead.p50_ms),
+                num(l.overhead.p90_ms),
+                num(l.overhead.p99_ms),
+                num(l.lease.p50_ms),
+                num(l.lease.p99_ms),
+                num(l.connect.p50_ms),
+                num(l.work.p50_ms),
+                l.double_leases.to_string(),
+                l.missing_databases.to_string(),
+                l.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        out.push_str(&format!(
+            "  double leases: {}, missing databases: {} (must be 0); overhead = lease + release calls, ms\n",
+            r.double_leases, r.missing_databases
+        ));
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+    }
+
+    fn render_ceiling(&self, out: &mut String) {
+        out.push_str("\n3. Physical limit: raw CREATE DATABASE … FILE_COPY + DROP, same postgres and template, no pglease\n");
+        let outcome = &self.scenarios.physical_limit;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        out.push_str(&format!(
+            "  template {} ({}); {}\n",
+            r.template_database,
+            mib(r.template_bytes),
+            r.method
+        ));
+        let mut t = Table::new(&[
+            "workers",
+            "cycles",
+            "cycles/s",
+            "create p50",
+            "create p99",
+            "drop p50",
+            "drop p99",
+            "pglease tests/s",
+            "fraction",
+            "target",
+        ]);
+        for l in &r.levels {
+            let fraction = self
+                .scenarios
+                .throughput_vs_ceiling
+                .iter()
+                .find(|f| f.workers == l.workers);
+            t.row(vec![
+                l.workers.to_string(),
+                l.cycles.to_string(),
+                num(l.cycles_per_sec),
+                num(l.create.p50_ms),
+                num(l.create.p99_ms),
+                num(l.drop.p50_ms),
+                num(l.drop.p99_ms),
+                fraction.map_or("-".into(), |f| num(f.pglease_tests_per_sec)),
+                fraction.map_or("-".into(), |f| format!("{:.2}", f.fraction)),
+                "≥ 0.90".into(),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+    }
+
+    fn render_startup(&self, out: &mut String) {
+        out.push_str("\n4. Start-up: spawn → first successful lease (ms)\n");
+        let outcome = &self.scenarios.startup;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "template",
+            "cache",
+            "runs",
+            "p50",
+            "min",
+            "max",
+            "listening p50",
+            "target",
+            "met",
+        ]);
+        for c in &r.cases {
+            let listening = {
+                let mut sorted = c.listening_ms.clone();
+                sorted.sort_by(f64::total_cmp);
+                sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+            };
+            t.row(vec![
+                c.template.to_string(),
+                c.cache.to_string(),
+                c.first_lease.count.to_string(),
+                num(c.first_lease.p50_ms),
+                num(c.first_lease.min_ms),
+                num(c.first_lease.max_ms),
+                num(listening),
+                c.target_secs
+                    .map_or("-".into(), |s| format!("≤ {} ms", s * 1e3)),
+                c.target_secs.map_or("-".into(), |s| {
+                    if c.first_lease.p50_ms <= s * 1e3 {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    }
+                }),
+            ]);
+        }
+        t.render(out);
+    }
+
+    fn render_connect(&self, out: &mut String) {
+        out.push_str("\n5. Connection cost: connect + SELECT 1 + disconnect (ms per connection)\n");
+        let outcome = &self.scenarios.connection_cost;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "kind", "verifier", "n", "p50", "p90", "p99", "mean", "errors",
+        ]);
+        for k in &r.kinds {
+            t.row(vec![
+                k.name.clone(),
+                k.verifier.clone().unwrap_or_else(|| "-".into()),
+                k.per_connection.count.to_string(),
+                num(k.per_connection.p50_ms),
+                num(k.per_connection.p90_ms),
+                num(k.per_connection.p99_ms),
+                num(k.per_connection.mean_ms),
+                k.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        if let Some(ratio) = r.scram_over_trust {
+            out.push_str(&format!(
+                "  lease scram / lease trust (p50): {ratio:.2} (target ≤ 1.20)\n"
+            ));
+        }
+        if let Some(todo) = &r.todo {
+            out.push_str(&format!("  {todo}\n"));
+        }
+        first_errors(r.kinds.iter().map(|k| &k.first_error), out);
+    }
+
+    fn render_scale(&self, out: &mut String) {
+        out.push_str("\n7. Scale of the pool\n");
+        let outcome = &self.scenarios.pool_scale;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        out.push_str(&format!(
+            "  {} clients at once, pool of {} ({}); POST /lease as each client saw it (ms)\n",
+            r.queue.clients,
+            self.plan.scale_pool,
+            without_template(&r.queue.daemon_args)
+        ));
+        let mut t = Table::new(&[
+            "release", "rounds", "leases", "leases/s", "p50", "p90", "p99", "max", "errors",
+        ]);
+        for run in &r.queue.runs {
+            t.row(vec![
+                run.release.to_string(),
+                run.rounds.to_string(),
+                run.leases.to_string(),
+                num(run.leases_per_sec),
+                num(run.lease.p50_ms),
+                num(run.lease.p90_ms),
+                num(run.lease.p99_ms),
+                num(run.lease.max_ms),
+                run.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.queue.runs.iter().map(|run| &run.first_error), out);
+        let m = &r.memory;
+        out.push_str(&format!(
+            "  daemon RSS: idle {:.1} MiB; with {} open leases {:.1} MiB (peak {:.1} MiB); target ≤ 30 MiB at 1,000\n",
+            m.idle.rss_kib as f64 / 1024.0,
+            m.open_leases,
+            m.loaded.rss_kib as f64 / 1024.0,
+            m.loaded.hwm_kib as f64 / 1024.0,
+        ));
+        out.push_str(&format!(
+            "  opening them: {:.1} s, {} clones/s (default template, --clone-concurrency 2, --min-ready 0)\n",
+            m.open_secs,
+            num(m.clones_per_sec)
+        ));
+        out.push_str("  clone time against template size (one at a time)\n");
+        let mut t = Table::new(&[
+            "template",
+            "size",
+            "create p50",
+            "create max",
+            "drop p50",
+            "build s",
+        ]);
+        for p in &r.clone_size.points {
+            t.row(vec![
+                p.template.clone(),
+                mib(p.bytes),
+                num(p.create.p50_ms),
+                num(p.create.max_ms),
+                num(p.drop.p50_ms),
+                p.build_secs.map_or("-".into(), |s| num(round3(s))),
+            ]);
+        }
+        t.render(out);
+        if let Some(skipped) = &r.clone_size.skipped {
+            out.push_str(&format!("  skipped: {skipped}\n"));
+        }
+    }
+}
+
+/// Daemon flags without `--template NAME=…` (long paths), for the tables.
+fn without_template(args: &[String]) -> String {
+    let mut kept = Vec::new();
+    let mut skip = false;
+    for arg in args {
+        if skip {
+            skip = false;
+        } else if arg == "--template" {
+            skip = true;
+        } else {
+            kept.push(arg.as_str());
+        }
+    }
+    kept.join(" ")
+}
+
+/// Prints the distinct first errors of a scenario's parts.
+fn first_errors<'a>(errors: impl Iterator<Item = &'a Option<String>>, out: &mut String) {
+    let mut seen: Vec<&str> = Vec::new();
+    for error in errors.flatten() {
+        if !seen.contains(&error.as_str()) {
+            seen.push(error);
+            out.push_str(&format!("  first error: {error}\n"));
+        }
+    }
+}

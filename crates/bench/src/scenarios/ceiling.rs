@@ -1,0 +1,181 @@
+//! Scenario 3, the physical limit: on the same postgres and the same template database
+//! as scenario 2, a raw loop of `CREATE DATABASE … TEMPLATE … STRATEGY FILE_COPY` and
+//! `DROP DATABASE … WITH (FORCE)` (the statements pglease itself runs), at the same
+//! concurrencies, over superuser connections on the daemon's unix socket. No pglease in
+//! the loop. It runs while the daemon's pool is idle — no lease open, its refill done,
+//! no drop pending — so the daemon's own work does not compete; the daemon only keeps
+//! its few ready clones.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{Ctx, FIXTURE, IDLE_LIMIT};
+use crate::admin::{self, quote_ident};
+use crate::daemon::{Daemon, ServerInfo};
+use crate::error::{BenchError, Result};
+use crate::stats::{per_second, round3, Summary};
+
+/// Scenario 3's figures.
+#[derive(Debug, Serialize)]
+pub struct CeilingResult {
+    /// The template database cloned.
+    pub template_database: String,
+    /// Its size, bytes.
+    pub template_bytes: i64,
+    /// How the daemon was kept out of the way.
+    pub method: &'static str,
+    /// The statements of one cycle.
+    pub cycle: String,
+    /// One entry per concurrency.
+    pub levels: Vec<CeilingLevel>,
+}
+
+/// One concurrency level.
+#[derive(Debug, Serialize)]
+pub struct CeilingLevel {
+    /// Concurrent connections, each looping create → drop.
+    pub workers: usize,
+    /// Cycles completed.
+    pub cycles: usize,
+    /// Wall time, seconds.
+    pub elapsed_secs: f64,
+    /// Create+drop cycles per second: the most tests per second any pool can recycle.
+    pub cycles_per_sec: f64,
+    /// Failed statements.
+    pub errors: usize,
+    /// The first failure, if any.
+    pub first_error: Option<String>,
+    /// CREATE DATABASE, ms.
+    pub create: Summary,
+    /// DROP DATABASE, ms.
+    pub drop: Summary,
+}
+
+/// Runs scenario 3 against the shared daemon's postgres.
+pub async fn run(
+    ctx: &Ctx,
+    daemon: &Daemon,
+    server: &ServerInfo,
+    admin_conn: &tokio_postgres::Client,
+    fingerprint: &str,
+) -> Result<CeilingResult> {
+    let template = admin::template_database(admin_conn, fingerprint).await?;
+    let template_bytes: i64 = admin_conn
+        .query_one("SELECT pg_database_size($1)", &[&template])
+        .await
+        .map_err(|e| BenchError::postgres("sizing the template", e))?
+        .get(0);
+    let api = daemon.api()?;
+    let mut levels = Vec::new();
+    for &workers in &ctx.plan.throughput_workers {
+        admin::wait_idle(api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
+        eprintln!("[bench] 3 create+drop ceiling: {workers} connections");
+        levels.push(level(server, &template, workers, ctx.plan.ceiling_duration).await?);
+    }
+    Ok(CeilingResult {
+        cycle: format!(
+            "CREATE DATABASE x TEMPLATE {template} STRATEGY FILE_COPY; DROP DATABASE IF EXISTS x WITH (FORCE)"
+        ),
+        template_database: template,
+        template_bytes,
+        method: "same daemon and postgres as scenario 2, run after it while the pool is idle (no leases, refill finished, no drops pending)",
+        levels,
+    })
+}
+
+#[derive(Default)]
+struct Samples {
+    create: Vec<Duration>,
+    drop: Vec<Duration>,
+    errors: usize,
+    first_error: Option<String>,
+}
+
+async fn level(
+    server: &ServerInfo,
+    template: &str,
+    workers: usize,
+    duration: Duration,
+) -> Result<CeilingLevel> {
+    // Connections are made before the clock starts: the ceiling is of the SQL alone.
+    let mut conns = Vec::new();
+    for _ in 0..workers {
+        conns.push(admin::superuser(server, "postgres").await?);
+    }
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, conn) in conns.into_iter().enumerate() {
+        let template = quote_ident(template);
+        tasks.spawn(async move {
+            let mut samples = Samples::default();
+            let mut cycle = 0usize;
+            while Instant::now() < deadline && samples.errors < 20 {
+                cycle += 1;
+                let db = quote_ident(&format!("bench_raw_{workers}_{index}_{cycle}"));
+                let t0 = Instant::now();
+                let created = conn
+                    .client
+                    .batch_execute(&format!(
+                        "CREATE DATABASE {db} TEMPLATE {template} STRATEGY FILE_COPY"
+                    ))
+                    .await;
+                if let Err(error) = created {
+                    samples.errors += 1;
+                    samples
+                        .first_error
+                        .get_or_insert(format!("CREATE DATABASE: {error}"));
+                    continue;
+                }
+                let create_time = t0.elapsed();
+                let t1 = Instant::now();
+                let dropped = conn
+                    .client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+                    .await;
+                match dropped {
+                    Ok(()) => {
+                        samples.create.push(create_time);
+                        samples.drop.push(t1.elapsed());
+                    }
+                    Err(error) => {
+                        samples.errors += 1;
+                        samples
+                            .first_error
+                            .get_or_insert(format!("DROP DATABASE: {error}"));
+                    }
+                }
+            }
+            conn.close().await;
+            samples
+        });
+    }
+    let mut all = Samples::default();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(samples) => {
+                all.create.extend(samples.create);
+                all.drop.extend(samples.drop);
+                all.errors += samples.errors;
+                all.first_error = all.first_error.or(samples.first_error);
+            }
+            Err(error) => {
+                all.errors += 1;
+                all.first_error
+                    .get_or_insert(format!("worker panicked: {error}"));
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    Ok(CeilingLevel {
+        workers,
+        cycles: all.drop.len(),
+        elapsed_secs: round3(elapsed.as_secs_f64()),
+        cycles_per_sec: per_second(all.drop.len(), elapsed),
+        errors: all.errors,
+        first_error: all.first_error,
+        create: Summary::of(&all.create),
+        drop: Summary::of(&all.drop),
+    })
+}

@@ -1,0 +1,281 @@
+//! Scenario 5, connection cost: connect + `SELECT 1` + disconnect, N times in a row, ms
+//! per connection. Kinds measured:
+//! - a lease's URL under each `--lease-auth` mode (`scram`, `trust`) when the binary has
+//!   that flag, each on its own small daemon; otherwise the lease URL as the daemon
+//!   issues it today, with a TODO in the report;
+//! - a lease's URL on the shared daemon (whatever its default authentication is);
+//! - stock SCRAM for reference: a role created with a plain `PASSWORD` (the server's own
+//!   4096-iteration verifier) connecting over the same TCP port to an empty database of
+//!   its own name (pglease's `pg_hba.conf` admits TCP roles to `sameuser` databases only),
+//!   on the `--lease-auth scram` daemon when there is one;
+//! - the superuser over the unix socket (trust), for scale only: another transport.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{Ctx, FIXTURE, WAIT_MS};
+use crate::admin::{self, Conn};
+use crate::daemon::{Daemon, ServerInfo};
+use crate::error::{BenchError, Result};
+use crate::stats::{round3, Summary};
+
+/// The reference role's name and password.
+const STOCK_ROLE: &str = "bench_stock_scram";
+const STOCK_PASSWORD: &str = "bench-stock-password";
+
+/// Scenario 5's figures.
+#[derive(Debug, Serialize)]
+pub struct ConnectResult {
+    /// Connections per kind.
+    pub iterations: usize,
+    /// Whether `pglease serve --help` lists `--lease-auth`.
+    pub lease_auth_flag: bool,
+    /// Set when part of the scenario could not be measured yet.
+    pub todo: Option<String>,
+    /// One entry per kind of connection.
+    pub kinds: Vec<ConnectKind>,
+    /// p50 of lease-scram over p50 of lease-trust (target ≤ 1.2), when both ran.
+    pub scram_over_trust: Option<f64>,
+}
+
+/// One kind of connection.
+#[derive(Debug, Serialize)]
+pub struct ConnectKind {
+    /// Short name.
+    pub name: String,
+    /// What exactly was measured.
+    pub description: String,
+    /// Connect + SELECT 1 + disconnect, ms.
+    pub per_connection: Summary,
+    /// Failed connections.
+    pub errors: usize,
+    /// The first failure, if any.
+    pub first_error: Option<String>,
+    /// The role's stored verifier, `SCRAM-SHA-256$<iterations>` (or what it is), read
+    /// back from `pg_authid`; under `trust` it is stored but not used.
+    pub verifier: Option<String>,
+}
+
+/// Runs scenario 5: the shared daemon for the reference kinds, small daemons per
+/// `--lease-auth` mode when the flag exists.
+pub async fn run(
+    ctx: &Ctx,
+    daemon: &Daemon,
+    server: &ServerInfo,
+    admin_conn: &tokio_postgres::Client,
+) -> Result<ConnectResult> {
+    let iterations = ctx.plan.connect_iterations;
+    let mut kinds = Vec::new();
+    let mut todo = None;
+    let mut stock = None;
+    if ctx.has_lease_auth {
+        for mode in ["scram", "trust"] {
+            eprintln!("[bench] 5 connection cost: lease, --lease-auth {mode}");
+            let mut args = vec!["--lease-auth".to_string(), mode.to_string()];
+            args.extend(ctx.cache_args());
+            let auth_daemon = ctx
+                .launcher
+                .start(&format!("connect-{mode}"), &args)
+                .await?;
+            let auth_server = auth_daemon.server_info().await?;
+            let auth_admin = admin::superuser(&auth_server, "postgres").await?;
+            let measured = lease_kind(
+                &auth_daemon,
+                &auth_admin.client,
+                "default",
+                &format!("lease-{mode}"),
+                &format!("lease URL (TCP) with --lease-auth {mode}, template default"),
+                iterations,
+            )
+            .await;
+            // The reference runs where lease roles use SCRAM, so pg_hba asks it for SCRAM.
+            if mode == "scram" {
+                eprintln!("[bench] 5 connection cost: stock SCRAM role");
+                stock = Some(stock_scram(&auth_server, &auth_admin.client, iterations).await);
+            }
+            auth_admin.close().await;
+            auth_daemon.stop().await?;
+            kinds.push(measured?);
+        }
+    } else {
+        todo = Some(
+            "TODO: this pglease has no --lease-auth flag; only the daemon's current lease \
+             authentication was measured. Re-run once `pglease serve --help` lists --lease-auth."
+                .into(),
+        );
+    }
+    eprintln!("[bench] 5 connection cost: lease on the shared daemon, superuser");
+    kinds.push(
+        lease_kind(
+            daemon,
+            admin_conn,
+            FIXTURE,
+            "lease-default-auth",
+            "lease URL (TCP) with the daemon's default authentication, fixture template",
+            iterations,
+        )
+        .await?,
+    );
+    let stock = match stock {
+        Some(stock) => stock,
+        None => {
+            eprintln!("[bench] 5 connection cost: stock SCRAM role");
+            stock_scram(server, admin_conn, iterations).await
+        }
+    };
+    kinds.push(stock?);
+    let socket_config = admin::superuser_config(server, "postgres");
+    kinds.push(
+        measure(
+            "superuser-socket-trust",
+            "superuser over the unix socket (trust): another transport, for scale only",
+            iterations,
+            || admin::connect_config(&socket_config, "superuser socket"),
+        )
+        .await,
+    );
+    let p50 = |name: &str| {
+        kinds
+            .iter()
+            .find(|k| k.name == name && k.per_connection.count > 0)
+            .map(|k| k.per_connection.p50_ms)
+    };
+    let scram_over_trust = match (p50("lease-scram"), p50("lease-trust")) {
+        (Some(scram), Some(trust)) if trust > 0.0 => Some(round3(scram / trust)),
+        _ => None,
+    };
+    Ok(ConnectResult {
+        iterations,
+        lease_auth_flag: ctx.has_lease_auth,
+        todo,
+        kinds,
+        scram_over_trust,
+    })
+}
+
+/// Leases from `daemon`, measures its URL, releases.
+async fn lease_kind(
+    daemon: &Daemon,
+    admin_conn: &tokio_postgres::Client,
+    template: &str,
+    name: &str,
+    description: &str,
+    iterations: usize,
+) -> Result<ConnectKind> {
+    let api = daemon.api()?;
+    let lease = api.lease(template, WAIT_MS).await?;
+    let url = lease.url.clone();
+    let mut kind = measure(name, description, iterations, || admin::connect_url(&url)).await;
+    kind.verifier = verifier(admin_conn, &lease.user).await;
+    api.release(&lease.id, true).await?;
+    Ok(kind)
+}
+
+/// Creates the stock-SCRAM role, measures it, drops it.
+async fn stock_scram(
+    server: &ServerInfo,
+    admin_conn: &tokio_postgres::Client,
+    iterations: usize,
+) -> Result<ConnectKind> {
+    // pg_hba admits a TCP role only to the database of its own name (`sameuser`).
+    admin::execute_each(
+        admin_conn,
+        &[
+            "SET password_encryption = 'scram-sha-256'".to_string(),
+            format!("DROP DATABASE IF EXISTS {STOCK_ROLE} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {STOCK_ROLE}"),
+            format!("CREATE ROLE {STOCK_ROLE} LOGIN PASSWORD '{STOCK_PASSWORD}'"),
+            format!(
+                "CREATE DATABASE {STOCK_ROLE} OWNER {STOCK_ROLE} TEMPLATE template0 STRATEGY FILE_COPY"
+            ),
+        ],
+        "creating the stock-SCRAM role and its database",
+    )
+    .await?;
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(server.port)
+        .user(STOCK_ROLE)
+        .password(STOCK_PASSWORD)
+        .dbname(STOCK_ROLE);
+    let mut kind = measure(
+        "stock-scram",
+        "a role with a plain PASSWORD (server-made SCRAM verifier, 4096 iterations), TCP, an empty database of its name",
+        iterations,
+        || admin::connect_config(&config, "stock SCRAM role"),
+    )
+    .await;
+    kind.verifier = verifier(admin_conn, STOCK_ROLE).await;
+    admin::execute_each(
+        admin_conn,
+        &[
+            format!("DROP DATABASE IF EXISTS {STOCK_ROLE} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {STOCK_ROLE}"),
+        ],
+        "dropping the stock-SCRAM role",
+    )
+    .await?;
+    Ok(kind)
+}
+
+/// The kind and iteration count of `role`'s stored password, e.g. `SCRAM-SHA-256$16`.
+async fn verifier(admin_conn: &tokio_postgres::Client, role: &str) -> Option<String> {
+    let row = admin_conn
+        .query_opt(
+            "SELECT split_part(rolpassword, ':', 1) FROM pg_authid WHERE rolname = $1",
+            &[&role],
+        )
+        .await
+        .ok()??;
+    row.get::<_, Option<String>>(0)
+}
+
+/// Connects, runs `SELECT 1`, disconnects, `iterations` times; times each.
+async fn measure<F, Fut>(
+    name: &str,
+    description: &str,
+    iterations: usize,
+    connect: F,
+) -> ConnectKind
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Conn>>,
+{
+    let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
+    let mut errors = 0;
+    let mut first_error = None;
+    for _ in 0..iterations {
+        let t0 = Instant::now();
+        let outcome = async {
+            let conn = connect().await?;
+            let selected = conn
+                .client
+                .simple_query("SELECT 1")
+                .await
+                .map_err(|e| BenchError::postgres("SELECT 1", e));
+            conn.close().await;
+            selected.map(|_| ())
+        }
+        .await;
+        match outcome {
+            Ok(()) => samples.push(t0.elapsed()),
+            Err(error) => {
+                errors += 1;
+                first_error.get_or_insert(error.to_string());
+                if errors >= 10 {
+                    break;
+                }
+            }
+        }
+    }
+    ConnectKind {
+        name: name.to_string(),
+        description: description.to_string(),
+        per_connection: Summary::of(&samples),
+        errors,
+        first_error,
+        verifier: None,
+    }
+}
