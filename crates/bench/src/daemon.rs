@@ -40,6 +40,9 @@ pub struct Launcher {
     pub log_dir: PathBuf,
     /// Where pids and instance directories are recorded for the shell's exit trap.
     pub pid_file: Option<PathBuf>,
+    /// Arguments appended to every daemon's command line (`--daemon-arg`), to measure a
+    /// configuration other than the defaults.
+    pub extra_args: Vec<String>,
     started: AtomicUsize,
     /// The last `server_version` a daemon reported, for the machine section.
     postgres_version: Arc<Mutex<String>>,
@@ -54,6 +57,7 @@ impl Launcher {
             binary,
             log_dir,
             pid_file,
+            extra_args: Vec::new(),
             started: AtomicUsize::new(0),
             postgres_version: Arc::default(),
         })
@@ -80,11 +84,17 @@ impl Launcher {
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             // Plain log lines whatever the caller's environment says.
-            .env("RUST_LOG", "info")
+            // PGLEASE_BENCH_LOG sets the daemons' log filter (e.g. pglease_pool=debug to
+            // see each clone's and drop's duration); info by default.
+            .env(
+                "RUST_LOG",
+                std::env::var("PGLEASE_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env_remove("NO_COLOR")
             .kill_on_drop(false);
         let spawned_at = Instant::now();

@@ -63,6 +63,10 @@ struct Cli {
     /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,7).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
+    /// An argument for every `pglease serve` started (repeatable), e.g.
+    /// `--daemon-arg=--clone-concurrency=4`.
+    #[arg(long = "daemon-arg", value_name = "ARG", allow_hyphen_values = true)]
+    daemon_args: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -291,7 +295,8 @@ fn context(cli: &Cli, plan: Plan) -> Result<Ctx> {
         .output()
         .map_err(|e| BenchError::io(format!("cannot run {} serve --help", binary.display()), e))?;
     let has_lease_auth = String::from_utf8_lossy(&help.stdout).contains("--lease-auth");
-    let launcher = Launcher::new(binary, log_dir, cli.pid_file.clone())?;
+    let mut launcher = Launcher::new(binary, log_dir, cli.pid_file.clone())?;
+    launcher.extra_args = cli.daemon_args.clone();
     Ok(Ctx {
         plan,
         launcher,

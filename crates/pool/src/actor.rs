@@ -851,7 +851,9 @@ impl Actor {
             return;
         };
         self.tracker.spawn(async move {
+            let started = std::time::Instant::now();
             let outcome = session.clone_database(&template_db, &clone).await;
+            tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
             let _ = jobs.send(JobResult::Cloned {
                 generation,
                 template,
@@ -897,7 +899,9 @@ impl Actor {
             return;
         };
         self.tracker.spawn(async move {
+            let started = std::time::Instant::now();
             let outcome = session.drop_database(&db).await;
+            tracing::debug!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "drop finished");
             let _ = jobs.send(JobResult::Dropped {
                 generation,
                 db,

@@ -12,6 +12,9 @@ pub const MAX_IDENT_BYTES: usize = 63;
 /// Prefix of every database and role pglease creates.
 pub const PREFIX: &str = "pglease_";
 
+/// Prefix of template databases.
+const TEMPLATE_PREFIX: &str = "pglease_tpl_";
+
 /// Database comment that marks what pglease created (with [`PREFIX`] on the name).
 pub const MARKER: &str = "created by pglease";
 
@@ -102,7 +105,11 @@ impl DbName {
         use sha2::Digest;
         let name_hash = hex::encode(sha2::Sha256::digest(name.as_str().as_bytes()));
         let fp_prefix = fingerprint.get(..16).unwrap_or(fingerprint);
-        DbName(format!("{PREFIX}tpl_{}_{}", &name_hash[..8], fp_prefix))
+        DbName(format!(
+            "{TEMPLATE_PREFIX}{}_{}",
+            &name_hash[..8],
+            fp_prefix
+        ))
     }
 
     /// A clone: `pglease_<instance>_<sequence number>`.
@@ -118,6 +125,11 @@ impl DbName {
     /// The name as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// True for a template database's name (see [`DbName::template`]).
+    pub fn is_template(&self) -> bool {
+        self.0.starts_with(TEMPLATE_PREFIX)
     }
 
     /// The name quoted for SQL.

@@ -5,7 +5,8 @@
 //! A new `Session` is opened every time postgres (re)starts or is reconnected; it does not
 //! decide what to clone or drop, it only carries it out.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -89,6 +90,9 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
+    /// Database-level settings of each template version (a cache of server facts shared by
+    /// the workers, not pool state).
+    template_settings: Arc<std::sync::Mutex<HashMap<DbName, Arc<Vec<(String, String)>>>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -190,6 +194,7 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
             lease_connections: params.lease_connections,
+            template_settings: Arc::default(),
         };
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
@@ -202,9 +207,9 @@ impl Session {
 
     /// Drops every database with our prefix and marker except complete templates of the
     /// current configuration, then our lease roles; nothing without the marker is touched.
-    /// A clone counts as marked when its comment says so or its owner is a marked lease
-    /// role: the role is created (and marked) before its database, so a daemon killed
-    /// between `CREATE DATABASE` and `COMMENT` leaves nothing unrecognisable. Failures to
+    /// A template is marked by its comment; a clone by its owner, a role with our prefix
+    /// that is a member of the owner role (or carries our comment), created before the
+    /// database, so a daemon killed at any point leaves nothing unrecognisable. Failures to
     /// drop one leftover are logged and the sweep goes on.
     async fn sweep(&mut self, templates: &[TemplateConfig]) -> Result<(), String> {
         // The current fingerprint of every configured template, by name.
@@ -228,8 +233,10 @@ impl Session {
                 "SELECT datname, datistemplate AND NOT datallowconn, \
                         coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
                  WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
-                   OR datdba IN (SELECT oid FROM pg_roles WHERE rolname LIKE $1 AND rolname <> $3 \
-                                 AND shobj_description(oid, 'pg_authid') LIKE $2))",
+                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE r.rolname LIKE $1 AND r.rolname <> $3 \
+                                 AND (shobj_description(r.oid, 'pg_authid') LIKE $2 \
+                                      OR r.oid IN (SELECT m.member FROM pg_auth_members m \
+                                                   JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $3))))",
                 &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
             )
             .await
@@ -267,8 +274,10 @@ impl Session {
         let client = self.client().await?;
         let roles = client
             .query(
-                "SELECT rolname FROM pg_roles WHERE rolname LIKE $1 AND rolname <> $2 \
-                 AND shobj_description(oid, 'pg_authid') LIKE $3",
+                "SELECT rolname FROM pg_roles r WHERE rolname LIKE $1 AND rolname <> $2 \
+                 AND (shobj_description(oid, 'pg_authid') LIKE $3 \
+                      OR oid IN (SELECT m.member FROM pg_auth_members m \
+                                 JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
                 &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
             )
             .await
@@ -375,15 +384,15 @@ impl Session {
         } else {
             "NOSUPERUSER"
         };
+        // Membership in the owner role (and the prefix) marks the role, and through it the
+        // database it owns, as ours: no comment to write on the hot path.
         client
             .batch_execute(&format!(
                 "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
-                   IN ROLE {owner}; \
-                 COMMENT ON ROLE {role} IS {marker};",
+                   IN ROLE {owner}",
                 limit = self.lease_connections,
                 verifier = quote_literal(&self.verifier(&password)),
                 owner = quote_ident(OWNER_ROLE),
-                marker = quote_literal(MARKER),
             ))
             .await
             .map_err(|e| pg_message(&e))?;
@@ -413,30 +422,18 @@ impl Session {
                 Err(e) => return Err(pg_message(&e)),
             }
         }
-        // CREATE DATABASE copies neither database-level settings nor the comment.
-        let settings = client
-            .query(
-                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s \
-                 JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1 AND s.setrole = 0",
-                &[&template_db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
+        // CREATE DATABASE does not copy database-level grants or settings.
         let mut sql = format!(
-            "REVOKE CONNECT, TEMPORARY ON DATABASE {db} FROM PUBLIC; COMMENT ON DATABASE {db} IS {marker};",
-            db = clone.quoted(),
-            marker = quote_literal(MARKER)
+            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;",
+            clone.quoted()
         );
-        for row in settings {
-            let setting: String = row.get(0);
-            if let Some((name, value)) = setting.split_once('=') {
-                sql.push_str(&format!(
-                    " ALTER DATABASE {} SET {} TO {};",
-                    clone.quoted(),
-                    quote_ident(name),
-                    quote_literal(value)
-                ));
-            }
+        for (name, value) in self.template_settings(&client, template_db).await?.iter() {
+            sql.push_str(&format!(
+                " ALTER DATABASE {} SET {} TO {};",
+                clone.quoted(),
+                quote_ident(name),
+                quote_literal(value)
+            ));
         }
         client
             .batch_execute(&sql)
@@ -459,6 +456,45 @@ impl Session {
         limit != self.lease_connections
     }
 
+    /// The database-level settings of a template version, read once and then cached: a
+    /// version never changes after its build.
+    async fn template_settings(
+        &self,
+        client: &tokio_postgres::Client,
+        template_db: &DbName,
+    ) -> Result<Arc<Vec<(String, String)>>, String> {
+        let cached = self
+            .template_settings
+            .lock()
+            .ok()
+            .and_then(|cache| cache.get(template_db).cloned());
+        if let Some(settings) = cached {
+            return Ok(settings);
+        }
+        let rows = client
+            .query(
+                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s \
+                 JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1 AND s.setrole = 0",
+                &[&template_db.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        let settings: Arc<Vec<(String, String)>> = Arc::new(
+            rows.iter()
+                .filter_map(|row| {
+                    let setting: String = row.get(0);
+                    setting
+                        .split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                })
+                .collect(),
+        );
+        if let Ok(mut cache) = self.template_settings.lock() {
+            cache.insert(template_db.clone(), settings.clone());
+        }
+        Ok(settings)
+    }
+
     /// Gets a clone ready to lease again — after a `reuse` release, or adopted from an
     /// earlier run: a new password and the default connection limit first (and the plain
     /// marker), then every session of the previous holder ended. Returns the new password.
@@ -469,12 +505,11 @@ impl Session {
             .batch_execute(&format!(
                 // The plain marker again: an adopted clone must not stay "ready" for a
                 // later run while someone holds it.
-                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS {};",
+                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS NULL;",
                 quote_ident(clone.as_str()),
                 self.lease_connections,
                 quote_literal(&self.verifier(&password)),
                 clone.quoted(),
-                quote_literal(MARKER)
             ))
             .await
             .map_err(|e| pg_message(&e))?;
@@ -498,9 +533,23 @@ impl Session {
         scram::verifier(password, iterations)
     }
 
-    /// Drops `db` if it exists, ending its sessions; a template is unmarked first.
+    /// Drops `db` if it exists, ending its sessions, and the role named like it; a template
+    /// is unmarked first. A clone takes two statements and no look-ups (the hot path).
     pub async fn drop_database(&self, db: &DbName) -> Result<(), String> {
         let client = self.client().await?;
+        if !db.is_template() {
+            client
+                .batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                    db.quoted()
+                ))
+                .await
+                .map_err(|e| pg_message(&e))?;
+            return client
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(db.as_str())))
+                .await
+                .map_err(|e| pg_message(&e));
+        }
         let row = client
             .query_opt(
                 "SELECT datistemplate FROM pg_database WHERE datname = $1",
