@@ -22,6 +22,9 @@ use crate::{scram, template};
 /// database, so membership gives nothing outside that clone.
 pub const OWNER_ROLE: &str = "pglease_owner";
 
+/// Database-level settings (name, value) of a template version.
+type Settings = Arc<Vec<(String, String)>>;
+
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[
     "fsync",
@@ -92,7 +95,7 @@ pub struct Session {
     lease_connections: u32,
     /// Database-level settings of each template version (a cache of server facts shared by
     /// the workers, not pool state).
-    template_settings: Arc<std::sync::Mutex<HashMap<DbName, Arc<Vec<(String, String)>>>>>,
+    template_settings: Arc<std::sync::Mutex<HashMap<DbName, Settings>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -462,7 +465,7 @@ impl Session {
         &self,
         client: &tokio_postgres::Client,
         template_db: &DbName,
-    ) -> Result<Arc<Vec<(String, String)>>, String> {
+    ) -> Result<Settings, String> {
         let cached = self
             .template_settings
             .lock()
@@ -479,7 +482,7 @@ impl Session {
             )
             .await
             .map_err(|e| pg_message(&e))?;
-        let settings: Arc<Vec<(String, String)>> = Arc::new(
+        let settings: Settings = Arc::new(
             rows.iter()
                 .filter_map(|row| {
                     let setting: String = row.get(0);
