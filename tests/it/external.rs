@@ -177,6 +177,17 @@ async fn ready_clones_survive_a_clean_restart_and_leased_ones_do_not() {
     // The next run adopts them: its first leases are those very databases, with new
     // passwords that work.
     let second = TestDaemon::builder().args(args).start().await;
+    // Adoption ends when both have a new password and sit in the ready queue (a lease
+    // asked earlier could be served by a fresh clone that happened to finish first).
+    crate::support::poll_until(
+        std::time::Duration::from_secs(10),
+        "the adopted clones",
+        || async {
+            let status = second.template_status("default").await;
+            (status["ready"] == 2 && status["in_progress"] == 0).then_some(())
+        },
+    )
+    .await;
     let mut adopted = Vec::new();
     for _ in 0..2 {
         let lease = second.lease_ok("default").await;
