@@ -294,3 +294,46 @@ async fn a_closed_log_pipe_does_not_kill_the_daemon() {
         .expect("wait");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn a_kept_data_directory_is_started_again_with_its_templates_and_ready_clones() {
+    let dir = PathBuf::from(format!("/dev/shm/pglease-test-kept-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let args = vec![
+        "--data-dir".to_owned(),
+        dir.display().to_string(),
+        "--keep-data".to_owned(),
+        "--min-ready".to_owned(),
+        "2".to_owned(),
+    ];
+    let first = TestDaemon::builder().args(args.clone()).start().await;
+    let leased = first.lease_ok("default").await;
+    let fingerprint = leased["fingerprint"].clone();
+    poll_until(Duration::from_secs(10), "two warm clones", || async {
+        (first.template_status("default").await["ready"] == 2).then_some(())
+    })
+    .await;
+    assert!(first.stop().await.success());
+
+    let second = TestDaemon::builder().args(args).start().await;
+    poll_until(Duration::from_secs(10), "the adopted clones", || async {
+        let status = second.template_status("default").await;
+        (status["ready"] == 2 && status["in_progress"] == 0).then_some(())
+    })
+    .await;
+    let log = second.log();
+    assert!(log.contains("cluster_origin=Kept"), "{log}");
+    assert!(log.contains("template already built"), "{log}");
+    assert!(log.contains("adopting a ready clone"), "{log}");
+    let lease = second.lease_ok("default").await;
+    assert_eq!(lease["fingerprint"], fingerprint);
+    assert_ne!(
+        lease["database"], leased["database"],
+        "the leased clone was dropped at the stop"
+    );
+    connect(&lease)
+        .await
+        .expect("an adopted clone with a new password");
+    assert!(second.stop().await.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

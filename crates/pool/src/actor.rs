@@ -191,6 +191,10 @@ pub async fn start(
         state,
         inputs,
         external: matches!(config.server, ServerConfig::External(_)),
+        server_outlives_us: match &config.server {
+            ServerConfig::External(_) => true,
+            ServerConfig::Embedded(embedded) => embedded.keep_data && embedded.data_dir.is_some(),
+        },
         target: Some(target),
         running: None,
         session: None,
@@ -304,6 +308,8 @@ struct Actor {
     state: PoolState,
     inputs: UpInputs,
     external: bool,
+    /// An external server, or a kept data directory: what we leave is found next time.
+    server_outlives_us: bool,
     /// None while a (re)start task holds it.
     target: Option<Target>,
     running: Option<RunningPostgres>,
@@ -955,9 +961,10 @@ impl Actor {
         let actions = self.state.stopping();
         self.apply(actions);
         self.tracker.close();
-        // An external server outlives us: drop our clones there (templates stay for reuse).
-        // Clones still being made are waited for first, or they would outlive us unseen.
-        if self.external {
+        // A server that outlives us (external, or a kept data directory): templates stay for
+        // reuse, ready clones stay marked for adoption, the rest is dropped. Clones still
+        // being made are waited for first, or they would outlive us unseen.
+        if self.server_outlives_us {
             let tracker = self.tracker.clone();
             let drain = async {
                 loop {

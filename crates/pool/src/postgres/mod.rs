@@ -76,12 +76,18 @@ pub enum ClusterOrigin {
     InitdbCached,
     /// initdb ran; the cache could not be used.
     InitdbUncached,
+    /// The cluster a clean stop left in a kept data directory (`keep_data` with `data_dir`),
+    /// with its templates and ready clones.
+    Kept,
 }
 
 impl ClusterOrigin {
     /// Whether initdb ran for this start.
     pub fn ran_initdb(self) -> bool {
-        self != ClusterOrigin::CopiedFromCache
+        matches!(
+            self,
+            ClusterOrigin::InitdbCached | ClusterOrigin::InitdbUncached
+        )
     }
 }
 
@@ -98,6 +104,9 @@ pub struct Embedded {
     initdb_args: Vec<String>,
     /// The generation of the last start; each start uses `pgdata-<generation>`.
     generation: u32,
+    /// A cleanly stopped cluster of a kept data directory, started again by the first
+    /// start instead of a fresh one.
+    kept_generation: Option<u32>,
     /// The port of the last start, reused when still free so clients' settings survive.
     last_port: Option<u16>,
 }
@@ -128,6 +137,12 @@ impl Embedded {
             .unwrap_or_else(initdb::default_cache_root);
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
+        // Only a configured, kept directory is reused, and only a cluster stopped cleanly:
+        // a postmaster.pid left behind means it crashed (or was killed) mid-flight.
+        let kept_generation = (config.keep_data && config.data_dir.is_some() && generation > 0)
+            .then(|| instance.cluster_dir(generation))
+            .filter(|dir| dir.join("PG_VERSION").exists() && !dir.join("postmaster.pid").exists())
+            .map(|_| generation);
         info!(
             instance_dir = %instance.dir.display(),
             bin_dir = %binaries.bin_dir.display(),
@@ -144,6 +159,7 @@ impl Embedded {
             cache,
             initdb_args,
             generation,
+            kept_generation,
             last_port: None,
         })
     }
@@ -156,7 +172,11 @@ impl Embedded {
     /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
         let started = Instant::now();
-        self.generation += 1;
+        let reuse = self.kept_generation.take();
+        match reuse {
+            Some(kept) => self.generation = kept,
+            None => self.generation += 1,
+        }
         let launch = Launch {
             binaries: self.binaries.clone(),
             run_as: self.run_as.clone(),
@@ -170,6 +190,7 @@ impl Embedded {
             config: (*self.config).clone(),
             generation: self.generation,
             previous_port: self.last_port,
+            reuse_existing: reuse.is_some(),
         };
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
@@ -257,6 +278,8 @@ struct Launch {
     config: EmbeddedConfig,
     generation: u32,
     previous_port: Option<u16>,
+    /// Start the cluster already in `data_dir` (a kept one) instead of making one.
+    reuse_existing: bool,
 }
 
 /// A spawned (not yet ready) postmaster.
@@ -274,11 +297,15 @@ impl Launch {
         // directory per generation also gives the new postmaster a new SysV shared
         // memory key, so backends lingering from a killed one cannot block it.
         instance::remove_stale_clusters(&self.instance_dir, &self.data_dir);
-        if self.data_dir.exists() {
-            std::fs::remove_dir_all(&self.data_dir)
-                .map_err(|e| io_error("cannot remove", &self.data_dir, e))?;
-        }
-        let origin = self.make_cluster()?;
+        let origin = if self.reuse_existing {
+            ClusterOrigin::Kept
+        } else {
+            if self.data_dir.exists() {
+                std::fs::remove_dir_all(&self.data_dir)
+                    .map_err(|e| io_error("cannot remove", &self.data_dir, e))?;
+            }
+            self.make_cluster()?
+        };
         let hba = self.data_dir.join("pg_hba.conf");
         // Overwriting keeps the file's owner (the server's user) and mode.
         std::fs::write(&hba, pg_hba(self.config.lease_auth))
