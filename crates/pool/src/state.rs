@@ -194,7 +194,7 @@ impl TemplateEntry {
     }
 }
 
-/// What [`PoolState::register`] did.
+/// What registering a template at run time did (`PoolHandle::register`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Registered {
     /// A new template.
