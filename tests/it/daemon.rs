@@ -255,8 +255,8 @@ async fn a_closed_log_pipe_does_not_kill_the_daemon() {
     if let Ok(bin_dir) = std::env::var(crate::support::PG_BIN_ENV) {
         command.arg("--pg-bin-dir").arg(bin_dir);
     }
-    let mut child = command.spawn().expect("spawn");
-    let stderr = child.stderr.take().expect("piped");
+    let mut child = KillOnDrop(command.spawn().expect("spawn"));
+    let stderr = child.0.stderr.take().expect("piped");
     let addr = tokio::task::spawn_blocking(move || {
         let mut reader = BufReader::new(stderr);
         let mut line = String::new();
@@ -286,13 +286,25 @@ async fn a_closed_log_pipe_does_not_kill_the_daemon() {
             .expect("the daemon still answers");
         assert_eq!(response.status().as_u16(), 201);
     }
-    let pid = Pid::from_raw(child.id() as i32);
+    let pid = Pid::from_raw(child.0.id() as i32);
     kill(pid, Signal::SIGTERM).expect("sigterm");
-    let status = tokio::task::spawn_blocking(move || child.wait())
+    let status = tokio::task::spawn_blocking(move || child.0.wait())
         .await
         .expect("join")
         .expect("wait");
     assert!(status.success(), "{status:?}");
+}
+
+/// A child process killed (and reaped) if the test fails before it ends it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 #[tokio::test]

@@ -35,6 +35,8 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(2);
 /// Fast shutdown of postgres gets this long before SIGKILL.
 const POSTGRES_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What a job reports when it finds no server to work on.
+const NOT_RUNNING: &str = "postgres is not running";
 /// Capacity of the command channel; senders wait when it is full.
 const COMMAND_CAPACITY: usize = 1024;
 
@@ -708,23 +710,28 @@ impl Actor {
     /// Hands a granted lease to its waiter. A lease that asked for its own connection limit
     /// first has its role changed by a worker (the default limit costs no SQL here).
     fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
-        let Some(session) = self.session.clone() else {
-            return self.send_lease(waiter, grant);
-        };
-        if !session.needs_connection_limit(grant.connections) {
+        let custom = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.needs_connection_limit(grant.connections));
+        if !custom {
             return self.send_lease(waiter, grant);
         }
-        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
-        self.tracker.spawn(async move {
-            let outcome = session
-                .set_connection_limit(&grant.database, grant.connections)
-                .await;
-            let _ = jobs.send(JobResult::LimitSet {
+        self.spawn_job(move |session, generation| async move {
+            let outcome = match session {
+                Some(session) => {
+                    session
+                        .set_connection_limit(&grant.database, grant.connections)
+                        .await
+                }
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::LimitSet {
                 generation,
                 waiter,
                 grant,
                 outcome,
-            });
+            }
         });
         None
     }
@@ -787,33 +794,42 @@ impl Actor {
         }
     }
 
+    /// Runs `work` on a worker task with the session of the current server generation
+    /// (None while postgres is down) and sends the result it builds back to the actor.
+    fn spawn_job<F, Fut>(&mut self, work: F)
+    where
+        F: FnOnce(Option<Session>, u64) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = JobResult> + Send + 'static,
+    {
+        let (generation, jobs, session) =
+            (self.generation, self.jobs_tx.clone(), self.session.clone());
+        self.tracker.spawn(async move {
+            let _ = jobs.send(work(session, generation).await);
+        });
+    }
+
     fn spawn_build(&mut self, template: TemplateName, source: TemplateSource) {
-        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
-        let Some(session) = self.session.clone() else {
-            let _ = jobs.send(JobResult::Built {
-                generation,
-                template,
-                stamp: SourceStamp::default(),
-                outcome: Err("postgres is not running".into()),
-            });
-            return;
-        };
         // --verify-templates: the first build of each template in this run starts from
         // scratch even if a template with the same fingerprint exists.
         let reuse_existing = !self.verify_templates || !self.verified.insert(template.clone());
         tracing::info!(template = %template, ?source, "building template");
-        self.tracker.spawn(async move {
+        self.spawn_job(move |session, generation| async move {
             let stamp_source = source.clone();
             let stamp = tokio::task::spawn_blocking(move || template::stamp(&stamp_source))
                 .await
                 .unwrap_or_default();
-            let outcome = template::build(&session, &template, &source, reuse_existing).await;
-            let _ = jobs.send(JobResult::Built {
+            let outcome = match session {
+                Some(session) => {
+                    template::build(&session, &template, &source, reuse_existing).await
+                }
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::Built {
                 generation,
                 template,
                 stamp,
                 outcome,
-            });
+            }
         });
     }
 
@@ -845,74 +861,52 @@ impl Actor {
     }
 
     fn spawn_clone(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
-        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
-        let Some(session) = self.session.clone() else {
-            let _ = jobs.send(JobResult::Cloned {
-                generation,
-                template,
-                template_db,
-                clone,
-                outcome: Err("postgres is not running".into()),
-            });
-            return;
-        };
-        self.tracker.spawn(async move {
+        self.spawn_job(move |session, generation| async move {
             let started = std::time::Instant::now();
-            let outcome = session.clone_database(&template_db, &clone).await;
+            let outcome = match session {
+                Some(session) => session.clone_database(&template_db, &clone).await,
+                None => Err(NOT_RUNNING.into()),
+            };
             tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
-            let _ = jobs.send(JobResult::Cloned {
+            JobResult::Cloned {
                 generation,
                 template,
                 template_db,
                 clone,
                 outcome,
-            });
+            }
         });
     }
 
     fn spawn_recycle(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
-        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
-        let Some(session) = self.session.clone() else {
-            let _ = jobs.send(JobResult::Cloned {
-                generation,
-                template,
-                template_db,
-                clone,
-                outcome: Err("postgres is not running".into()),
-            });
-            return;
-        };
-        self.tracker.spawn(async move {
-            let outcome = session.recycle(&clone).await;
-            let _ = jobs.send(JobResult::Cloned {
+        self.spawn_job(move |session, generation| async move {
+            let outcome = match session {
+                Some(session) => session.recycle(&clone).await,
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::Cloned {
                 generation,
                 template,
                 template_db,
                 clone,
                 outcome,
-            });
+            }
         });
     }
 
     fn spawn_drop(&mut self, db: DbName) {
-        let (generation, jobs) = (self.generation, self.jobs_tx.clone());
-        let Some(session) = self.session.clone() else {
-            let _ = jobs.send(JobResult::Dropped {
-                generation,
-                db,
-                outcome: Err("postgres is not running".into()),
-            });
-            return;
-        };
-        self.tracker.spawn(async move {
+        self.spawn_job(move |session, generation| async move {
             let started = std::time::Instant::now();
-            let outcome = session.drop_database(&db).await;
+            let outcome = match session {
+                Some(session) => session.drop_database(&db).await,
+                None => Err(NOT_RUNNING.into()),
+            };
             tracing::debug!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "drop finished");
-            let _ = jobs.send(JobResult::Dropped {
+            JobResult::Dropped {
                 generation,
                 db,
                 outcome,
-            });
+            }
         });
     }
 

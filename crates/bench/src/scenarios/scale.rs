@@ -222,7 +222,16 @@ async fn queue_run(
 async fn memory(ctx: &Ctx) -> Result<MemoryResult> {
     let leases = ctx.plan.rss_leases;
     let mut daemon_args = vec!["--max-total".to_string(), leases.to_string()];
-    daemon_args.extend(strings(&["--min-ready", "0", "--clone-concurrency", "2"]));
+    // One connection per lease: with the default 10, postgres' max_connections (capped at
+    // 5,000) leaves room for ~500 open leases, and the rest would queue for connections.
+    daemon_args.extend(strings(&[
+        "--min-ready",
+        "0",
+        "--clone-concurrency",
+        "2",
+        "--lease-connections",
+        "1",
+    ]));
     let mut args = daemon_args.clone();
     args.extend(ctx.cache_args());
     let daemon = ctx.launcher.start("scale-memory", &args).await?;
