@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use pglease_api::ApiConfig;
+use pglease_api::{ApiConfig, Token};
 use pglease_pool::config::{CommandSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS};
 use pglease_pool::{
     CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
@@ -57,9 +57,21 @@ pub struct ServeArgs {
     /// TOML config file (see README: Configuration).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of the HTTP API [default: 127.0.0.1:5480].
+    /// Address of the HTTP API [default: 127.0.0.1:5480]. Any address but loopback needs --token.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Bearer token every API request must carry (health checks excepted); required when
+    /// --listen is not a loopback address.
+    #[arg(
+        long,
+        env = "PGLEASE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Lease requests that may wait at once; more get 429 [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_waiting: Option<usize>,
     /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty. Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
@@ -182,6 +194,14 @@ pub struct ClientArgs {
     /// URL of the pglease daemon.
     #[arg(long, env = "PGLEASE_URL", default_value = DEFAULT_SERVER, value_name = "URL")]
     pub server: String,
+    /// The daemon's bearer token, if it has one.
+    #[arg(
+        long,
+        env = "PGLEASE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 /// `pglease lease`.
@@ -289,6 +309,7 @@ struct ConfigFile {
     default_ttl_secs: Option<u64>,
     lease_connections: Option<u32>,
     max_bytes: Option<String>,
+    max_waiting: Option<usize>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -350,6 +371,10 @@ impl ServeArgs {
                 .lease_connections
                 .or(file.lease_connections)
                 .unwrap_or(defaults.lease_connections),
+            max_waiting: self
+                .max_waiting
+                .or(file.max_waiting)
+                .unwrap_or(defaults.max_waiting),
             max_bytes: self
                 .max_bytes
                 .or(file.max_bytes)
@@ -489,11 +514,22 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e| format!("default listen address: {e}"))?,
         };
+        let token = match self.token {
+            Some(token) if token.trim().is_empty() => return Err("--token is empty".into()),
+            Some(token) => Some(Token::new(token)),
+            None if !listen.ip().is_loopback() => {
+                return Err(format!(
+                    "--listen {listen} is not a loopback address: give a --token (or PGLEASE_TOKEN) that clients must send"
+                ))
+            }
+            None => None,
+        };
         Ok(ServeConfig {
             listen,
             api: ApiConfig {
                 max_ttl: limits.max_ttl,
                 allow_http_commands: self.allow_http_commands,
+                token,
                 ..ApiConfig::default()
             },
             pool: PoolConfig {

@@ -16,6 +16,7 @@ type Result<T> = std::result::Result<T, ClientError>;
 struct Client {
     http: reqwest::Client,
     base: String,
+    token: Option<String>,
 }
 
 impl Client {
@@ -26,11 +27,16 @@ impl Client {
         Ok(Client {
             http,
             base: args.server.trim_end_matches('/').to_owned(),
+            token: args.token.clone(),
         })
     }
 
     /// Sends a request and returns the JSON body of a 2xx answer (Null when empty).
     async fn call(&self, request: reqwest::RequestBuilder) -> Result<Value> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
         let response = request.send().await.map_err(|e| {
             if e.is_connect() {
                 ClientError(format!(

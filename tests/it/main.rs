@@ -13,5 +13,6 @@ mod freshness;
 mod full_tmpfs;
 mod leases;
 mod register;
+mod security;
 mod support;
 mod templates;

@@ -62,6 +62,15 @@ impl ApiError {
         )
     }
 
+    /// 401: no or a wrong bearer token.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this pglease requires Authorization: Bearer <token> (the daemon's --token / PGLEASE_TOKEN)",
+        )
+    }
+
     /// 403: the daemon does not allow this.
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
@@ -134,6 +143,9 @@ impl From<LeaseError> for ApiError {
                 "insufficient_storage",
                 message,
             ),
+            LeaseError::TooManyWaiting { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_waiting", message)
+            }
             LeaseError::Internal(_) => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
@@ -170,7 +182,14 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -13,6 +13,9 @@
 //! - `GET    /status`             — postgres, templates, open leases (`routes::status::status`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
+//!
+//! With a token configured every route but `/healthz` and `/readyz` needs
+//! `Authorization: Bearer <token>` (`require_token`). No CORS headers are sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,7 +36,7 @@ pub use error::ApiError;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Limits the API applies to requests before they reach the pool.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ApiConfig {
     /// `wait_ms` when a request names none.
     pub default_wait: Duration,
@@ -41,6 +44,8 @@ pub struct ApiConfig {
     pub max_wait: Duration,
     /// Largest `ttl_secs` accepted.
     pub max_ttl: Duration,
+    /// Every request but `/healthz` and `/readyz` must carry `Authorization: Bearer <token>`.
+    pub token: Option<Token>,
     /// `PUT /templates/{name}` may register `command` sources (commands run as the
     /// daemon's OS user, so this is off unless the operator trusts every API client).
     pub allow_http_commands: bool,
@@ -53,7 +58,37 @@ impl Default for ApiConfig {
             max_wait: Duration::from_secs(10 * 60),
             max_ttl: Duration::from_secs(24 * 60 * 60),
             allow_http_commands: false,
+            token: None,
         }
+    }
+}
+
+/// The API's bearer token; its `Debug` does not show it.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a token; empty ones are refused by the caller.
+    pub fn new(token: String) -> Self {
+        Token(token)
+    }
+
+    /// Compares in constant time: both sides are hashed first, so neither the time taken
+    /// nor the lengths tell anything about the token.
+    fn matches(&self, given: &str) -> bool {
+        use sha2::{Digest, Sha256};
+        use subtle::ConstantTimeEq;
+        let (expected, given) = (
+            Sha256::digest(self.0.as_bytes()),
+            Sha256::digest(given.as_bytes()),
+        );
+        expected.as_slice().ct_eq(given.as_slice()).into()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
     }
 }
 
@@ -106,7 +141,37 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
         .with_state(state)
+}
+
+/// With a token configured, lets through only requests that carry it (health checks
+/// excepted, so container and systemd probes need no secret).
+async fn require_token(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(token) = &state.config.token else {
+        return next.run(request).await;
+    };
+    if matches!(request.uri().path(), "/healthz" | "/readyz") {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if given.is_some_and(|given| token.matches(given)) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then lets in-flight requests finish.

@@ -70,6 +70,8 @@ pub struct PoolLimits {
     pub max_ttl: Duration,
     /// A lease's connection limit when the request names none.
     pub lease_connections: u32,
+    /// Lease requests waiting at once, over all templates; more get an error at once.
+    pub max_waiting: usize,
     /// Bytes templates and clones may take in all; None: no limit. (The embedded server
     /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
     pub max_bytes: Option<u64>,
@@ -85,6 +87,7 @@ impl Default for PoolLimits {
             max_ttl: Duration::from_secs(24 * 60 * 60),
             lease_connections: 10,
             max_bytes: None,
+            max_waiting: 1024,
         }
     }
 }

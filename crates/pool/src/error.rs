@@ -218,6 +218,12 @@ pub enum LeaseError {
         /// The budget.
         budget: u64,
     },
+    /// Too many requests are already waiting for a lease.
+    #[error("{waiting} lease requests are already waiting (the most this pglease queues); try again shortly")]
+    TooManyWaiting {
+        /// Requests waiting.
+        waiting: usize,
+    },
     /// Something inside the pool failed (the actor did not answer).
     #[error("internal error: {0}")]
     Internal(String),

@@ -337,6 +337,14 @@ impl PoolState {
             .ttl
             .unwrap_or(self.limits.default_ttl)
             .min(self.limits.max_ttl);
+        let waiting: usize = self.templates.values().map(|e| e.waiters.len()).sum();
+        if waiting >= self.limits.max_waiting {
+            actions.push(Action::Fail {
+                waiter,
+                error: LeaseError::TooManyWaiting { waiting },
+            });
+            return actions;
+        }
         let connections = request.connections.unwrap_or(self.limits.lease_connections);
         if connections > self.connection_budget {
             actions.push(Action::Fail {

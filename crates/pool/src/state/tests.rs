@@ -16,6 +16,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         max_ttl: Duration::from_secs(600),
         lease_connections: 10,
         max_bytes: None,
+        max_waiting: 1024,
     }
 }
 

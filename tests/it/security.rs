@@ -1,0 +1,134 @@
+//! Who gets in: a bearer token when one is set (always when listening beyond loopback),
+//! compared in constant time; health checks stay open; no CORS headers; a cap on waiting
+//! requests.
+
+use serde_json::json;
+
+use crate::support::{binary, TestDaemon};
+
+#[tokio::test]
+async fn a_token_guards_every_route_but_health_checks() {
+    let daemon = TestDaemon::builder()
+        .args(["--token", "s3cret-token"])
+        .start()
+        .await;
+    let lease = |auth: Option<&str>| {
+        let mut request = daemon
+            .http
+            .post(format!("{}/lease", daemon.base))
+            .json(&json!({}));
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        request
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cret-token-but-longer"),
+        Some("s3cret-token"),
+        Some("Basic czNjcmV0"),
+    ] {
+        let response = lease(auth).send().await.expect("request");
+        assert_eq!(response.status().as_u16(), 401, "{auth:?}");
+        assert_eq!(
+            response
+                .headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap_or("")),
+            Some("Bearer")
+        );
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "unauthorized");
+    }
+    let (status, _) = daemon.send(lease(Some("Bearer s3cret-token"))).await;
+    assert_eq!(status, 201);
+    for path in ["/status", "/templates"] {
+        let (status, _) = daemon.get(path).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (status, _) = daemon.get(path).await;
+        assert_eq!(status, 200, "{path} stays open for probes");
+    }
+    // The CLI sends the token from PGLEASE_TOKEN.
+    let base = daemon.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        binary()
+            .arg("lease")
+            .env("PGLEASE_URL", &base)
+            .env("PGLEASE_TOKEN", "s3cret-token")
+            .output()
+            .expect("run")
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The token never shows in the log.
+    assert!(!daemon.log().contains("s3cret-token"));
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_requires_a_token() {
+    let out = binary()
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env_remove("PGLEASE_TOKEN")
+        .output()
+        .expect("run");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{log}");
+    assert!(log.contains("--token"), "{log}");
+}
+
+#[tokio::test]
+async fn no_cors_headers_are_sent() {
+    let daemon = TestDaemon::start().await;
+    for method in ["GET", "OPTIONS"] {
+        let response = daemon
+            .http
+            .request(
+                method.parse().expect("method"),
+                format!("{}/status", daemon.base),
+            )
+            .header("origin", "https://evil.example")
+            .header("access-control-request-method", "POST")
+            .send()
+            .await
+            .expect("request");
+        let cors: Vec<_> = response
+            .headers()
+            .keys()
+            .filter(|name| name.as_str().starts_with("access-control-"))
+            .collect();
+        assert!(cors.is_empty(), "{method}: {cors:?}");
+    }
+}
+
+#[tokio::test]
+async fn too_many_waiting_requests_get_429() {
+    let daemon = TestDaemon::builder()
+        .args(["--max-waiting", "1", "--max-total", "1", "--min-ready", "1"])
+        .start()
+        .await;
+    let _held = daemon.lease_ok("default").await;
+    let waiter = daemon.lease_in_background(json!({ "wait_ms": 3000 }));
+    daemon.wait_for_waiting("default", 1).await;
+    let response = daemon
+        .http
+        .post(format!("{}/lease", daemon.base))
+        .json(&json!({ "wait_ms": 3000 }))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    let answer = waiter.await.expect("waiter");
+    assert_eq!(
+        answer.status, 504,
+        "the waiting one still times out normally"
+    );
+}
