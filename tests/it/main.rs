@@ -9,6 +9,7 @@ mod connections;
 mod credentials;
 mod daemon;
 mod external;
+mod faults;
 mod freshness;
 mod full_tmpfs;
 mod leases;

@@ -1,0 +1,152 @@
+//! Faults: the daemon killed (SIGKILL) at random moments while 32 workers lease, mark and
+//! release, on a server that outlives it — no database is ever held by two workers, and
+//! nothing is left behind that the pool does not know about.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::{connect, poll_until, PlainPostgres, TestDaemon};
+
+/// Kill cycles in CI (the soak script runs more).
+const CYCLES: usize = 20;
+const WORKERS: usize = 32;
+
+/// What the workers saw.
+#[derive(Default)]
+struct Tally {
+    tests: AtomicUsize,
+    double_leases: AtomicUsize,
+    errors: AtomicUsize,
+}
+
+/// One worker: lease → mark with its lease id → check no other mark → release (drop).
+/// Errors are expected while the daemon is being killed; only a foreign mark is a failure.
+async fn worker(base: String, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    while !stop.load(Ordering::Relaxed) {
+        let lease: serde_json::Value = match http
+            .post(format!("{base}/lease"))
+            .json(&json!({ "wait_ms": 2000 }))
+            .send()
+            .await
+        {
+            Ok(response) if response.status().as_u16() == 201 => match response.json().await {
+                Ok(lease) => lease,
+                Err(_) => continue,
+            },
+            _ => {
+                tally.errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let id = lease["id"].as_str().unwrap_or_default().to_owned();
+        if let Ok(client) = connect(&lease).await {
+            let marked = client
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS marker (lease text); INSERT INTO marker VALUES ('{id}')"
+                ))
+                .await;
+            if marked.is_ok() {
+                if let Ok(rows) = client
+                    .query("SELECT lease FROM marker WHERE lease <> $1", &[&id])
+                    .await
+                {
+                    if !rows.is_empty() {
+                        tally.double_leases.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tally.tests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = http.delete(format!("{base}/leases/{id}")).send().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
+    let server = PlainPostgres::start("kill-cycles");
+    let admin = server.connect().await;
+    let args = vec![
+        "--postgres-url".to_owned(),
+        server.url(),
+        "--min-ready".to_owned(),
+        "4".to_owned(),
+        "--max-total".to_owned(),
+        "48".to_owned(),
+        "--lease-connections".to_owned(),
+        "2".to_owned(),
+    ];
+    let tally = Arc::new(Tally::default());
+    // A simple generator for the moments of the kills (no test-only dependency needed).
+    let mut seed = u64::from(std::process::id()) | 1;
+    for _ in 0..CYCLES {
+        let daemon = TestDaemon::builder().args(args.clone()).start().await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|_| tokio::spawn(worker(daemon.base.clone(), stop.clone(), tally.clone())))
+            .collect();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        tokio::time::sleep(Duration::from_millis(150 + seed % 500)).await;
+        daemon.kill();
+        stop.store(true, Ordering::Relaxed);
+        for worker in workers {
+            let _ = worker.await;
+        }
+    }
+    assert_eq!(
+        tally.double_leases.load(Ordering::Relaxed),
+        0,
+        "a database was held by two workers"
+    );
+    assert!(
+        tally.tests.load(Ordering::Relaxed) > CYCLES,
+        "the workers got work done between kills"
+    );
+
+    // A last daemon sweeps what the killed ones left: every clone on the server is then
+    // one of its own (ready, leased or being made), and every lease role has its database.
+    let last = TestDaemon::builder().args(args).start().await;
+    let status = poll_until(Duration::from_secs(20), "the pool to settle", || async {
+        let status = last.template_status("default").await;
+        (status["ready"] == 4 && status["in_progress"] == 0).then_some(status)
+    })
+    .await;
+    let clones: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'pglease\\_%' AND datname NOT LIKE 'pglease\\_tpl\\_%'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(
+        clones,
+        status["ready"].as_i64().unwrap_or(-1) + status["leased"].as_i64().unwrap_or(-1)
+    );
+    let orphan_roles: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_roles r WHERE r.rolname LIKE 'pglease\\_%' AND r.rolname <> 'pglease_owner' \
+             AND NOT EXISTS (SELECT 1 FROM pg_database d WHERE d.datname = r.rolname)",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(orphan_roles, 0, "every lease role has its database");
+    eprintln!(
+        "kill cycles: {CYCLES}, tests {}, double leases {}, expected errors during kills {}",
+        tally.tests.load(Ordering::Relaxed),
+        tally.double_leases.load(Ordering::Relaxed),
+        tally.errors.load(Ordering::Relaxed)
+    );
+    assert!(last.stop().await.success());
+}
