@@ -12,6 +12,7 @@ mod external;
 mod faults;
 mod freshness;
 mod full_tmpfs;
+mod fuzz;
 mod leases;
 mod register;
 mod security;

@@ -13,6 +13,7 @@
 //! - `GET    /status`             — postgres, templates, open leases (`routes::status::status`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
+//! - `GET    /openapi.json`       — this API as an OpenAPI document (`openapi::document`)
 //!
 //! With a token configured every route but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>` (`require_token`). No CORS headers are sent.
@@ -27,6 +28,7 @@ use axum::Router;
 use pglease_pool::PoolHandle;
 
 pub mod error;
+pub mod openapi;
 mod routes;
 pub mod wire;
 
@@ -138,6 +140,7 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(routes::status::status))
         .route("/healthz", get(routes::status::healthz))
         .route("/readyz", get(routes::status::readyz))
+        .route("/openapi.json", get(openapi::document))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -159,7 +162,10 @@ async fn require_token(
     let Some(token) = &state.config.token else {
         return next.run(request).await;
     };
-    if matches!(request.uri().path(), "/healthz" | "/readyz") {
+    if matches!(
+        request.uri().path(),
+        "/healthz" | "/readyz" | "/openapi.json"
+    ) {
         return next.run(request).await;
     }
     let given = request

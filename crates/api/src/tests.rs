@@ -651,3 +651,37 @@ async fn a_dropped_request_closes_the_reply_channel() {
     let lease = returned.expect("the lease itself comes back to the actor");
     assert_eq!(lease.id, lease_id());
 }
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_needs_no_pool() {
+    let (app, _actor) = app();
+    let response = app
+        .clone()
+        .oneshot(request("GET", "/openapi.json", ""))
+        .await
+        .expect("infallible");
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::OK);
+    let paths = body["paths"].as_object().expect("paths");
+    for path in [
+        "/lease",
+        "/leases/{id}",
+        "/leases/{id}/renew",
+        "/status",
+        "/healthz",
+        "/readyz",
+        "/templates",
+        "/templates/{name}",
+        "/templates/{name}/rebuild",
+    ] {
+        assert!(
+            paths.contains_key(path),
+            "{path} missing from {:?}",
+            paths.keys()
+        );
+    }
+    assert_eq!(
+        body["paths"]["/lease"]["post"]["responses"]["504"]["description"],
+        "No database became ready within wait_ms"
+    );
+}

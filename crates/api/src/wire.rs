@@ -2,23 +2,28 @@
 //! them. Pool types are converted here; they are never serialized directly.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `POST /lease` body; every field is optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
     /// Template name; `default` when absent.
+    #[schema(pattern = "^[a-z0-9_-]{1,48}$")]
     pub template: Option<String>,
     /// Time to live in seconds.
+    #[schema(minimum = 1, maximum = 86400)]
     pub ttl_secs: Option<u64>,
     /// How long to wait for a ready database, in milliseconds.
+    #[schema(maximum = 600000)]
     pub wait_ms: Option<u64>,
     /// The lease's connection limit (`CONNECTION LIMIT` of its role).
+    #[schema(minimum = 1, maximum = 10000)]
     pub max_connections: Option<u32>,
 }
 
 /// `PUT /templates/{name}` body: one of `migrations`, `sql` or `command` (none: empty).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateBody {
     /// An absolute directory of `*.sql` files.
@@ -33,19 +38,21 @@ pub struct TemplateBody {
     #[serde(default)]
     pub watch: Vec<String>,
     /// The command's timeout.
+    #[schema(minimum = 1, maximum = 86400)]
     pub timeout_secs: Option<u64>,
 }
 
 /// `POST /leases/{id}/renew` body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
     /// New time to live from now, in seconds.
+    #[schema(minimum = 1, maximum = 86400)]
     pub ttl_secs: Option<u64>,
 }
 
 /// `DELETE /leases/{id}` query.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseQuery {
     /// The database was left unchanged: recycle it as is.
@@ -53,7 +60,7 @@ pub struct ReleaseQuery {
 }
 
 /// A granted lease.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LeaseResponse {
     /// Lease id, for release and renew.
     pub id: String,
@@ -78,7 +85,7 @@ pub struct LeaseResponse {
 }
 
 /// Answer to a renew.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct RenewResponse {
     /// Lease id.
     pub id: String,
@@ -87,14 +94,14 @@ pub struct RenewResponse {
 }
 
 /// `{"error": {...}}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }
 
 /// A machine-readable code and a sentence for people.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// e.g. `unknown_template`, `timeout`.
     pub code: &'static str,
@@ -103,7 +110,7 @@ pub struct ErrorDetail {
 }
 
 /// `GET /status`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct StatusResponse {
     /// The server.
     pub postgres: PostgresJson,
@@ -114,7 +121,7 @@ pub struct StatusResponse {
 }
 
 /// The server in `/status`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PostgresJson {
     /// running, restarting, stopping.
     pub state: &'static str,
@@ -131,6 +138,7 @@ pub struct PostgresJson {
     /// Port for lease holders.
     pub port: Option<u16>,
     /// Settings as the server reports them.
+    #[schema(value_type = std::collections::HashMap<String, String>)]
     pub settings: serde_json::Map<String, serde_json::Value>,
     /// Restarts since start.
     pub restarts: u32,
@@ -139,7 +147,7 @@ pub struct PostgresJson {
 }
 
 /// A template in `/status`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TemplateJson {
     /// Name.
     pub name: String,
@@ -168,7 +176,7 @@ pub struct TemplateJson {
 }
 
 /// A lease in `/status` (no credentials).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LeaseJson {
     /// Lease id.
     pub id: String,
@@ -180,8 +188,15 @@ pub struct LeaseJson {
     pub expires_at: String,
 }
 
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthResponse {
+    /// Always "ok".
+    pub status: &'static str,
+}
+
 /// `GET /readyz`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReadyResponse {
     /// Both below are true.
     pub ready: bool,

@@ -13,13 +13,26 @@ use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName};
 
 use super::parse_body;
 use crate::error::ApiError;
-use crate::wire::{LeaseBody, LeaseResponse, ReleaseQuery, RenewBody, RenewResponse};
+use crate::wire::{ErrorBody, LeaseBody, LeaseResponse, ReleaseQuery, RenewBody, RenewResponse};
 use crate::AppState;
 
 /// Largest `max_connections` a request may name (postgres' own limit is far above).
 const MAX_LEASE_CONNECTIONS: u32 = 10_000;
 
 /// `POST /lease` → 201 with connection details.
+#[utoipa::path(post, path = "/lease", request_body(content = Option<LeaseBody>, description = "All fields optional; an empty body means all defaults"),
+    responses(
+        (status = 201, description = "A database leased", body = LeaseResponse),
+        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid values, or the template failed to build", body = ErrorBody),
+        (status = 429, description = "Too many requests waiting", body = ErrorBody),
+        (status = 503, description = "Stopping, postgres down, or a clone failed", body = ErrorBody),
+        (status = 504, description = "No database became ready within wait_ms", body = ErrorBody),
+        (status = 507, description = "No room in the byte budget", body = ErrorBody),
+    ))]
 pub async fn lease(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -68,6 +81,16 @@ pub async fn lease(
 }
 
 /// `DELETE /leases/{id}[?reuse=true]` → 204.
+#[utoipa::path(delete, path = "/leases/{id}",
+    params(("id" = String, Path, description = "The lease id", pattern = "^[0-9a-f]{32}$"), ("reuse" = Option<bool>, Query, description = "The database is unchanged: recycle it as is")),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 400, description = "The query string does not parse", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 404, description = "No open lease with this id", body = ErrorBody),
+        (status = 410, description = "The lease was lost when postgres restarted", body = ErrorBody),
+        (status = 503, description = "Stopping", body = ErrorBody),
+    ))]
 pub async fn release(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -80,6 +103,18 @@ pub async fn release(
 }
 
 /// `POST /leases/{id}/renew` `{"ttl_secs": N}` → 200 with the new expiry.
+#[utoipa::path(post, path = "/leases/{id}/renew", params(("id" = String, Path, description = "The lease id", pattern = "^[0-9a-f]{32}$")),
+    request_body(content = Option<RenewBody>, description = "Optional; the default time to live when empty"),
+    responses(
+        (status = 200, description = "Renewed", body = RenewResponse),
+        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 404, description = "No open lease with this id", body = ErrorBody),
+        (status = 410, description = "The lease was lost when postgres restarted", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid values", body = ErrorBody),
+        (status = 503, description = "Stopping", body = ErrorBody),
+    ))]
 pub async fn renew(
     State(state): State<AppState>,
     Path(id): Path<String>,

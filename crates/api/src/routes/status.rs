@@ -7,10 +7,17 @@ use axum::Json;
 use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
-use crate::wire::{LeaseJson, PostgresJson, ReadyResponse, StatusResponse};
+use crate::wire::{
+    ErrorBody, HealthResponse, LeaseJson, PostgresJson, ReadyResponse, StatusResponse,
+};
 use crate::AppState;
 
 /// `GET /status`: postgres, templates and open leases (never credentials).
+#[utoipa::path(get, path = "/status", responses(
+    (status = 200, description = "The pool", body = StatusResponse),
+    (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 503, description = "Stopping", body = ErrorBody),
+))]
 pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
     let report = state
         .pool
@@ -50,11 +57,16 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
 }
 
 /// `GET /healthz`: the daemon answers.
-pub async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "status": "ok" }))
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "Alive", body = HealthResponse)))]
+pub async fn healthz() -> Json<HealthResponse> {
+    Json(HealthResponse { status: "ok" })
 }
 
 /// `GET /readyz`: 200 when postgres is up and the default template built, else 503.
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, description = "Ready", body = ReadyResponse),
+    (status = 503, description = "Not ready", body = ReadyResponse),
+))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyResponse>) {
     let readiness = state.pool.readiness().await;
     let ready =

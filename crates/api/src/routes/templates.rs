@@ -18,10 +18,15 @@ use pglease_pool::{
 use super::leases::rfc3339;
 use super::parse_body;
 use crate::error::ApiError;
-use crate::wire::{TemplateBody, TemplateJson};
+use crate::wire::{ErrorBody, TemplateBody, TemplateJson};
 use crate::AppState;
 
 /// `GET /templates`: every template.
+#[utoipa::path(get, path = "/templates", responses(
+    (status = 200, description = "Every template", body = Vec<TemplateJson>),
+    (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 503, description = "Stopping", body = ErrorBody),
+))]
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<TemplateJson>>, ApiError> {
     let report = state
         .pool
@@ -34,6 +39,13 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<TemplateJson
 }
 
 /// `GET /templates/{name}`: one template, 404 if unknown.
+#[utoipa::path(get, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")), responses(
+    (status = 200, description = "The template", body = TemplateJson),
+    (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 404, description = "No such template", body = ErrorBody),
+    (status = 422, description = "Not a valid template name", body = ErrorBody),
+    (status = 503, description = "Stopping", body = ErrorBody),
+))]
 pub async fn show(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -53,6 +65,13 @@ pub async fn show(
 }
 
 /// `POST /templates/{name}/rebuild` → 202: a new version is being built.
+#[utoipa::path(post, path = "/templates/{name}/rebuild", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")), responses(
+    (status = 202, description = "A new version is being built", body = TemplateJson),
+    (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 404, description = "No such template", body = ErrorBody),
+    (status = 422, description = "Not a valid template name", body = ErrorBody),
+    (status = 503, description = "Stopping", body = ErrorBody),
+))]
 pub async fn rebuild(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -66,6 +85,18 @@ pub async fn rebuild(
 }
 
 /// `PUT /templates/{name}` → 201 for a new template, 200 when replaced or unchanged.
+#[utoipa::path(put, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")),
+    request_body(content = Option<TemplateBody>, description = "One of migrations, sql or command; empty: an empty database"),
+    responses(
+        (status = 200, description = "Replaced or unchanged", body = TemplateJson),
+        (status = 201, description = "Registered", body = TemplateJson),
+        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 401, description = "A token is required", body = ErrorBody),
+        (status = 403, description = "Commands over HTTP are not allowed", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 422, description = "Invalid name or source", body = ErrorBody),
+        (status = 503, description = "Stopping", body = ErrorBody),
+    ))]
 pub async fn register(
     State(state): State<AppState>,
     Path(name): Path<String>,

@@ -1,0 +1,51 @@
+//! The OpenAPI document of the API, generated from the handlers' annotations and the wire
+//! types (utoipa), served at `GET /openapi.json`: it cannot drift from the code, and the
+//! fuzz test in CI (schemathesis) drives the running daemon from it.
+
+use axum::Json;
+use utoipa::OpenApi;
+
+use crate::routes::{leases, status, templates};
+use crate::wire;
+
+/// The document.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "pglease",
+        description = "Throw-away PostgreSQL databases for parallel tests"
+    ),
+    paths(
+        leases::lease,
+        leases::release,
+        leases::renew,
+        status::status,
+        status::healthz,
+        status::readyz,
+        templates::list,
+        templates::show,
+        templates::register,
+        templates::rebuild,
+    ),
+    components(schemas(
+        wire::LeaseBody,
+        wire::RenewBody,
+        wire::TemplateBody,
+        wire::LeaseResponse,
+        wire::RenewResponse,
+        wire::ErrorBody,
+        wire::ErrorDetail,
+        wire::StatusResponse,
+        wire::PostgresJson,
+        wire::TemplateJson,
+        wire::LeaseJson,
+        wire::HealthResponse,
+        wire::ReadyResponse,
+    ))
+)]
+pub struct ApiDoc;
+
+/// `GET /openapi.json`.
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
