@@ -150,3 +150,110 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
     );
     assert!(last.stop().await.success());
 }
+
+/// Workers that also tally what each answer was, to show nothing hangs.
+async fn run_workers(
+    base: &str,
+    tally: &Arc<Tally>,
+) -> (Arc<AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = (0..WORKERS)
+        .map(|_| tokio::spawn(worker(base.to_owned(), stop.clone(), tally.clone())))
+        .collect();
+    (stop, workers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_killed_under_load_is_back_within_seconds_and_nothing_hangs() {
+    let daemon = TestDaemon::builder()
+        .args([
+            "--min-ready",
+            "4",
+            "--max-total",
+            "48",
+            "--lease-connections",
+            "2",
+        ])
+        .start()
+        .await;
+    let tally = Arc::new(Tally::default());
+    let (stop, workers) = run_workers(&daemon.base, &tally).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = tally.tests.load(Ordering::Relaxed);
+    let pid = daemon.status().await["postgres"]["pid"]
+        .as_u64()
+        .expect("pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
+    let killed_at = std::time::Instant::now();
+    // Noticed within a second: /status says so (restarting or already back, restarts ≥ 1).
+    let noticed = poll_until(Duration::from_secs(5), "the daemon to notice", || async {
+        let status = daemon.status().await;
+        (status["postgres"]["restarts"].as_u64() >= Some(1)).then_some(killed_at.elapsed())
+    })
+    .await;
+    assert!(
+        noticed < Duration::from_millis(1500),
+        "noticed after {noticed:?}"
+    );
+    // Service resumes without a daemon restart: the workers get work done again.
+    poll_until(Duration::from_secs(20), "tests to pass again", || async {
+        (tally.tests.load(Ordering::Relaxed) > before + 50).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        tokio::time::timeout(Duration::from_secs(15), worker)
+            .await
+            .expect("no worker hangs")
+            .expect("worker");
+    }
+    assert_eq!(tally.double_leases.load(Ordering::Relaxed), 0);
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_stops_cleanly_within_the_grace_period() {
+    let daemon = TestDaemon::builder()
+        .args([
+            "--min-ready",
+            "4",
+            "--max-total",
+            "48",
+            "--lease-connections",
+            "2",
+        ])
+        .start()
+        .await;
+    let status = daemon.status().await;
+    let pid = status["postgres"]["pid"].as_u64().expect("pid") as u32;
+    let data_dir = std::path::PathBuf::from(status["postgres"]["data_dir"].as_str().expect("dir"));
+    let tally = Arc::new(Tally::default());
+    let (stop, workers) = run_workers(&daemon.base, &tally).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = std::time::Instant::now();
+    let exit = daemon.stop().await;
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        tokio::time::timeout(Duration::from_secs(15), worker)
+            .await
+            .expect("no worker hangs")
+            .expect("worker");
+    }
+    assert!(exit.success(), "{exit:?}");
+    assert!(took < Duration::from_secs(15), "stopping took {took:?}");
+    assert!(
+        !crate::support::process_alive(pid),
+        "postgres outlived the daemon"
+    );
+    assert!(
+        !data_dir.parent().expect("instance").exists(),
+        "the data directory remains"
+    );
+    assert_eq!(tally.double_leases.load(Ordering::Relaxed), 0);
+    assert!(tally.tests.load(Ordering::Relaxed) > 0);
+}
