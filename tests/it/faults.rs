@@ -10,8 +10,13 @@ use serde_json::json;
 
 use crate::support::{connect, poll_until, PlainPostgres, TestDaemon};
 
-/// Kill cycles in CI (the soak script runs more).
-const CYCLES: usize = 20;
+/// Kill cycles: 20 in CI; `PGLEASE_KILL_CYCLES=50` for a longer soak.
+fn cycles() -> usize {
+    std::env::var("PGLEASE_KILL_CYCLES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20)
+}
 const WORKERS: usize = 32;
 
 /// What the workers saw.
@@ -86,7 +91,8 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
     let tally = Arc::new(Tally::default());
     // A simple generator for the moments of the kills (no test-only dependency needed).
     let mut seed = u64::from(std::process::id()) | 1;
-    for _ in 0..CYCLES {
+    let cycles = cycles();
+    for _ in 0..cycles {
         let daemon = TestDaemon::builder().args(args.clone()).start().await;
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..WORKERS)
@@ -108,7 +114,7 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
         "a database was held by two workers"
     );
     assert!(
-        tally.tests.load(Ordering::Relaxed) > CYCLES,
+        tally.tests.load(Ordering::Relaxed) > cycles,
         "the workers got work done between kills"
     );
 
@@ -143,7 +149,7 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
         .get(0);
     assert_eq!(orphan_roles, 0, "every lease role has its database");
     eprintln!(
-        "kill cycles: {CYCLES}, tests {}, double leases {}, expected errors during kills {}",
+        "kill cycles: {cycles}, tests {}, double leases {}, expected errors during kills {}",
         tally.tests.load(Ordering::Relaxed),
         tally.double_leases.load(Ordering::Relaxed),
         tally.errors.load(Ordering::Relaxed)
