@@ -24,7 +24,7 @@ trap cleanup EXIT
   --lease-connections 1 --cache-dir target/tmp/pglease-initdb-cache 2>"$log" &
 daemon_pid=$!
 addr=""
-for _ in $(seq 1 300); do
+for _ in $(seq 1 1200); do  # up to 120 s: the test suite may be starting many daemons at once
   addr=$(grep -o 'addr=127.0.0.1:[0-9]*' "$log" | head -1 | cut -d= -f2 || true)
   [ -n "$addr" ] && break
   sleep 0.1
@@ -39,5 +39,5 @@ fi
 # (exactly one source kind, absolute paths, the reserved name "default").
 SCHEMATHESIS_HOOKS=tests.fuzz.hooks PYTHONPATH=. st run "http://$addr/openapi.json" \
   --checks all --exclude-checks positive_data_acceptance,not_a_server_error \
-  --max-examples "${PGLEASE_FUZZ_EXAMPLES:-120}" --request-timeout 30 --seed 20261121
+  --max-examples "${PGLEASE_FUZZ_EXAMPLES:-120}" --request-timeout 120 --seed 20261121
 echo "fuzz: the daemon is still alive: $(curl -s "http://$addr/healthz")"
