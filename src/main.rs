@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod signal;
+mod systemd;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -93,6 +94,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         }
     };
     let state = pglease_api::AppState::new(pool.clone(), config.api);
+    systemd::spawn(pool.clone());
     let stop_http = tokio_util::sync::CancellationToken::new();
     let address = listener
         .local_addr()
@@ -111,6 +113,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::FAILURE);
         }
     }
+    systemd::stopping();
     state.begin_shutdown();
     stop_http.cancel();
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {

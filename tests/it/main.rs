@@ -17,4 +17,5 @@ mod leases;
 mod register;
 mod security;
 mod support;
+mod systemd;
 mod templates;

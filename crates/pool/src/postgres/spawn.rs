@@ -33,6 +33,14 @@ const SCRUBBED_ENV: &[&str] = &[
     "PGSERVICE",
     "PGSYSCONFDIR",
     "PGTZ",
+    // systemd's: postgres built with systemd support would tell systemd it is "ready"
+    // itself, before pglease is.
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
 ];
 
 /// Where a child's stdout or stderr goes.
