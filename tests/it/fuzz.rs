@@ -3,16 +3,11 @@
 
 #[test]
 fn the_api_survives_schemathesis() {
-    let found = std::process::Command::new("st")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("PGLEASE_REQUIRE_TOOLS").is_none(),
-            "schemathesis is required here (PGLEASE_REQUIRE_TOOLS is set): pip install schemathesis"
-        );
-        eprintln!("SKIPPED the_api_survives_schemathesis: schemathesis not installed (bash .ci/run installs it)");
+    if !crate::support::tool_available(
+        "st",
+        "the_api_survives_schemathesis",
+        "pip install schemathesis",
+    ) {
         return;
     }
     let out = std::process::Command::new("bash")

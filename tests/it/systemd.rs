@@ -27,16 +27,11 @@ fn exec_start() -> String {
 
 #[test]
 fn systemd_analyze_verifies_the_unit() {
-    let found = std::process::Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("PGLEASE_REQUIRE_TOOLS").is_none(),
-            "systemd-analyze is required here"
-        );
-        eprintln!("SKIPPED systemd_analyze_verifies_the_unit: no systemd-analyze");
+    if !crate::support::tool_available(
+        "systemd-analyze",
+        "systemd_analyze_verifies_the_unit",
+        "apt-get install systemd",
+    ) {
         return;
     }
     // verify insists that the executable exists: point it at the binary under test.

@@ -359,6 +359,28 @@ pub async fn wait_until_dropped(lease: &Value, what: &str) {
     .await;
 }
 
+/// Set by `.ci/run`: tools the tests use must be there, not skipped.
+pub const REQUIRE_TOOLS: &str = "PGLEASE_REQUIRE_TOOLS";
+
+/// Whether `program --version` runs. When it does not, the test is skipped with a loud
+/// message — unless `REQUIRE_TOOLS` is set (CI), where a missing tool fails the test.
+pub fn tool_available(program: &str, test: &str, install_hint: &str) -> bool {
+    let found = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os(REQUIRE_TOOLS).is_none(),
+            "{program} is required here ({REQUIRE_TOOLS} is set): {install_hint}"
+        );
+        eprintln!(
+            "SKIPPED {test}: {program} not installed ({install_hint}; bash .ci/run installs it)"
+        );
+    }
+    found
+}
+
 /// A test's lease id, as a string.
 pub fn id_of(lease: &Value) -> String {
     lease["id"].as_str().expect("lease id").to_owned()
