@@ -389,6 +389,40 @@ impl Report {
         }
         t.render(out);
         first_errors(r.levels.iter().map(|l| &l.first_error), out);
+        if r.levels_with_work.is_empty() {
+            return;
+        }
+        out.push_str("  the same loop with scenario 2's test work between CREATE and DROP (connect, transaction, disconnect):\n");
+        let mut t = Table::new(&[
+            "workers",
+            "cycles",
+            "cycles/s",
+            "create p50",
+            "drop p50",
+            "pglease tests/s",
+            "fraction",
+        ]);
+        for l in &r.levels_with_work {
+            let pglease = self
+                .scenarios
+                .throughput_vs_ceiling
+                .iter()
+                .find(|f| f.workers == l.workers)
+                .map(|f| f.pglease_tests_per_sec);
+            t.row(vec![
+                l.workers.to_string(),
+                l.cycles.to_string(),
+                num(l.cycles_per_sec),
+                num(l.create.p50_ms),
+                num(l.drop.p50_ms),
+                pglease.map_or("-".into(), num),
+                pglease
+                    .filter(|_| l.cycles_per_sec > 0.0)
+                    .map_or("-".into(), |p| format!("{:.2}", p / l.cycles_per_sec)),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.levels_with_work.iter().map(|l| &l.first_error), out);
     }
 
     fn render_startup(&self, out: &mut String) {

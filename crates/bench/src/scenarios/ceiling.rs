@@ -29,6 +29,10 @@ pub struct CeilingResult {
     pub cycle: String,
     /// One entry per concurrency.
     pub levels: Vec<CeilingLevel>,
+    /// The same loop with scenario 2's test work between CREATE and DROP (connect as the
+    /// superuser, the same transaction, disconnect): the ceiling for tests that do that work,
+    /// which is what pglease's end-to-end figure includes.
+    pub levels_with_work: Vec<CeilingLevel>,
 }
 
 /// One concurrency level.
@@ -71,7 +75,14 @@ pub async fn run(
     for &workers in &ctx.plan.throughput_workers {
         admin::wait_idle(api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         eprintln!("[bench] 3 create+drop ceiling: {workers} connections");
-        levels.push(level(server, &template, workers, ctx.plan.ceiling_duration).await?);
+        levels.push(level(server, &template, workers, ctx.plan.ceiling_duration, false).await?);
+    }
+    let mut levels_with_work = Vec::new();
+    for &workers in &ctx.plan.throughput_workers {
+        admin::wait_idle(api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
+        eprintln!("[bench] 3 create+work+drop ceiling: {workers} connections");
+        levels_with_work
+            .push(level(server, &template, workers, ctx.plan.ceiling_duration, true).await?);
     }
     Ok(CeilingResult {
         cycle: format!(
@@ -81,7 +92,46 @@ pub async fn run(
         template_bytes,
         method: "same daemon and postgres as scenario 2, run after it while the pool is idle (no leases, refill finished, no drops pending)",
         levels,
+        levels_with_work,
     })
+}
+
+/// Scenario 2's transaction on a fresh clone, as the superuser over the socket: connect,
+/// BEGIN, the marker, 10 inserts, a select, COMMIT, disconnect.
+async fn test_work(server: &ServerInfo, database: &str, customer: i32) -> Result<()> {
+    let conn = admin::superuser(server, database).await?;
+    let pg = |what: &'static str| move |e| BenchError::postgres(what, e);
+    let client = &conn.client;
+    client.batch_execute("BEGIN").await.map_err(pg("BEGIN"))?;
+    client
+        .query("SELECT lease_id FROM bench_marker", &[])
+        .await
+        .map_err(pg("marker"))?;
+    client
+        .execute("INSERT INTO bench_marker (lease_id) VALUES ('raw')", &[])
+        .await
+        .map_err(pg("marker"))?;
+    let insert = client
+        .prepare("INSERT INTO orders (customer_id, address_id, status, total) VALUES ($1, $2, 'paid', $3::float8)")
+        .await
+        .map_err(pg("prepare"))?;
+    for i in 0..10i32 {
+        let total = f64::from(i) * 10.5 + 1.0;
+        client
+            .execute(&insert, &[&customer, &customer, &total])
+            .await
+            .map_err(pg("insert"))?;
+    }
+    client
+        .query_one(
+            "SELECT count(*) FROM orders WHERE customer_id = $1",
+            &[&customer],
+        )
+        .await
+        .map_err(pg("select"))?;
+    client.batch_execute("COMMIT").await.map_err(pg("COMMIT"))?;
+    conn.close().await;
+    Ok(())
 }
 
 #[derive(Default)]
@@ -97,6 +147,7 @@ async fn level(
     template: &str,
     workers: usize,
     duration: Duration,
+    with_work: bool,
 ) -> Result<CeilingLevel> {
     // Connections are made before the clock starts: the ceiling is of the SQL alone.
     let mut conns = Vec::new();
@@ -108,6 +159,7 @@ async fn level(
     let mut tasks = tokio::task::JoinSet::new();
     for (index, conn) in conns.into_iter().enumerate() {
         let template = quote_ident(template);
+        let server = server.clone();
         tasks.spawn(async move {
             let mut samples = Samples::default();
             let mut cycle = 0usize;
@@ -129,6 +181,15 @@ async fn level(
                     continue;
                 }
                 let create_time = t0.elapsed();
+                if with_work {
+                    let name = format!("bench_raw_{workers}_{index}_{cycle}");
+                    if let Err(error) = test_work(&server, &name, index as i32 + 1).await {
+                        samples.errors += 1;
+                        samples
+                            .first_error
+                            .get_or_insert(format!("test work: {error}"));
+                    }
+                }
                 let t1 = Instant::now();
                 let dropped = conn
                     .client
