@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Lease requests that may wait at once; more get 429 [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_waiting: Option<usize>,
+    /// Seconds SQL migrations may take to build a template; a command template has its own
+    /// timeout_secs [default: 300].
+    #[arg(long, value_name = "SECS")]
+    pub build_timeout: Option<u64>,
     /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty. Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
@@ -310,6 +314,7 @@ struct ConfigFile {
     lease_connections: Option<u32>,
     max_bytes: Option<String>,
     max_waiting: Option<usize>,
+    build_timeout_secs: Option<u64>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -375,6 +380,10 @@ impl ServeArgs {
                 .max_waiting
                 .or(file.max_waiting)
                 .unwrap_or(defaults.max_waiting),
+            build_timeout: match self.build_timeout.or(file.build_timeout_secs) {
+                None => defaults.build_timeout,
+                Some(secs) => command_timeout(Some(secs))?,
+            },
             max_bytes: self
                 .max_bytes
                 .or(file.max_bytes)

@@ -4,8 +4,6 @@
 use std::fs;
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::support::{connect, id_of, scratch_dir, wait_until_dropped, TestDaemon};
 
 async fn tables(lease: &serde_json::Value) -> Vec<String> {
@@ -140,5 +138,4 @@ async fn templates_are_listed_and_a_rebuild_can_be_forced() {
         assert_eq!(status, expected, "{method} {path}: {body}");
         assert_eq!(body["error"]["code"], code);
     }
-    let _ = json!(null);
 }

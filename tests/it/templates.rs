@@ -200,3 +200,52 @@ async fn prebuild_builds_every_template_before_the_first_lease() {
     .await;
     assert_eq!(status["leased"], 0, "nobody leased it yet");
 }
+
+#[tokio::test]
+async fn a_migration_that_hangs_is_stopped_at_the_build_timeout() {
+    let dir = scratch_dir("migrations-hang");
+    fs::write(
+        dir.join("001_slow.sql"),
+        "CREATE TABLE t (id int);\nSELECT pg_sleep(60);\n",
+    )
+    .expect("write");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--build-timeout",
+            "1",
+            "--template",
+            &format!("slow=migrations:{}", dir.display()),
+        ])
+        .start()
+        .await;
+    let started = std::time::Instant::now();
+    let (status, body) = daemon.lease(json!({ "template": "slow" })).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("within 1 s")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // The half-built template is gone, its sleeping backend with it; the default still serves.
+    let lease = daemon.lease_ok("default").await;
+    let client = connect(&lease).await.expect("connect");
+    crate::support::poll_until(std::time::Duration::from_secs(10), "the template and its backend to go", || async {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_database WHERE datname LIKE 'pglease\\_tpl\\_%'), \
+                        (SELECT count(*) FROM pg_stat_activity WHERE datname LIKE 'pglease\\_tpl\\_%')",
+                &[],
+            )
+            .await
+            .expect("query");
+        (row.get::<_, i64>(0) == 1 && row.get::<_, i64>(1) == 0).then_some(())
+    })
+    .await;
+    assert_eq!(daemon.template_status("slow").await["state"], "failed");
+}

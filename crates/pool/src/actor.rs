@@ -96,6 +96,7 @@ struct UpInputs {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
+    build_timeout: Duration,
 }
 
 /// Results of worker tasks, tagged with the server generation they ran against.
@@ -159,6 +160,7 @@ pub async fn start(
         lease_auth: config.lease_auth,
         lease_superuser: config.lease_superuser,
         lease_connections: config.limits.lease_connections,
+        build_timeout: config.limits.build_timeout,
     };
     let mut limits = config.limits;
     let target = match &config.server {
@@ -246,6 +248,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     lease_auth: inputs.lease_auth,
                     lease_superuser: inputs.lease_superuser,
                     lease_connections: inputs.lease_connections,
+                    build_timeout: inputs.build_timeout,
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -274,6 +277,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 lease_auth: inputs.lease_auth,
                 lease_superuser: inputs.lease_superuser,
                 lease_connections: inputs.lease_connections,
+                build_timeout: inputs.build_timeout,
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,

@@ -72,6 +72,9 @@ pub struct PoolLimits {
     pub lease_connections: u32,
     /// Lease requests waiting at once, over all templates; more get an error at once.
     pub max_waiting: usize,
+    /// How long SQL migrations (a migrations directory or a SQL file) may take to build a
+    /// template; a command source has its own `timeout`.
+    pub build_timeout: Duration,
     /// Bytes templates and clones may take in all; None: no limit. (The embedded server
     /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
     pub max_bytes: Option<u64>,
@@ -88,6 +91,7 @@ impl Default for PoolLimits {
             lease_connections: 10,
             max_bytes: None,
             max_waiting: 1024,
+            build_timeout: DEFAULT_COMMAND_TIMEOUT,
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct SessionParams {
     pub lease_superuser: bool,
     /// A lease's connection limit unless its request names one.
     pub lease_connections: u32,
+    /// How long SQL migrations may take to build a template.
+    pub build_timeout: Duration,
 }
 
 /// An open session with the server. Cheap to clone: the pool is shared.
@@ -84,6 +86,8 @@ pub struct Session {
     pub settings: Vec<(String, String)>,
     /// True for a server pglease did not start.
     pub external: bool,
+    /// How long SQL migrations may take to build a template.
+    pub build_timeout: Duration,
     /// Ready clones of an earlier run to adopt: (template, fingerprint, clone).
     pub adoptable: Vec<(TemplateName, String, DbName)>,
     /// Connections lease holders can have in all: `max_connections` less what is reserved
@@ -192,6 +196,7 @@ impl Session {
             connection_budget: budget(&client, params.pool_size).await?,
             settings,
             external: params.external,
+            build_timeout: params.build_timeout,
             adoptable: Vec::new(),
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,

@@ -849,20 +849,37 @@ impl PoolState {
 
     /// Pairs ready clones with waiters of one template, first come first served.
     fn serve_waiters(&mut self, template: &TemplateName, now: Instant, actions: &mut Vec<Action>) {
+        let mut in_use = self.connections_in_use();
+        self.serve_waiters_within(template, now, &mut in_use, actions);
+    }
+
+    /// Connections held by open leases (their limits, summed).
+    fn connections_in_use(&self) -> u32 {
+        self.leases.values().map(|r| r.connections).sum()
+    }
+
+    /// [`Self::serve_waiters`] with the connections in use already counted (and updated as
+    /// leases are granted), so serving every template counts them once.
+    fn serve_waiters_within(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+        in_use: &mut u32,
+        actions: &mut Vec<Action>,
+    ) {
         let Some(entry) = self.templates.get_mut(template) else {
             return;
         };
         let Build::Ready { fingerprint, .. } = &entry.build else {
             return;
         };
-        let mut in_use: u32 = self.leases.values().map(|r| r.connections).sum();
         let bytes = entry.version_size();
         while !entry.ready.is_empty() && !entry.waiters.is_empty() {
             // The first in line waits for connections to free up; nobody overtakes it.
             if entry
                 .waiters
                 .front()
-                .is_some_and(|w| in_use + w.connections > self.connection_budget)
+                .is_some_and(|w| *in_use + w.connections > self.connection_budget)
             {
                 break;
             }
@@ -871,7 +888,7 @@ impl PoolState {
             else {
                 break;
             };
-            in_use += waiter.connections;
+            *in_use += waiter.connections;
             entry.leased += 1;
             entry.last_used = Some(now);
             self.leases.insert(
@@ -901,9 +918,10 @@ impl PoolState {
 
     /// Serves every template's waiters: a freed lease frees connections for all of them.
     fn serve_all_waiters(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let mut in_use = self.connections_in_use();
         let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
         for name in names {
-            self.serve_waiters(&name, now, actions);
+            self.serve_waiters_within(&name, now, &mut in_use, actions);
         }
     }
 

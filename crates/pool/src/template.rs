@@ -217,7 +217,20 @@ async fn build_fresh(
             quote_literal(&format!("{MARKER}; template {name}"))
         ))
         .await?;
-    apply_source(session, source, db).await?;
+    match source {
+        // A command is killed at its own timeout (with its process group).
+        TemplateSource::Command(_) => apply_source(session, source, db).await?,
+        // A migration that sleeps or waits on a lock would otherwise build forever. When
+        // this gives up, the caller's DROP DATABASE … WITH (FORCE) ends its backend.
+        _ => tokio::time::timeout(session.build_timeout, apply_source(session, source, db))
+            .await
+            .map_err(|_| {
+                format!(
+                    "the migrations did not finish within {} s (--build-timeout)",
+                    session.build_timeout.as_secs()
+                )
+            })??,
+    }
     session
         .wait_until_unused(db, Duration::from_secs(5))
         .await?;

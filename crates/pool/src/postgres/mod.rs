@@ -236,21 +236,6 @@ impl Embedded {
         &self.instance.dir
     }
 
-    /// What `postgres --version` printed.
-    pub fn version(&self) -> &str {
-        &self.binaries.version
-    }
-
-    /// The directory of the server binaries in use.
-    pub fn bin_dir(&self) -> &Path {
-        &self.binaries.bin_dir
-    }
-
-    /// The OS user that runs initdb and postgres.
-    pub fn pg_user(&self) -> &str {
-        &self.run_as.name
-    }
-
     /// The initdb cache entry for this server version and settings (it exists once a
     /// start has filled it), or `None` when the cache is unusable.
     pub fn initdb_cache_entry(&self) -> Option<&Path> {

@@ -17,6 +17,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         lease_connections: 10,
         max_bytes: None,
         max_waiting: 1024,
+        build_timeout: Duration::from_secs(300),
     }
 }
 
