@@ -69,6 +69,16 @@ pub struct ServeArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// Also serve the IntegreSQL v1 API (its client libraries work unchanged) on this
+    /// address, e.g. 127.0.0.1:5000, IntegreSQL's port. The main port serves it too, under
+    /// /api/v1. Its clients send no token: a non-loopback address needs
+    /// --integresql-allow-remote.
+    #[arg(long, env = "PGLEASE_INTEGRESQL_LISTEN", value_name = "ADDR")]
+    pub integresql_listen: Option<SocketAddr>,
+    /// Serve --integresql-listen on a non-loopback address although anyone who reaches it
+    /// can lease databases (IntegreSQL clients cannot send a token).
+    #[arg(long)]
+    pub integresql_allow_remote: bool,
     /// Lease requests that may wait at once; more get 429 [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_waiting: Option<usize>,
@@ -331,6 +341,8 @@ struct ConfigFile {
 pub struct ServeConfig {
     /// HTTP listen address.
     pub listen: SocketAddr,
+    /// Where the IntegreSQL API is served alone, if anywhere.
+    pub integresql_listen: Option<SocketAddr>,
     /// The pool.
     pub pool: PoolConfig,
     /// The API.
@@ -533,8 +545,16 @@ impl ServeArgs {
             }
             None => None,
         };
+        if let Some(address) = self.integresql_listen {
+            if !address.ip().is_loopback() && !self.integresql_allow_remote {
+                return Err(format!(
+                    "--integresql-listen {address} is not a loopback address, and IntegreSQL clients send no token: anyone reaching it could lease databases; pass --integresql-allow-remote if that is intended"
+                ));
+            }
+        }
         Ok(ServeConfig {
             listen,
+            integresql_listen: self.integresql_listen,
             api: ApiConfig {
                 max_ttl: limits.max_ttl,
                 allow_http_commands: self.allow_http_commands,

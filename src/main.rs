@@ -86,6 +86,16 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    let integresql_listener = match config.integresql_listen {
+        None => None,
+        Some(address) => match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                tracing::error!(listen = %address, %error, "cannot listen for the IntegreSQL API");
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+    };
     let (pool, mut pool_task) = match pglease_pool::start(config.pool).await {
         Ok(started) => started,
         Err(error) => {
@@ -106,6 +116,18 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         state.clone(),
         stop_http.clone().cancelled_owned(),
     ));
+    let integresql_server = integresql_listener.map(|listener| {
+        let address = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL=http://{address}/api");
+        tokio::spawn(pglease_api::serve_integresql(
+            listener,
+            state.clone(),
+            stop_http.clone().cancelled_owned(),
+        ))
+    });
     tokio::select! {
         () = shutdown.recv() => {}
         _ = &mut pool_task => {
@@ -120,6 +142,9 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         pool.shutdown().await;
         let _ = pool_task.await;
         let _ = server.await;
+        if let Some(integresql_server) = integresql_server {
+            let _ = integresql_server.await;
+        }
     })
     .await;
     if stopped.is_err() {

@@ -149,6 +149,10 @@ impl From<LeaseError> for ApiError {
             LeaseError::Internal(_) => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
+            LeaseError::Discarded(_) => Self::new(StatusCode::GONE, "template_discarded", message),
+            LeaseError::ClientBuilt(_) => {
+                Self::new(StatusCode::CONFLICT, "client_built_template", message)
+            }
         }
     }
 }

@@ -14,6 +14,8 @@
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
 //! - `GET    /openapi.json`       — this API as an OpenAPI document (`openapi::document`)
+//! - `/api/v1/...`                — the IntegreSQL API over the same pool (`integresql`); also
+//!   alone on its own port (`integresql::router`, the daemon's `--integresql-listen`)
 //!
 //! With a token configured every route but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>` (`require_token`). No CORS headers are sent.
@@ -28,6 +30,7 @@ use axum::Router;
 use pglease_pool::PoolHandle;
 
 pub mod error;
+pub mod integresql;
 pub mod openapi;
 mod routes;
 pub mod wire;
@@ -141,6 +144,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(routes::status::healthz))
         .route("/readyz", get(routes::status::readyz))
         .route("/openapi.json", get(openapi::document))
+        .nest("/api/v1", integresql::routes())
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -187,6 +191,18 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Serves the IntegreSQL API alone on `listener` (no token: its clients cannot send one)
+/// until `shutdown` resolves.
+pub async fn serve_integresql(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, integresql::router(state))
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
     /// Template name; `default` when absent.
-    #[schema(pattern = "^[a-z0-9_-]{1,48}$")]
+    #[schema(pattern = "^[a-z0-9_-]{1,64}$")]
     pub template: Option<String>,
     /// Time to live in seconds.
     #[schema(minimum = 1, maximum = 86400)]

@@ -28,6 +28,8 @@ use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport};
 
+mod client;
+
 /// How often the actor checks that postgres is alive ("notices within a second").
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
 /// Pause between failed attempts to bring postgres back.
@@ -133,6 +135,26 @@ enum JobResult {
         target: Box<Target>,
         outcome: Box<Result<Up, StartError>>,
     },
+    /// A client-built template's empty database made: `Ok` carries its role's password.
+    Opened {
+        generation: u64,
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<String, String>,
+    },
+    /// A client-built template finalized.
+    Finalized {
+        generation: u64,
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<Built, String>,
+    },
+    /// Sessions counted on a test database a client gives back.
+    SessionsCounted {
+        generation: u64,
+        give_back: Box<client::GiveBack>,
+        outcome: Result<i64, String>,
+    },
 }
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
@@ -193,6 +215,8 @@ pub async fn start(
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {
         state,
+        initializers: HashMap::new(),
+        finalizers: HashMap::new(),
         inputs,
         external: matches!(config.server, ServerConfig::External(_)),
         server_outlives_us: match &config.server {
@@ -312,6 +336,10 @@ async fn open_session(
 
 struct Actor {
     state: PoolState,
+    /// Callers of `initialize`, by the database being made for them.
+    initializers: HashMap<DbName, client::Reply<ConnectInfo>>,
+    /// Callers of `finalize`, by the database being finalized.
+    finalizers: HashMap<DbName, Vec<client::Reply<()>>>,
     inputs: UpInputs,
     external: bool,
     /// An external server, or a kept data directory: what we leave is found next time.
@@ -425,6 +453,10 @@ impl Actor {
                     )));
                     return;
                 }
+                if self.is_client_built(&name) {
+                    let _ = reply.send(Err(LeaseError::ClientBuilt(name)));
+                    return;
+                }
                 let (registered, actions) = self.state.register(name.clone(), source, now);
                 tracing::info!(template = %name, ?registered, "template registered over the API");
                 self.apply(actions);
@@ -438,6 +470,9 @@ impl Actor {
                         .map(|s| (registered, s))
                         .ok_or(LeaseError::UnknownTemplate(name)),
                 );
+            }
+            Command::Rebuild { template, reply } if self.is_client_built(&template) => {
+                let _ = reply.send(Err(LeaseError::ClientBuilt(template)));
             }
             Command::Rebuild { template, reply } => {
                 let status = self
@@ -464,6 +499,16 @@ impl Actor {
                     default_template_ready: self.state.ready_for_default(),
                 });
             }
+            Command::Initialize { template, reply } => self.initialize(template, reply),
+            Command::Finalize { template, reply } => self.finalize(template, reply),
+            Command::Discard { template, reply } => self.discard(template, reply),
+            Command::DiscardAllClientBuilt { reply } => self.discard_all_client_built(reply),
+            Command::GiveBack {
+                template,
+                number,
+                recreate,
+                reply,
+            } => self.give_back(template, number, recreate, reply),
             Command::Shutdown { reply } => {
                 // Handled in `run`, which can await; unreachable here but harmless.
                 let _ = reply.send(());
@@ -575,16 +620,44 @@ impl Actor {
                 };
                 self.apply(actions);
             }
-            // A job of an earlier server generation: its server is gone, and so is its work.
+            JobResult::Opened {
+                generation,
+                template,
+                db,
+                outcome,
+            } if generation == self.generation => self.opened(template, db, outcome),
+            JobResult::Finalized {
+                generation,
+                template,
+                db,
+                outcome,
+            } if generation == self.generation => self.finalized(template, db, outcome),
+            JobResult::SessionsCounted {
+                generation,
+                give_back,
+                outcome,
+            } => {
+                let outcome = if generation == self.generation {
+                    outcome
+                } else {
+                    Err(NOT_RUNNING.into())
+                };
+                self.sessions_counted(*give_back, outcome);
+            }
+            // A job of an earlier server generation: its server is gone, and so is its work
+            // (callers waiting on client-built templates were told when it went).
             JobResult::Built { .. }
             | JobResult::Cloned { .. }
             | JobResult::Dropped { .. }
-            | JobResult::LimitSet { .. } => {}
+            | JobResult::LimitSet { .. }
+            | JobResult::Opened { .. }
+            | JobResult::Finalized { .. } => {}
         }
     }
 
     fn server_came_up(&mut self, mut up: Up) {
         let adoptable = std::mem::take(&mut up.session.adoptable);
+        let client_templates = std::mem::take(&mut up.session.client_templates);
         self.session = Some(up.session);
         self.running = up.running;
         self.monitor = Some(up.monitor);
@@ -594,9 +667,26 @@ impl Actor {
             connection_budget = budget,
             "connections available to lease holders"
         );
-        let actions = self.state.server_up(budget);
+        let mut actions = self.state.server_up(budget);
+        // Client-built templates the server kept come back as built, after their ready
+        // clones are queued for adoption.
+        let restored: Vec<_> = client_templates
+            .into_iter()
+            .filter(|(template, _, _)| self.state.restore_client_built(template))
+            .collect();
         for (template, fingerprint, clone) in adoptable {
             self.state.adopt(&template, fingerprint, clone);
+        }
+        let now = Instant::now();
+        for (template, db, size_bytes) in restored {
+            let built = Built {
+                fingerprint: template.to_string(),
+                db,
+                elapsed: Duration::ZERO,
+                size_bytes,
+                built_at: SystemTime::now(),
+            };
+            actions.extend(self.state.build_finished(&template, Ok(built), now));
         }
         self.apply(actions);
     }
@@ -630,6 +720,7 @@ impl Actor {
     fn server_lost(&mut self, reason: String) {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
+        self.fail_client_work(&reason);
         self.passwords.clear();
         self.watches.clear();
         self.session = None;
@@ -697,6 +788,12 @@ impl Actor {
                     self.passwords.remove(&db);
                     self.spawn_drop(db);
                 }
+                Action::OpenTemplate { template, db } => self.spawn_open(template, db),
+                Action::FinalizeTemplate {
+                    template,
+                    db,
+                    since,
+                } => self.spawn_finalize(template, db, since),
                 Action::Grant { waiter, grant } => {
                     if let Some(more) = self.deliver(waiter, grant) {
                         queue.extend(more);
@@ -769,6 +866,7 @@ impl Actor {
                 database: grant.database,
             },
             expires_at: SystemTime::now() + grant.ttl,
+            number: grant.number,
         };
         let (template, database) = (lease.template.clone(), lease.connect.database.clone());
         match reply.send(Ok(lease)) {
@@ -864,11 +962,24 @@ impl Actor {
         }
     }
 
+    /// Whether a client built `template` (IntegreSQL API). Their clones get postgres'
+    /// standard SCRAM iteration count: those clients' Go drivers refuse fewer.
+    fn is_client_built(&self, template: &TemplateName) -> bool {
+        self.state
+            .source_of(template)
+            .is_some_and(TemplateSource::is_client_built)
+    }
+
     fn spawn_clone(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
+        let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session, generation| async move {
             let started = std::time::Instant::now();
             let outcome = match session {
-                Some(session) => session.clone_database(&template_db, &clone).await,
+                Some(session) => {
+                    session
+                        .clone_database(&template_db, &clone, standard_scram)
+                        .await
+                }
                 None => Err(NOT_RUNNING.into()),
             };
             tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
@@ -883,9 +994,10 @@ impl Actor {
     }
 
     fn spawn_recycle(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
+        let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session, generation| async move {
             let outcome = match session {
-                Some(session) => session.recycle(&clone).await,
+                Some(session) => session.recycle(&clone, standard_scram).await,
                 None => Err(NOT_RUNNING.into()),
             };
             JobResult::Cloned {

@@ -136,6 +136,17 @@ pub enum TemplateSource {
     SqlFile(PathBuf),
     /// Any migration tool, run against the template being built.
     Command(CommandSource),
+    /// Built by a client through the IntegreSQL-compatible API: it gets an empty template
+    /// database with a login role, migrates it itself and finalizes it. The template's name
+    /// is the client's hash, which is also its fingerprint; pglease cannot rebuild it.
+    Client,
+}
+
+impl TemplateSource {
+    /// True for a template a client builds (see [`TemplateSource::Client`]).
+    pub fn is_client_built(&self) -> bool {
+        matches!(self, TemplateSource::Client)
+    }
 }
 
 /// A migration command: run with `sh -c` in `workdir`, with `DATABASE_URL` and

@@ -235,6 +235,12 @@ pub enum LeaseError {
         /// Postgres' message.
         message: String,
     },
+    /// The template was discarded by a client (IntegreSQL API); initialize it again.
+    #[error("template \"{0}\" was discarded")]
+    Discarded(TemplateName),
+    /// The template is built by a client: pglease has no sources to rebuild or replace.
+    #[error("template \"{0}\" is built by a client through the IntegreSQL API; pglease cannot rebuild or replace it (discard it and initialize it again)")]
+    ClientBuilt(TemplateName),
 }
 
 /// A lease could not be released or renewed.
@@ -249,4 +255,54 @@ pub enum LeaseOpError {
     /// The pool is stopping.
     #[error("pglease is shutting down")]
     ShuttingDown,
+}
+
+/// Errors of the operations on templates that clients build and on their test databases
+/// (the IntegreSQL-compatible API).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TemplateOpError {
+    /// No template of this name (hash).
+    #[error("unknown template \"{0}\"")]
+    UnknownTemplate(TemplateName),
+    /// Initialized already: built, or being built by another client.
+    #[error("template \"{0}\" is already initialized (built, or being built by another client)")]
+    AlreadyInitialized(TemplateName),
+    /// A template of pglease's configuration: clients cannot discard or finalize it.
+    #[error("template \"{0}\" is configured in pglease, not built by a client")]
+    NotClientBuilt(TemplateName),
+    /// Discarded while the operation ran.
+    #[error("template \"{0}\" was discarded")]
+    Discarded(TemplateName),
+    /// No open lease with this number.
+    #[error("template \"{template}\" has no test database {number} in use")]
+    UnknownTest {
+        /// The template.
+        template: TemplateName,
+        /// The number asked for.
+        number: u32,
+    },
+    /// Sessions are still connected to the test database.
+    #[error("test database {number} of template \"{template}\" is in use: {sessions} session(s) still connected; close them first")]
+    InUse {
+        /// The template.
+        template: TemplateName,
+        /// The test database's number.
+        number: u32,
+        /// Sessions connected.
+        sessions: i64,
+    },
+    /// Preparing or finalizing the template database failed.
+    #[error("template \"{template}\": {message}")]
+    Failed {
+        /// The template.
+        template: TemplateName,
+        /// Postgres' words.
+        message: String,
+    },
+    /// The daemon is stopping.
+    #[error("pglease is shutting down")]
+    ShuttingDown,
+    /// Postgres is down or being restarted.
+    #[error("postgres is unavailable: {0}")]
+    PostgresDown(String),
 }

@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::TemplateSource;
-use crate::error::{LeaseError, LeaseOpError};
+use crate::error::{LeaseError, LeaseOpError, TemplateOpError};
 use crate::names::{LeaseId, TemplateName};
 use crate::state::Registered;
-use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
+use crate::types::{ConnectInfo, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// How long past a request's own wait the handle gives the actor before giving up on it.
 const ACTOR_MARGIN: Duration = Duration::from_secs(10);
@@ -45,6 +45,27 @@ pub(crate) enum Command {
     },
     Readiness {
         reply: oneshot::Sender<Readiness>,
+    },
+    Initialize {
+        template: TemplateName,
+        reply: oneshot::Sender<Result<ConnectInfo, TemplateOpError>>,
+    },
+    Finalize {
+        template: TemplateName,
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    Discard {
+        template: TemplateName,
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    DiscardAllClientBuilt {
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    GiveBack {
+        template: TemplateName,
+        number: u32,
+        recreate: bool,
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
     },
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -126,6 +147,65 @@ impl PoolHandle {
         .await
         .map_err(|()| LeaseError::ShuttingDown)?;
         answer.await.map_err(|_| LeaseError::ShuttingDown)?
+    }
+
+    /// A client builds `template` itself: answers the connection details of its empty
+    /// template database (a login role that may migrate it), or `AlreadyInitialized` to
+    /// every caller but the first.
+    pub async fn initialize(&self, template: TemplateName) -> Result<ConnectInfo, TemplateOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Initialize { template, reply })
+            .await
+            .map_err(|()| TemplateOpError::ShuttingDown)?;
+        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+    }
+
+    /// The client is done migrating `template`: it becomes a template, and requests
+    /// waiting for it are served. Resolves once it is (also if it was already).
+    pub async fn finalize(&self, template: TemplateName) -> Result<(), TemplateOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Finalize { template, reply })
+            .await
+            .map_err(|()| TemplateOpError::ShuttingDown)?;
+        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+    }
+
+    /// Ends a client-built template: requests for it fail until it is initialized again.
+    pub async fn discard(&self, template: TemplateName) -> Result<(), TemplateOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Discard { template, reply })
+            .await
+            .map_err(|()| TemplateOpError::ShuttingDown)?;
+        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+    }
+
+    /// Forgets every client-built template and ends their leases.
+    pub async fn discard_all_client_built(&self) -> Result<(), TemplateOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::DiscardAllClientBuilt { reply })
+            .await
+            .map_err(|()| TemplateOpError::ShuttingDown)?;
+        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+    }
+
+    /// Ends the lease numbered `number` of `template` unless sessions are still connected
+    /// to its database: back to the pool as it is, or with `recreate` dropped and replaced.
+    pub async fn give_back(
+        &self,
+        template: TemplateName,
+        number: u32,
+        recreate: bool,
+    ) -> Result<(), TemplateOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::GiveBack {
+            template,
+            number,
+            recreate,
+            reply,
+        })
+        .await
+        .map_err(|()| TemplateOpError::ShuttingDown)?;
+        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
     }
 
     /// A snapshot for `/status`; None once the pool has stopped.

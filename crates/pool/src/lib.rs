@@ -24,7 +24,7 @@ pub use config::{
     CloneStrategy, CommandSource, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig,
     PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
 };
-pub use error::{LeaseError, LeaseOpError, StartError};
+pub use error::{LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use state::Registered;

@@ -90,6 +90,9 @@ pub struct Session {
     pub build_timeout: Duration,
     /// Ready clones of an earlier run to adopt: (template, fingerprint, clone).
     pub adoptable: Vec<(TemplateName, String, DbName)>,
+    /// Complete client-built templates an earlier run left: (template, its database, its
+    /// size in bytes).
+    pub client_templates: Vec<(TemplateName, DbName, i64)>,
     /// Connections lease holders can have in all: `max_connections` less what is reserved
     /// for superusers, the daemon's own connections and a small margin.
     pub connection_budget: u32,
@@ -198,6 +201,7 @@ impl Session {
             external: params.external,
             build_timeout: params.build_timeout,
             adoptable: Vec::new(),
+            client_templates: Vec::new(),
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
@@ -250,6 +254,24 @@ impl Session {
             .await
             .map_err(|e| pg_message(&e))?;
         drop(client);
+        // Complete client-built templates stay; their names count as current versions
+        // (a client template's fingerprint is its name), so their ready clones are adopted.
+        let mut keep = keep;
+        let mut current = current;
+        for row in &rows {
+            let (name, complete, comment): (String, bool, String) =
+                (row.get(0), row.get(1), row.get(2));
+            if let (true, Some(template)) =
+                (complete, template::parse_client_template_marker(&comment))
+            {
+                tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
+                let db = DbName::from_server(name.clone());
+                let size = self.database_size(&db).await?;
+                current.push((template.clone(), template.to_string()));
+                self.client_templates.push((template, db, size));
+                keep.insert(name);
+            }
+        }
         let mut adopted: HashSet<String> = HashSet::new();
         for row in rows {
             let name: String = row.get(0);
@@ -263,9 +285,10 @@ impl Session {
                 let current_version = current
                     .iter()
                     .any(|(n, f)| *n == template && *f == fingerprint);
-                if current_version
-                    && keep.contains(DbName::template(&template, &fingerprint).as_str())
-                {
+                let template_db_kept = keep
+                    .contains(DbName::template(&template, &fingerprint).as_str())
+                    || self.client_templates.iter().any(|(t, _, _)| *t == template);
+                if current_version && template_db_kept {
                     tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
                     self.adoptable
                         .push((template, fingerprint, DbName::from_server(name.clone())));
@@ -374,15 +397,44 @@ impl Session {
         }
     }
 
+    /// Sessions connected to `db` (other than this one).
+    pub async fn sessions_on(&self, db: &DbName) -> Result<i64, String> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&db.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(row.get(0))
+    }
+
+    /// Ends every session connected to `db`.
+    pub async fn terminate_sessions(&self, db: &DbName) -> Result<(), String> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&db.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        Ok(())
+    }
+
     /// Makes a clone ready to lease: its own LOGIN role (named like the database, a member
     /// of the owner role, with a fresh password), `CREATE DATABASE clone TEMPLATE
     /// template_db` owned by that role, CONNECT and TEMPORARY revoked from PUBLIC, the
     /// template's database-level settings re-applied, and our marker on both.
     /// Returns the role's password.
+    /// With `standard_scram` its verifier has postgres' standard iteration count (for
+    /// clients of the IntegreSQL API, whose Go drivers refuse fewer).
     pub async fn clone_database(
         &self,
         template_db: &DbName,
         clone: &DbName,
+        standard_scram: bool,
     ) -> Result<String, String> {
         let client = self.client().await?;
         let role = quote_ident(clone.as_str());
@@ -399,7 +451,7 @@ impl Session {
                 "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
                    IN ROLE {owner}",
                 limit = self.lease_connections,
-                verifier = quote_literal(&self.verifier(&password)),
+                verifier = quote_literal(&self.verifier(&password, standard_scram)),
                 owner = quote_ident(OWNER_ROLE),
             ))
             .await
@@ -506,7 +558,7 @@ impl Session {
     /// Gets a clone ready to lease again — after a `reuse` release, or adopted from an
     /// earlier run: a new password and the default connection limit first (and the plain
     /// marker), then every session of the previous holder ended. Returns the new password.
-    pub async fn recycle(&self, clone: &DbName) -> Result<String, String> {
+    pub async fn recycle(&self, clone: &DbName, standard_scram: bool) -> Result<String, String> {
         let client = self.client().await?;
         let password = scram::random_password();
         client
@@ -516,7 +568,7 @@ impl Session {
                 "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS NULL;",
                 quote_ident(clone.as_str()),
                 self.lease_connections,
-                quote_literal(&self.verifier(&password)),
+                quote_literal(&self.verifier(&password, standard_scram)),
                 clone.quoted(),
             ))
             .await
@@ -531,9 +583,13 @@ impl Session {
         Ok(password)
     }
 
-    /// The SCRAM verifier stored for `password` under the configured iteration count.
-    pub(crate) fn verifier(&self, password: &str) -> String {
+    /// The SCRAM verifier stored for `password` under the configured iteration count (at
+    /// least postgres' standard count with `standard`).
+    pub(crate) fn verifier(&self, password: &str, standard: bool) -> String {
         let iterations = match self.lease_auth {
+            LeaseAuth::Scram { iterations } if standard => {
+                iterations.max(crate::template::STANDARD_SCRAM_ITERATIONS)
+            }
             LeaseAuth::Scram { iterations } => iterations,
             // Trust ignores it; a valid verifier keeps the role usable if the rule changes.
             LeaseAuth::Trust => crate::config::DEFAULT_SCRAM_ITERATIONS,

@@ -47,6 +47,16 @@ pub(crate) enum Action {
     },
     /// `DROP DATABASE db WITH (FORCE)`.
     Drop { db: DbName },
+    /// Create the empty database of a client-built template and its login role; reported
+    /// with [`PoolState::template_opened`].
+    OpenTemplate { template: TemplateName, db: DbName },
+    /// End the client's sessions on a client-built template, drop its login role and mark
+    /// the database a template; reported with [`PoolState::template_finalized`].
+    FinalizeTemplate {
+        template: TemplateName,
+        db: DbName,
+        since: Instant,
+    },
     /// Hand a lease to a parked request.
     Grant { waiter: WaiterId, grant: Grant },
     /// Answer a parked request with an error.
@@ -63,6 +73,8 @@ pub(crate) struct Grant {
     pub ttl: Duration,
     /// The lease's connection limit.
     pub connections: u32,
+    /// Its number among the template's leases.
+    pub number: u32,
 }
 
 /// An open lease as `/status` shows it.
@@ -97,6 +109,22 @@ enum Build {
         db: DbName,
     },
     Failed,
+    /// A client-built template whose empty database `db` is being created.
+    Opening {
+        db: DbName,
+    },
+    /// A client-built template whose empty database a client is migrating (since `since`).
+    Open {
+        db: DbName,
+        since: Instant,
+    },
+    /// A client-built template being finalized.
+    Finalizing {
+        db: DbName,
+    },
+    /// A client-built template its client discarded: requests for it fail until it is
+    /// initialized again.
+    Discarded,
 }
 
 #[derive(Debug)]
@@ -105,6 +133,7 @@ struct Waiter {
     lease_id: LeaseId,
     ttl: Duration,
     connections: u32,
+    reclaimable: bool,
     enqueued: Instant,
     deadline: Instant,
 }
@@ -128,17 +157,26 @@ struct TemplateEntry {
     last_used: Option<Instant>,
     /// Ready clones of an earlier run, by fingerprint, waiting for this run's build.
     adoptable: Vec<(String, DbName)>,
+    /// The number the next lease of this template gets.
+    next_number: u32,
 }
 
 #[derive(Debug)]
 struct LeaseRecord {
     template: TemplateName,
     fingerprint: String,
+    /// The template database it was cloned from (names a version).
+    template_db: DbName,
     database: DbName,
     expires_at: Instant,
     connections: u32,
     /// Bytes its database was made with (its template version's size).
     bytes: u64,
+    /// Its number among the template's leases.
+    number: u32,
+    /// May be ended to make room (see [`LeaseRequest::reclaimable`]).
+    reclaimable: bool,
+    granted_at: Instant,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +228,7 @@ impl TemplateEntry {
             last_build: None,
             last_used: None,
             adoptable: Vec::new(),
+            next_number: 0,
         }
     }
 }
@@ -270,6 +309,19 @@ impl PoolState {
             self.remember_lost(id);
         }
         let mut actions = Vec::new();
+        for (name, entry) in &mut self.templates {
+            if entry.source.is_client_built() {
+                // Nothing here can rebuild it: its requests fail, and the entry goes (the
+                // next session's sweep brings it back if the server kept it).
+                for waiter in entry.waiters.drain(..) {
+                    actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error: LeaseError::UnknownTemplate(name.clone()),
+                    });
+                }
+            }
+        }
+        self.templates.retain(|_, e| !e.source.is_client_built());
         for entry in self.templates.values_mut() {
             entry.ready.clear();
             // Found again by the sweep of the next session, if still there.
@@ -363,6 +415,28 @@ impl PoolState {
             });
             return actions;
         };
+        if entry.source.is_client_built() {
+            // Nothing to build: requests wait for the client to finalize, or fail.
+            let error = match &entry.build {
+                Build::Discarded => Some(LeaseError::Discarded(request.template.clone())),
+                Build::Failed | Build::Idle => Some(LeaseError::BuildFailed {
+                    template: request.template.clone(),
+                    message: entry
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| "the client did not finalize it".into()),
+                }),
+                Build::Building { .. }
+                | Build::Opening { .. }
+                | Build::Open { .. }
+                | Build::Finalizing { .. }
+                | Build::Ready { .. } => None,
+            };
+            if let Some(error) = error {
+                actions.push(Action::Fail { waiter, error });
+                return actions;
+            }
+        }
         entry.wanted = true;
         if matches!(entry.build, Build::Idle | Build::Failed) {
             // A failed build is retried by the next request: the sources may have been fixed.
@@ -377,6 +451,7 @@ impl PoolState {
             lease_id,
             ttl,
             connections,
+            reclaimable: request.reclaimable,
             enqueued: now,
             deadline: now + request.wait,
         });
@@ -450,13 +525,19 @@ impl PoolState {
         let Some(entry) = self.templates.get_mut(template) else {
             return actions;
         };
-        if matches!(entry.build, Build::Building { .. }) {
+        if matches!(entry.build, Build::Building { .. }) || entry.source.is_client_built() {
             return actions;
         }
         let previous = match std::mem::replace(&mut entry.build, Build::Building { previous: None })
         {
             Build::Ready { db, .. } => Some(db),
-            Build::Idle | Build::Building { .. } | Build::Failed => None,
+            Build::Idle
+            | Build::Building { .. }
+            | Build::Failed
+            | Build::Opening { .. }
+            | Build::Open { .. }
+            | Build::Finalizing { .. }
+            | Build::Discarded => None,
         };
         entry.build = Build::Building { previous };
         entry.wanted = true;
@@ -482,7 +563,13 @@ impl PoolState {
         };
         let previous = match &mut entry.build {
             Build::Building { previous } => previous.take(),
-            Build::Idle | Build::Ready { .. } | Build::Failed => None,
+            Build::Idle
+            | Build::Ready { .. }
+            | Build::Failed
+            | Build::Opening { .. }
+            | Build::Open { .. }
+            | Build::Finalizing { .. }
+            | Build::Discarded => None,
         };
         match outcome {
             Ok(built) => {
@@ -628,7 +715,11 @@ impl PoolState {
         if let Some(entry) = self.templates.get_mut(&record.template) {
             entry.leased = entry.leased.saturating_sub(1);
             let current_db = match &entry.build {
-                Build::Ready { fingerprint, db } if *fingerprint == record.fingerprint => {
+                // The very version it was cloned from (a client-built template initialized
+                // again has the same fingerprint, but another database).
+                Build::Ready { fingerprint, db }
+                    if *fingerprint == record.fingerprint && *db == record.template_db =>
+                {
                     Some(db.clone())
                 }
                 _ => None,
@@ -740,6 +831,10 @@ impl PoolState {
                     Build::Building { .. } => ("building", None),
                     Build::Ready { fingerprint, .. } => ("ready", Some(fingerprint.clone())),
                     Build::Failed => ("failed", None),
+                    Build::Opening { .. } => ("initializing", None),
+                    Build::Open { .. } => ("migrating", None),
+                    Build::Finalizing { .. } => ("building", None),
+                    Build::Discarded => ("discarded", None),
                 };
                 TemplateStatus {
                     name: name.clone(),
@@ -870,7 +965,11 @@ impl PoolState {
         let Some(entry) = self.templates.get_mut(template) else {
             return;
         };
-        let Build::Ready { fingerprint, .. } = &entry.build else {
+        let Build::Ready {
+            fingerprint,
+            db: template_db,
+        } = &entry.build
+        else {
             return;
         };
         let bytes = entry.version_size();
@@ -891,15 +990,21 @@ impl PoolState {
             *in_use += waiter.connections;
             entry.leased += 1;
             entry.last_used = Some(now);
+            let number = entry.next_number;
+            entry.next_number = entry.next_number.wrapping_add(1);
             self.leases.insert(
                 waiter.lease_id.clone(),
                 LeaseRecord {
                     template: template.clone(),
                     fingerprint: fingerprint.clone(),
+                    template_db: template_db.clone(),
                     database: database.clone(),
                     expires_at: now + waiter.ttl,
                     connections: waiter.connections,
                     bytes,
+                    number,
+                    reclaimable: waiter.reclaimable,
+                    granted_at: now,
                 },
             );
             actions.push(Action::Grant {
@@ -911,6 +1016,7 @@ impl PoolState {
                     database,
                     ttl: waiter.ttl,
                     connections: waiter.connections,
+                    number,
                 },
             });
         }
@@ -933,6 +1039,7 @@ impl PoolState {
         if self.server != Server::Up {
             return;
         }
+        self.reclaim_for_waiters();
         self.dispatch_drops(actions);
         let limit = self.limits.clone_concurrency.max(1);
         let mut order: Vec<TemplateName> = self.templates.keys().cloned().collect();
@@ -1020,8 +1127,15 @@ impl PoolState {
             .values()
             .map(|e| {
                 let template_dbs = match &e.build {
-                    Build::Ready { .. } | Build::Building { previous: Some(_) } => 1,
-                    Build::Idle | Build::Building { previous: None } | Build::Failed => 0,
+                    Build::Ready { .. }
+                    | Build::Building { previous: Some(_) }
+                    | Build::Opening { .. }
+                    | Build::Open { .. }
+                    | Build::Finalizing { .. } => 1,
+                    Build::Idle
+                    | Build::Building { previous: None }
+                    | Build::Failed
+                    | Build::Discarded => 0,
                 };
                 e.version_size() * (template_dbs + e.ready.len() as u64 + e.creating as u64)
             })
@@ -1078,6 +1192,8 @@ impl PoolState {
             .filter(|(name, e)| {
                 !only_idle
                     || (**name != TemplateName::default_name()
+                        // Nothing could rebuild a client's template.
+                        && !e.source.is_client_built()
                         && matches!(e.build, Build::Ready { .. })
                         && e.leased == 0
                         && e.creating == 0)
@@ -1110,6 +1226,9 @@ impl PoolState {
         }
     }
 }
+
+mod client;
+pub(crate) use client::Finalize;
 
 #[cfg(test)]
 mod tests;

@@ -43,6 +43,8 @@ pub fn stamp(source: &TemplateSource) -> SourceStamp {
                 add(&file);
             }
         }
+        // The client's hash stands for its sources; there is nothing to stat.
+        TemplateSource::Client => {}
         TemplateSource::Command(command) => {
             for root in &command.watch {
                 add(root);
@@ -83,6 +85,9 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
     let mut hasher = Sha256::new();
     hasher.update(format!("pglease-template-v1\0postgres-{pg_major}\0").as_bytes());
     match source {
+        TemplateSource::Client => {
+            return Err("a client-built template's fingerprint is its client's hash".into())
+        }
         TemplateSource::Empty => hasher.update(b"empty\0"),
         TemplateSource::SqlFile(path) => {
             hasher.update(b"sql\0");
@@ -201,22 +206,7 @@ async fn build_fresh(
     source: &TemplateSource,
     db: &DbName,
 ) -> Result<(), String> {
-    session.drop_database(db).await?;
-    // Owned by the superuser: lease roles are members of the owner role and must not
-    // gain power over template databases through it.
-    session
-        .execute(&format!(
-            "CREATE DATABASE {} TEMPLATE template0",
-            db.quoted()
-        ))
-        .await?;
-    session
-        .execute(&format!(
-            "COMMENT ON DATABASE {} IS {}",
-            db.quoted(),
-            quote_literal(&format!("{MARKER}; template {name}"))
-        ))
-        .await?;
+    create_template_database(session, db, &format!("{MARKER}; template {name}")).await?;
     match source {
         // A command is killed at its own timeout (with its process group).
         TemplateSource::Command(_) => apply_source(session, source, db).await?,
@@ -231,6 +221,46 @@ async fn build_fresh(
                 )
             })??,
     }
+    seal_template(session, db).await
+}
+
+/// Creates the empty database `db` (after dropping a leftover of that name) with our
+/// marker `comment`. Owned by the superuser: lease roles are members of the owner role and
+/// must not gain power over template databases through it.
+async fn create_template_database(
+    session: &Session,
+    db: &DbName,
+    comment: &str,
+) -> Result<(), String> {
+    session.drop_database(db).await?;
+    session
+        .execute(&format!(
+            "CREATE DATABASE {} TEMPLATE template0",
+            db.quoted()
+        ))
+        .await?;
+    session
+        .execute(&format!(
+            "COMMENT ON DATABASE {} IS {}",
+            db.quoted(),
+            quote_literal(comment)
+        ))
+        .await?;
+    run_in(
+        session,
+        db,
+        &format!(
+            "GRANT ALL ON SCHEMA public TO {owner}; GRANT CREATE ON DATABASE {} TO {owner};",
+            db.quoted(),
+            owner = quote_ident(OWNER_ROLE)
+        ),
+    )
+    .await
+    .map_err(|e| format!("preparing the template database: {e}"))
+}
+
+/// Marks a migrated database a template nobody may connect to, once its sessions are gone.
+async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
     session
         .wait_until_unused(db, Duration::from_secs(5))
         .await?;
@@ -239,8 +269,102 @@ async fn build_fresh(
             "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false IS_TEMPLATE true",
             db.quoted()
         ))
+        .await
+}
+
+/// Runs `sql` in database `db` as the superuser, on a connection of its own.
+async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String> {
+    let mut config = session.admin_config.clone();
+    config.dbname(db.as_str());
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to {db}: {}", pg_message(&e)))?;
+    let connection = tokio::spawn(connection);
+    let result = client.batch_execute(sql).await.map_err(|e| pg_message(&e));
+    drop(client);
+    // The connection task ends once the client is gone; its result carries nothing new.
+    let _ = connection.await;
+    result
+}
+
+/// Hands whatever the temporary login role `db` made as itself (a tool may reset its role)
+/// to the owner role, and drops the login role.
+async fn retire_build_role(session: &Session, db: &DbName) -> Result<(), String> {
+    let role = quote_ident(db.as_str());
+    run_in(
+        session,
+        db,
+        &format!(
+            "REASSIGN OWNED BY {role} TO {owner}; DROP OWNED BY {role};",
+            owner = quote_ident(OWNER_ROLE)
+        ),
+    )
+    .await
+    .map_err(|e| format!("handing the objects of {db} to {OWNER_ROLE}: {e}"))?;
+    session
+        .execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await
+}
+
+/// Creates the empty database `db` of the client-built template `name` and a login role
+/// named like it (the `sameuser` rule admits it there only) whose sessions act as the
+/// owner role. Returns the role's password; on failure nothing is left behind.
+pub async fn open_client_template(
+    session: &Session,
+    name: &TemplateName,
+    db: &DbName,
+) -> Result<String, String> {
+    let opened = async {
+        create_template_database(session, db, &client_template_marker(name)).await?;
+        create_build_role(session, db).await
+    }
+    .await;
+    if opened.is_err() {
+        if let Err(message) = session.drop_database(db).await {
+            tracing::warn!(database = %db, error = %message, "could not drop a half-made template");
+        }
+    }
+    opened
+}
+
+/// Makes the database a client migrated a template: its login role is locked out and its
+/// sessions ended (clients often finalize before closing their connection pool), what the
+/// role owns goes to the owner role, the role goes, and the database is sealed.
+pub async fn finalize_client_template(
+    session: &Session,
+    name: &TemplateName,
+    db: &DbName,
+    migrating_since: std::time::Instant,
+) -> Result<Built, String> {
+    let role = quote_ident(db.as_str());
+    session
+        .execute(&format!("ALTER ROLE {role} NOLOGIN"))
         .await?;
-    Ok(())
+    session.terminate_sessions(db).await?;
+    retire_build_role(session, db).await?;
+    seal_template(session, db).await?;
+    let size_bytes = session.database_size(db).await?;
+    tracing::info!(template = %name, database = %db, size_bytes, "client-built template finalized");
+    Ok(Built {
+        fingerprint: name.to_string(),
+        db: db.clone(),
+        elapsed: migrating_since.elapsed(),
+        size_bytes,
+        built_at: SystemTime::now(),
+    })
+}
+
+/// The comment on a client-built template's database; the sweep at start keeps complete
+/// ones (see [`parse_client_template_marker`]).
+pub fn client_template_marker(name: &TemplateName) -> String {
+    format!("{MARKER}; client template {name}")
+}
+
+/// The template name in a [`client_template_marker`].
+pub fn parse_client_template_marker(comment: &str) -> Option<TemplateName> {
+    let name = comment.strip_prefix(&format!("{MARKER}; client template "))?;
+    TemplateName::new(name).ok()
 }
 
 /// Applies the source to the template database: SQL files run as the owner role, so that
@@ -260,7 +384,12 @@ async fn apply_source(
                 .await
                 .map_err(|e| format!("listing migrations failed: {e}"))??
         }
-        TemplateSource::Command(_) => Vec::new(),
+        TemplateSource::Command(command) => {
+            run_command(session, command, db).await?;
+            return retire_build_role(session, db).await;
+        }
+        // Built by its client, never here.
+        TemplateSource::Client => return Ok(()),
     };
     let mut config = session.admin_config.clone();
     config.dbname(db.as_str());
@@ -273,33 +402,6 @@ async fn apply_source(
     let connection = tokio::spawn(connection);
     let result = async {
         let owner = quote_ident(OWNER_ROLE);
-        client
-            .batch_execute(&format!(
-                "GRANT ALL ON SCHEMA public TO {owner}; GRANT CREATE ON DATABASE {} TO {owner};",
-                db.quoted()
-            ))
-            .await
-            .map_err(|e| format!("preparing the template database: {}", pg_message(&e)))?;
-        if let TemplateSource::Command(command) = source {
-            run_command(session, command, db).await?;
-            // Whatever the tool made as its login role rather than the owner role (it may
-            // have reset the role) goes to the owner role, so the login role can go.
-            let role = quote_ident(db.as_str());
-            client
-                .batch_execute(&format!(
-                    "REASSIGN OWNED BY {role} TO {owner}; DROP OWNED BY {role};"
-                ))
-                .await
-                .map_err(|e| {
-                    format!(
-                        "handing the command's objects to {OWNER_ROLE}: {}",
-                        pg_message(&e)
-                    )
-                })?;
-            return session
-                .execute(&format!("DROP ROLE IF EXISTS {role}"))
-                .await;
-        }
         client
             .batch_execute(&format!("SET ROLE {owner}"))
             .await
@@ -332,15 +434,15 @@ async fn apply_source(
 
 /// PBKDF2 iterations postgres itself uses for SCRAM verifiers (and the minimum some
 /// drivers accept).
-const STANDARD_SCRAM_ITERATIONS: u32 = 4096;
+pub(crate) const STANDARD_SCRAM_ITERATIONS: u32 = 4096;
 
 /// Lines of a command's output kept for its error message.
 const OUTPUT_TAIL_LINES: usize = 40;
 
-/// Runs a migration command against the template database `db` as a temporary login role
-/// named like the database (so the `sameuser` rule admits it) whose sessions act as the
-/// owner role. Fails with the exit status (or the timeout) and the tail of its output.
-async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> Result<(), String> {
+/// Creates the temporary login role of a build: named like the template database `db`
+/// (so the `sameuser` rule admits it there only), its sessions acting as the owner role.
+/// Returns its password.
+async fn create_build_role(session: &Session, db: &DbName) -> Result<String, String> {
     let role = quote_ident(db.as_str());
     let password = crate::scram::random_password();
     session
@@ -360,6 +462,14 @@ async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> 
             marker = quote_literal(MARKER),
         ))
         .await?;
+    Ok(password)
+}
+
+/// Runs a migration command against the template database `db` as a temporary login role
+/// named like the database (so the `sameuser` rule admits it) whose sessions act as the
+/// owner role. Fails with the exit status (or the timeout) and the tail of its output.
+async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> Result<(), String> {
+    let password = create_build_role(session, db).await?;
     let host = session.lease_host.clone();
     let port = session.lease_port.to_string();
     // The embedded server has no TLS; some drivers (lib/pq) insist on it unless told.

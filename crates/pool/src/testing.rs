@@ -12,11 +12,11 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::TemplateSource;
-use crate::error::{LeaseError, LeaseOpError};
+use crate::error::{LeaseError, LeaseOpError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{LeaseId, TemplateName};
 use crate::state::Registered;
-use crate::types::{Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
+use crate::types::{ConnectInfo, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
 
 /// Commands a handle may queue before its `send` waits. Bounded like the real pool's
 /// channel; tests queue at most a few.
@@ -106,6 +106,43 @@ pub enum FakeCommand {
         /// Where the answer goes; dropping it reads as "not ready".
         reply: oneshot::Sender<Readiness>,
     },
+    /// [`PoolHandle::initialize`].
+    Initialize {
+        /// The template (the client's hash).
+        template: TemplateName,
+        /// Where the template database's connection details or the error go.
+        reply: oneshot::Sender<Result<ConnectInfo, TemplateOpError>>,
+    },
+    /// [`PoolHandle::finalize`].
+    Finalize {
+        /// The template.
+        template: TemplateName,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    /// [`PoolHandle::discard`].
+    Discard {
+        /// The template.
+        template: TemplateName,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    /// [`PoolHandle::discard_all_client_built`].
+    DiscardAllClientBuilt {
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
+    /// [`PoolHandle::give_back`].
+    GiveBack {
+        /// The template.
+        template: TemplateName,
+        /// The lease's number.
+        number: u32,
+        /// Drop and replace it rather than put it back as it is.
+        recreate: bool,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), TemplateOpError>>,
+    },
     /// [`PoolHandle::shutdown`].
     Shutdown {
         /// Send (or drop) to let `shutdown()` resolve.
@@ -132,6 +169,23 @@ impl From<Command> for FakeCommand {
                 reply,
             },
             Command::Readiness { reply } => FakeCommand::Readiness { reply },
+            Command::Initialize { template, reply } => FakeCommand::Initialize { template, reply },
+            Command::Finalize { template, reply } => FakeCommand::Finalize { template, reply },
+            Command::Discard { template, reply } => FakeCommand::Discard { template, reply },
+            Command::DiscardAllClientBuilt { reply } => {
+                FakeCommand::DiscardAllClientBuilt { reply }
+            }
+            Command::GiveBack {
+                template,
+                number,
+                recreate,
+                reply,
+            } => FakeCommand::GiveBack {
+                template,
+                number,
+                recreate,
+                reply,
+            },
             Command::Shutdown { reply } => FakeCommand::Shutdown { reply },
         }
     }

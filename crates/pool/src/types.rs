@@ -17,6 +17,10 @@ pub struct LeaseRequest {
     pub wait: Duration,
     /// The lease's connection limit; the pool's default when None.
     pub connections: Option<u32>,
+    /// The holder may never release it (IntegreSQL clients need not): when the template
+    /// has no room for a waiting request, the oldest such lease is ended and its database
+    /// dropped to make room.
+    pub reclaimable: bool,
 }
 
 /// A database handed to one caller until released or expired.
@@ -32,6 +36,9 @@ pub struct Lease {
     pub connect: ConnectInfo,
     /// When the lease expires unless renewed.
     pub expires_at: SystemTime,
+    /// A small number counting this template's leases from 0 (the IntegreSQL API's test
+    /// database id); never reused while the template exists.
+    pub number: u32,
 }
 
 /// How to reach a leased database.

@@ -75,6 +75,7 @@ pub async fn lease(
         ttl,
         wait,
         connections,
+        reclaimable: false,
     };
     let lease = state.pool.lease(request).await?;
     Ok((StatusCode::CREATED, Json(lease_response(lease))))

@@ -39,7 +39,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<TemplateJson
 }
 
 /// `GET /templates/{name}`: one template, 404 if unknown.
-#[utoipa::path(get, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")), responses(
+#[utoipa::path(get, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,64}$")), responses(
     (status = 200, description = "The template", body = TemplateJson),
     (status = 401, description = "A token is required", body = ErrorBody),
     (status = 404, description = "No such template", body = ErrorBody),
@@ -65,7 +65,7 @@ pub async fn show(
 }
 
 /// `POST /templates/{name}/rebuild` → 202: a new version is being built.
-#[utoipa::path(post, path = "/templates/{name}/rebuild", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")), responses(
+#[utoipa::path(post, path = "/templates/{name}/rebuild", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,64}$")), responses(
     (status = 202, description = "A new version is being built", body = TemplateJson),
     (status = 401, description = "A token is required", body = ErrorBody),
     (status = 404, description = "No such template", body = ErrorBody),
@@ -85,7 +85,7 @@ pub async fn rebuild(
 }
 
 /// `PUT /templates/{name}` → 201 for a new template, 200 when replaced or unchanged.
-#[utoipa::path(put, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,48}$")),
+#[utoipa::path(put, path = "/templates/{name}", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,64}$")),
     request_body(content = Option<TemplateBody>, description = "One of migrations, sql or command; empty: an empty database"),
     responses(
         (status = 200, description = "Replaced or unchanged", body = TemplateJson),

@@ -2,6 +2,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::*;
+use crate::error::TemplateOpError;
 
 fn name(text: &str) -> TemplateName {
     TemplateName::new(text).expect("valid name")
@@ -41,6 +42,7 @@ fn request(template: &str, wait_ms: u64) -> LeaseRequest {
         ttl: None,
         wait: Duration::from_millis(wait_ms),
         connections: None,
+        reclaimable: false,
     }
 }
 
@@ -115,6 +117,20 @@ impl Driver {
                     self.drops.push(db);
                     self.state.drop_finished(self.now)
                 }
+                Action::OpenTemplate { template, db } => {
+                    self.state
+                        .template_opened(&template, db, Ok(()), self.now)
+                        .1
+                }
+                Action::FinalizeTemplate { template, db, .. } => {
+                    let built = Built {
+                        db: db.clone(),
+                        ..built(&template, template.as_str())
+                    };
+                    self.state
+                        .template_finalized(&template, db, Ok(built), self.now)
+                        .1
+                }
                 Action::Grant { waiter, grant } => {
                     self.grants.push((waiter, grant));
                     Vec::new()
@@ -129,14 +145,15 @@ impl Driver {
     }
 
     fn lease(&mut self, template: &str, wait_ms: u64) -> WaiterId {
+        self.lease_with(&request(template, wait_ms))
+    }
+
+    fn lease_with(&mut self, request: &LeaseRequest) -> WaiterId {
         let waiter = self.next_waiter;
         self.next_waiter += 1;
-        let actions = self.state.request_lease(
-            waiter,
-            LeaseId::random(),
-            &request(template, wait_ms),
-            self.now,
-        );
+        let actions = self
+            .state
+            .request_lease(waiter, LeaseId::random(), request, self.now);
         self.pending.extend(actions);
         waiter
     }
@@ -581,6 +598,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
         ttl: None,
         wait: Duration::from_secs(10),
         connections: Some(connections),
+        reclaimable: false,
     };
     let granted = |actions: &[Action], waiter| {
         actions
@@ -701,4 +719,192 @@ fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
         1,
         "the waiter still waits for the new version"
     );
+}
+
+// Client-built templates (the IntegreSQL API).
+
+/// A lease request of the IntegreSQL API: reclaimable, waiting up to a minute.
+fn test_request(hash: &str) -> LeaseRequest {
+    LeaseRequest {
+        reclaimable: true,
+        ..request(hash, 60_000)
+    }
+}
+
+/// Initializes `hash` and carries out the open.
+fn initialize(driver: &mut Driver, hash: &str) -> Result<(), TemplateOpError> {
+    let action = driver.state.initialize(&name(hash))?;
+    driver.pending.push(action);
+    driver.settle();
+    Ok(())
+}
+
+fn finalize(driver: &mut Driver, hash: &str) {
+    match driver.state.finalize(&name(hash)) {
+        Ok(Finalize::Start(action)) => driver.pending.push(action),
+        other => panic!("expected a finalize to start, got {other:?}"),
+    }
+    driver.settle();
+}
+
+#[test]
+fn only_the_first_initializer_gets_a_client_template_and_getters_wait_for_finalize() {
+    let mut driver = Driver::new(pool(2, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("first initialize");
+    assert!(matches!(
+        initialize(&mut driver, "abc123"),
+        Err(TemplateOpError::AlreadyInitialized(_))
+    ));
+    // A configured template counts as initialized too.
+    assert!(matches!(
+        initialize(&mut driver, "app"),
+        Err(TemplateOpError::AlreadyInitialized(_))
+    ));
+    let first = driver.lease_with(&test_request("abc123"));
+    let second = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    assert!(driver.grants.is_empty(), "no test database before finalize");
+    finalize(&mut driver, "abc123");
+    let numbers: Vec<u32> = [first, second]
+        .iter()
+        .map(|w| driver.grant_of(*w).expect("granted after finalize").number)
+        .collect();
+    assert_eq!(numbers, vec![0, 1]);
+    // Finalizing again is fine; finalizing what nobody initialized is not.
+    assert!(matches!(
+        driver.state.finalize(&name("abc123")),
+        Ok(Finalize::Done)
+    ));
+    assert!(matches!(
+        driver.state.finalize(&name("nope")),
+        Err(TemplateOpError::UnknownTemplate(_))
+    ));
+}
+
+#[test]
+fn discard_fails_waiting_and_later_getters_until_initialized_again() {
+    let mut driver = Driver::new(pool(2, 8));
+    driver.settle();
+    initialize(&mut driver, "h1").expect("initialize");
+    let waiting = driver.lease_with(&test_request("h1"));
+    driver.settle();
+    let actions = driver
+        .state
+        .discard(&name("h1"), driver.now)
+        .expect("discard");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver
+        .failures
+        .iter()
+        .any(|(w, e)| *w == waiting && matches!(e, LeaseError::Discarded(_))));
+    let later = driver.lease_with(&test_request("h1"));
+    driver.settle();
+    assert!(driver
+        .failures
+        .iter()
+        .any(|(w, e)| *w == later && matches!(e, LeaseError::Discarded(_))));
+    // Its database went.
+    assert!(driver.drops.iter().any(DbName::is_template));
+    assert!(matches!(
+        driver.state.discard(&name("h1"), driver.now),
+        Err(TemplateOpError::UnknownTemplate(_))
+    ));
+    // A configured template cannot be discarded.
+    assert!(matches!(
+        driver.state.discard(&name("app"), driver.now),
+        Err(TemplateOpError::NotClientBuilt(_))
+    ));
+    initialize(&mut driver, "h1").expect("initialize again");
+    finalize(&mut driver, "h1");
+    let again = driver.lease_with(&test_request("h1"));
+    driver.settle();
+    assert!(driver.grant_of(again).is_some());
+}
+
+#[test]
+fn a_full_client_template_recreates_its_longest_held_test_database() {
+    let mut driver = Driver::new(pool(0, 2));
+    driver.settle();
+    initialize(&mut driver, "full").expect("initialize");
+    finalize(&mut driver, "full");
+    let first = driver.lease_with(&test_request("full"));
+    driver.settle();
+    driver.now += Duration::from_millis(10);
+    let second = driver.lease_with(&test_request("full"));
+    driver.settle();
+    let (first_db, second_db) = (
+        driver.grant_of(first).expect("first").database.clone(),
+        driver.grant_of(second).expect("second").database.clone(),
+    );
+    // Neither is given back; a third getter still gets one: the oldest is recreated.
+    let third = driver.lease_with(&test_request("full"));
+    driver.settle();
+    let third_grant = driver.grant_of(third).expect("third granted").clone();
+    assert!(driver.drops.contains(&first_db));
+    assert!(!driver.drops.contains(&second_db));
+    assert_ne!(third_grant.database, first_db);
+    assert_eq!(third_grant.number, 2);
+    assert!(matches!(
+        driver.state.lease_by_number(&name("full"), 0),
+        Err(TemplateOpError::UnknownTest { number: 0, .. })
+    ));
+    assert!(driver.state.lease_by_number(&name("full"), 1).is_ok());
+    // Ordinary leases are never taken back: a full `app` makes requests wait.
+    let mut driver = Driver::new(pool(0, 1));
+    let held = driver.lease("app", 60_000);
+    let blocked = driver.lease("app", 60_000);
+    driver.settle();
+    assert!(driver.grant_of(held).is_some());
+    assert!(driver.grant_of(blocked).is_none());
+}
+
+#[test]
+fn a_lease_of_a_discarded_version_never_joins_the_new_one() {
+    let mut driver = Driver::new(pool(0, 8));
+    driver.settle();
+    initialize(&mut driver, "v").expect("initialize");
+    finalize(&mut driver, "v");
+    let old = driver.lease_with(&test_request("v"));
+    driver.settle();
+    let old_grant = driver.grant_of(old).expect("granted").clone();
+    let actions = driver
+        .state
+        .discard(&name("v"), driver.now)
+        .expect("discard");
+    driver.pending.extend(actions);
+    initialize(&mut driver, "v").expect("initialize again");
+    finalize(&mut driver, "v");
+    // Given back "unchanged": it was cloned from the discarded version, so it is dropped.
+    let (result, actions) = driver.state.release(&old_grant.lease_id, true, driver.now);
+    result.expect("released");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.drops.contains(&old_grant.database));
+    // Numbers go on from the discarded version's.
+    let new = driver.lease_with(&test_request("v"));
+    driver.settle();
+    assert_eq!(driver.grant_of(new).expect("granted").number, 1);
+}
+
+#[test]
+fn client_templates_go_with_their_server() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    initialize(&mut driver, "gone").expect("initialize");
+    let waiting = driver.lease_with(&test_request("gone"));
+    driver.settle();
+    let actions = driver.state.server_lost("postgres died");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.failures.iter().any(|(w, _)| *w == waiting));
+    let actions = driver.state.server_up(1000);
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(matches!(
+        driver.state.finalize(&name("gone")),
+        Err(TemplateOpError::UnknownTemplate(_))
+    ));
+    initialize(&mut driver, "gone").expect("initialized anew");
 }

@@ -1,0 +1,252 @@
+//! The actor's side of templates that clients build (the IntegreSQL-compatible API):
+//! it asks [`PoolState`](crate::state::PoolState) what to do, runs the SQL in workers
+//! (`template::open_client_template`, `template::finalize_client_template`) and answers
+//! the callers once the work is reported. Their test databases are ordinary leases.
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{Actor, JobResult, NOT_RUNNING};
+use crate::error::TemplateOpError;
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::state::{Action, Built, Finalize};
+use crate::template;
+use crate::types::ConnectInfo;
+
+/// Where the answer to a client-template operation goes.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, TemplateOpError>>;
+
+impl Actor {
+    pub(super) fn initialize(&mut self, template: TemplateName, reply: Reply<ConnectInfo>) {
+        match self.state.initialize(&template) {
+            Ok(action) => {
+                if let Action::OpenTemplate { db, .. } = &action {
+                    self.initializers.insert(db.clone(), reply);
+                }
+                tracing::info!(template = %template, "template initialized by a client");
+                self.apply(vec![action]);
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    pub(super) fn finalize(&mut self, template: TemplateName, reply: Reply<()>) {
+        match self.state.finalize(&template) {
+            Ok(Finalize::Done) => {
+                let _ = reply.send(Ok(()));
+            }
+            Ok(Finalize::Pending(db)) => self.finalizers.entry(db).or_default().push(reply),
+            Ok(Finalize::Start(action)) => {
+                if let Action::FinalizeTemplate { db, .. } = &action {
+                    self.finalizers.entry(db.clone()).or_default().push(reply);
+                }
+                self.apply(vec![action]);
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    pub(super) fn discard(&mut self, template: TemplateName, reply: Reply<()>) {
+        match self.state.discard(&template, Instant::now()) {
+            Ok(actions) => {
+                let _ = reply.send(Ok(()));
+                self.apply(actions);
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    pub(super) fn discard_all_client_built(&mut self, reply: Reply<()>) {
+        match self.state.discard_all_client_built(Instant::now()) {
+            Ok(actions) => {
+                tracing::info!("every client-built template discarded");
+                let _ = reply.send(Ok(()));
+                self.apply(actions);
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    /// Counts the sessions on the lease's database first (in a worker): a test database
+    /// someone is still connected to is not taken back.
+    pub(super) fn give_back(
+        &mut self,
+        template: TemplateName,
+        number: u32,
+        recreate: bool,
+        reply: Reply<()>,
+    ) {
+        let (id, db) = match self.state.lease_by_number(&template, number) {
+            Ok(found) => found,
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                return;
+            }
+        };
+        self.spawn_job(move |session, generation| async move {
+            let outcome = match session {
+                Some(session) => session.sessions_on(&db).await,
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::SessionsCounted {
+                generation,
+                give_back: Box::new(GiveBack {
+                    template,
+                    number,
+                    id,
+                    recreate,
+                    reply,
+                }),
+                outcome,
+            }
+        });
+    }
+
+    pub(super) fn sessions_counted(&mut self, give_back: GiveBack, outcome: Result<i64, String>) {
+        let GiveBack {
+            template,
+            number,
+            id,
+            recreate,
+            reply,
+        } = give_back;
+        let answer = match outcome {
+            Err(message) => Err(TemplateOpError::Failed {
+                template: template.clone(),
+                message,
+            }),
+            Ok(sessions) if sessions > 0 => Err(TemplateOpError::InUse {
+                template: template.clone(),
+                number,
+                sessions,
+            }),
+            Ok(_) => {
+                let (result, actions) = self.state.release(&id, !recreate, Instant::now());
+                self.apply(actions);
+                if result.is_ok() {
+                    tracing::info!(template = %template, number, recreate, "test database given back");
+                }
+                // Ended meanwhile (expired, or recreated for a waiting request).
+                result.map_err(|_| TemplateOpError::UnknownTest {
+                    template: template.clone(),
+                    number,
+                })
+            }
+        };
+        let _ = reply.send(answer);
+    }
+
+    pub(super) fn spawn_open(&mut self, template: TemplateName, db: DbName) {
+        self.spawn_job(move |session, generation| async move {
+            let outcome = match session {
+                Some(session) => template::open_client_template(&session, &template, &db).await,
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::Opened {
+                generation,
+                template,
+                db,
+                outcome,
+            }
+        });
+    }
+
+    pub(super) fn opened(
+        &mut self,
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<String, String>,
+    ) {
+        let password = outcome.as_ref().ok().cloned();
+        if let Err(message) = &outcome {
+            tracing::warn!(template = %template, error = %message, "could not create a client-built template");
+        }
+        let (result, actions) =
+            self.state
+                .template_opened(&template, db.clone(), outcome.map(|_| ()), Instant::now());
+        if let Some(reply) = self.initializers.remove(&db) {
+            let answer = result.and_then(|()| {
+                let session = self
+                    .session
+                    .as_ref()
+                    .ok_or_else(|| TemplateOpError::PostgresDown(NOT_RUNNING.into()))?;
+                Ok(ConnectInfo {
+                    host: session.lease_host.clone(),
+                    port: session.lease_port,
+                    // The build role is named like its database (the `sameuser` rule).
+                    user: db.as_str().to_owned(),
+                    password: password.unwrap_or_default(),
+                    database: db.clone(),
+                })
+            });
+            let _ = reply.send(answer);
+        }
+        self.apply(actions);
+    }
+
+    pub(super) fn spawn_finalize(&mut self, template: TemplateName, db: DbName, since: Instant) {
+        self.spawn_job(move |session, generation| async move {
+            let outcome = match session {
+                Some(session) => {
+                    template::finalize_client_template(&session, &template, &db, since.into_std())
+                        .await
+                }
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::Finalized {
+                generation,
+                template,
+                db,
+                outcome,
+            }
+        });
+    }
+
+    pub(super) fn finalized(
+        &mut self,
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<Built, String>,
+    ) {
+        if let Err(message) = &outcome {
+            tracing::warn!(template = %template, error = %message, "could not finalize a client-built template");
+        }
+        let (result, actions) =
+            self.state
+                .template_finalized(&template, db.clone(), outcome, Instant::now());
+        for reply in self.finalizers.remove(&db).unwrap_or_default() {
+            let _ = reply.send(result.clone());
+        }
+        self.apply(actions);
+    }
+
+    /// Callers waiting on client-template work of a lost server are told so.
+    pub(super) fn fail_client_work(&mut self, reason: &str) {
+        for (_, reply) in self.initializers.drain() {
+            let _ = reply.send(Err(TemplateOpError::PostgresDown(reason.to_owned())));
+        }
+        for (_, replies) in self.finalizers.drain() {
+            for reply in replies {
+                let _ = reply.send(Err(TemplateOpError::PostgresDown(reason.to_owned())));
+            }
+        }
+    }
+}
+
+/// A `give_back` waiting for its session count.
+#[derive(Debug)]
+pub(super) struct GiveBack {
+    template: TemplateName,
+    number: u32,
+    id: LeaseId,
+    recreate: bool,
+    reply: Reply<()>,
+}
