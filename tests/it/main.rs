@@ -13,6 +13,7 @@ mod faults;
 mod freshness;
 mod full_tmpfs;
 mod fuzz;
+mod integresql;
 mod leases;
 mod register;
 mod security;

@@ -110,6 +110,7 @@ fn lease(template_name: &str) -> Lease {
             database: DbName::from_server("pglease_abc123_7".into()),
         },
         expires_at: expiry(),
+        number: 3,
     }
 }
 
@@ -684,4 +685,173 @@ async fn the_openapi_document_lists_every_route_and_needs_no_pool() {
         body["paths"]["/lease"]["post"]["responses"]["504"]["description"],
         "No database became ready within wait_ms"
     );
+}
+
+// The IntegreSQL API (`integresql.rs`): parsing and the mapping of pool answers to its
+// statuses and `{"message"}` bodies. Its semantics against a real pool: tests/it/integresql.rs.
+
+fn form(uri: &str, body: &str) -> Request<Body> {
+    Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(body.to_owned()))
+        .expect("a valid request")
+}
+
+#[tokio::test]
+async fn integresql_initialize_takes_json_or_a_form_and_answers_its_shape() {
+    let (app, mut actor) = app();
+    for request in [
+        request("POST", "/api/v1/templates", r#"{"hash": "d41d8cd9"}"#),
+        form("/api/v1/templates", "hash=d41d8cd9"),
+    ] {
+        let response = exchange(&app, request, &mut actor, |command| {
+            let FakeCommand::Initialize { template: t, reply } = command else {
+                panic!("expected Initialize, got {command:?}");
+            };
+            assert_eq!(t, template("d41d8cd9"));
+            let _ = reply.send(Ok(lease("d41d8cd9").connect));
+        })
+        .await;
+        let (status, _, body) = read(response).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body,
+            json!({"database": {"templateHash": "d41d8cd9", "config": {
+                "host": "127.0.0.1", "port": 54321, "username": "pglease_user",
+                "password": "s3cret-pw", "database": "pglease_abc123_7",
+                "additionalParams": {"sslmode": "disable"}}}})
+        );
+    }
+}
+
+#[tokio::test]
+async fn integresql_bad_requests_are_400_without_asking_the_pool() {
+    let (app, mut actor) = app();
+    for (request, message) in [
+        (
+            request("POST", "/api/v1/templates", "{}"),
+            "hash is required",
+        ),
+        (
+            request("POST", "/api/v1/templates", "not json"),
+            "invalid request body",
+        ),
+        (
+            request("POST", "/api/v1/templates", r#"{"hash": "UPPER"}"#),
+            "invalid hash",
+        ),
+        (
+            request("POST", "/api/v1/templates/abc/tests/x/unlock", ""),
+            "invalid test database ID",
+        ),
+        (
+            request("POST", "/api/v1/templates/abc/tests/-1/recreate", ""),
+            "invalid test database ID",
+        ),
+    ] {
+        let (status, _, body) = read(send(&app, request).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let text = body["message"].as_str().expect("a message");
+        assert!(text.contains(message), "{text:?} should say {message:?}");
+    }
+    assert!(actor.try_recv().is_none());
+}
+
+#[tokio::test]
+async fn integresql_pool_answers_map_to_its_statuses() {
+    use pglease_pool::TemplateOpError;
+    let (app, mut actor) = app();
+    let t = template("abc");
+    let cases: Vec<(Request<Body>, StatusCode, FakeAnswer)> = vec![
+        (
+            request("POST", "/api/v1/templates", r#"{"hash": "abc"}"#),
+            StatusCode::LOCKED,
+            FakeAnswer::Op(TemplateOpError::AlreadyInitialized(t.clone())),
+        ),
+        (
+            request("PUT", "/api/v1/templates/abc", ""),
+            StatusCode::NOT_FOUND,
+            FakeAnswer::Op(TemplateOpError::UnknownTemplate(t.clone())),
+        ),
+        (
+            request("DELETE", "/api/v1/templates/abc", ""),
+            StatusCode::SERVICE_UNAVAILABLE,
+            FakeAnswer::Op(TemplateOpError::PostgresDown("gone".into())),
+        ),
+        (
+            request("GET", "/api/v1/templates/abc/tests", ""),
+            StatusCode::GONE,
+            FakeAnswer::Lease(LeaseError::Discarded(t.clone())),
+        ),
+        (
+            request("GET", "/api/v1/templates/abc/tests", ""),
+            StatusCode::NOT_FOUND,
+            FakeAnswer::Lease(LeaseError::UnknownTemplate(t.clone())),
+        ),
+        (
+            request("POST", "/api/v1/templates/abc/tests/3/unlock", ""),
+            StatusCode::LOCKED,
+            FakeAnswer::Op(TemplateOpError::InUse {
+                template: t.clone(),
+                number: 3,
+                sessions: 1,
+            }),
+        ),
+        (
+            request("DELETE", "/api/v1/templates/abc/tests/3", ""),
+            StatusCode::NOT_FOUND,
+            FakeAnswer::Op(TemplateOpError::UnknownTest {
+                template: t.clone(),
+                number: 3,
+            }),
+        ),
+        (
+            request("DELETE", "/api/v1/admin/templates", ""),
+            StatusCode::NO_CONTENT,
+            FakeAnswer::Ok,
+        ),
+    ];
+    for (request, expected, answer) in cases {
+        let response = exchange(&app, request, &mut actor, |command| answer.give(command)).await;
+        let (status, _, body) = read(response).await;
+        assert_eq!(status, expected);
+        if status != StatusCode::NO_CONTENT {
+            assert!(body["message"].is_string(), "{body}");
+        }
+    }
+}
+
+/// What the fake pool answers in `integresql_pool_answers_map_to_its_statuses`.
+enum FakeAnswer {
+    Op(pglease_pool::TemplateOpError),
+    Lease(LeaseError),
+    Ok,
+}
+
+impl FakeAnswer {
+    fn give(self, command: FakeCommand) {
+        match (self, command) {
+            (FakeAnswer::Op(e), FakeCommand::Initialize { reply, .. }) => {
+                let _ = reply.send(Err(e));
+            }
+            (FakeAnswer::Op(e), FakeCommand::Finalize { reply, .. })
+            | (FakeAnswer::Op(e), FakeCommand::Discard { reply, .. })
+            | (FakeAnswer::Op(e), FakeCommand::GiveBack { reply, .. }) => {
+                let _ = reply.send(Err(e));
+            }
+            (FakeAnswer::Lease(e), FakeCommand::Lease { request, reply }) => {
+                assert!(
+                    request.reclaimable,
+                    "IntegreSQL test databases are reclaimable"
+                );
+                let _ = reply.send(Err(e));
+            }
+            (FakeAnswer::Ok, FakeCommand::DiscardAllClientBuilt { reply }) => {
+                let _ = reply.send(Ok(()));
+            }
+            (_, command) => panic!("unexpected command {command:?}"),
+        }
+    }
 }

@@ -1,0 +1,505 @@
+//! The IntegreSQL v1 API against a real daemon and postgres: every route and status code
+//! of its contract (shared/integresql-api-v1.md), concurrent initializers, getters waiting
+//! for finalize, discard while they wait, unlock and recreate, the reset, never-returned
+//! test databases, the native API's view, the separate port, and a restart.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::{poll_until, TestDaemon};
+
+/// A client of the IntegreSQL routes of one daemon.
+struct Compat<'a> {
+    daemon: &'a TestDaemon,
+    base: String,
+}
+
+impl<'a> Compat<'a> {
+    /// The routes under the daemon's main port.
+    fn new(daemon: &'a TestDaemon) -> Self {
+        Compat {
+            daemon,
+            base: format!("{}/api/v1", daemon.base),
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self
+            .daemon
+            .http
+            .request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        self.daemon.send(request).await
+    }
+
+    async fn initialize(&self, hash: &str) -> (u16, Value) {
+        self.call("POST", "/templates", Some(json!({ "hash": hash })))
+            .await
+    }
+
+    async fn finalize(&self, hash: &str) -> u16 {
+        self.call("PUT", &format!("/templates/{hash}"), None)
+            .await
+            .0
+    }
+
+    async fn test_database(&self, hash: &str) -> (u16, Value) {
+        self.call("GET", &format!("/templates/{hash}/tests"), None)
+            .await
+    }
+
+    /// `GET …/tests` from a background task (it is meant to wait).
+    fn test_database_in_background(&self, hash: &str) -> tokio::task::JoinHandle<(u16, Value)> {
+        let request = self
+            .daemon
+            .http
+            .get(format!("{}/templates/{hash}/tests", self.base));
+        tokio::spawn(async move {
+            let response = request.send().await.expect("request");
+            let status = response.status().as_u16();
+            (status, response.json().await.unwrap_or(Value::Null))
+        })
+    }
+}
+
+/// Connects with a TemplateDatabase's or TestDatabase's config.
+async fn connect(answer: &Value) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let config = &answer["database"]["config"];
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(config["host"].as_str().expect("host"))
+        .port(config["port"].as_u64().expect("port") as u16)
+        .user(config["username"].as_str().expect("username"))
+        .password(config["password"].as_str().expect("password"))
+        .dbname(config["database"].as_str().expect("database"));
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Initializes `hash`, creates table `items` with one row as the client, finalizes.
+async fn build(compat: &Compat<'_>, hash: &str) {
+    let (status, template) = compat.initialize(hash).await;
+    assert_eq!(status, 200, "{template}");
+    let client = connect(&template)
+        .await
+        .expect("connect as the migrating client");
+    client
+        .batch_execute("CREATE TABLE items (id int); INSERT INTO items VALUES (1);")
+        .await
+        .expect("migrate");
+    // Finalize with the connection still open, as clients with a pool do.
+    assert_eq!(compat.finalize(hash).await, 204);
+}
+
+async fn count_items(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM items", &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+#[tokio::test]
+async fn initialize_migrate_finalize_then_test_databases_with_their_shape() {
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize("0a1b2c").await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(template["database"]["templateHash"], "0a1b2c");
+    let config = &template["database"]["config"];
+    for field in ["host", "port", "username", "password", "database"] {
+        assert!(!config[field].is_null(), "config lacks {field}: {template}");
+    }
+    assert_eq!(config["additionalParams"]["sslmode"], "disable");
+    // Getters before finalize wait for it.
+    let early = compat.test_database_in_background("0a1b2c");
+    let migrator = connect(&template)
+        .await
+        .expect("the template's credentials work");
+    migrator
+        .batch_execute("CREATE TABLE items (id int); INSERT INTO items VALUES (1), (2);")
+        .await
+        .expect("migrate");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!early.is_finished(), "a getter must wait for finalize");
+    assert_eq!(compat.finalize("0a1b2c").await, 204);
+    assert_eq!(
+        compat.finalize("0a1b2c").await,
+        204,
+        "finalizing twice is fine"
+    );
+    let (status, test) = tokio::time::timeout(Duration::from_secs(30), early)
+        .await
+        .expect("the waiting getter is answered")
+        .expect("join");
+    assert_eq!(status, 200, "{test}");
+    assert!(test["id"].is_u64(), "integer id: {test}");
+    assert_eq!(test["database"]["templateHash"], "0a1b2c");
+    let client = connect(&test)
+        .await
+        .expect("the test database's credentials work");
+    assert_eq!(
+        count_items(&client).await,
+        2,
+        "the migration is in the clone"
+    );
+    // The migrator was locked out at finalize; its credentials open nothing now.
+    assert!(connect(&template).await.is_err());
+    // Parallel test databases: distinct databases and ids.
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        handles.push(compat.test_database_in_background("0a1b2c"));
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
+    for handle in handles {
+        let (status, test) = handle.await.expect("join");
+        assert_eq!(status, 200, "{test}");
+        ids.insert(test["id"].as_u64().expect("id"));
+        names.insert(test["database"]["config"]["database"].to_string());
+    }
+    assert_eq!((ids.len(), names.len()), (8, 8));
+    // Unknown hashes.
+    assert_eq!(compat.finalize("ffff").await, 404);
+    assert_eq!(compat.test_database("ffff").await.0, 404);
+    let (status, body) = compat.call("DELETE", "/templates/ffff", None).await;
+    assert_eq!(status, 404);
+    assert!(body["message"].is_string(), "{body}");
+    let (status, body) = compat.call("POST", "/templates", Some(json!({}))).await;
+    assert_eq!(
+        (status, body["message"].as_str()),
+        (400, Some("hash is required"))
+    );
+}
+
+#[tokio::test]
+async fn of_concurrent_initializers_exactly_one_gets_the_template() {
+    let daemon = TestDaemon::start().await;
+    let mut handles = Vec::new();
+    for _ in 0..10 {
+        let request = daemon
+            .http
+            .post(format!("{}/api/v1/templates", daemon.base))
+            .json(&json!({"hash": "race"}));
+        handles.push(tokio::spawn(async move {
+            request.send().await.expect("request").status().as_u16()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for handle in handles {
+        statuses.push(handle.await.expect("join"));
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 423).count(),
+        9,
+        "{statuses:?}"
+    );
+    // Once finalized it is still "initialized" for everyone.
+    let compat = Compat::new(&daemon);
+    assert_eq!(compat.finalize("race").await, 204);
+    assert_eq!(compat.initialize("race").await.0, 423);
+}
+
+#[tokio::test]
+async fn discard_answers_waiting_and_later_getters_410_until_initialized_again() {
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    assert_eq!(compat.initialize("gone").await.0, 200);
+    let waiting = [
+        compat.test_database_in_background("gone"),
+        compat.test_database_in_background("gone"),
+    ];
+    poll_until(Duration::from_secs(10), "two getters waiting", || async {
+        let status = daemon.template_status("gone").await;
+        (status["waiting"] == 2).then_some(())
+    })
+    .await;
+    assert_eq!(compat.call("DELETE", "/templates/gone", None).await.0, 204);
+    for handle in waiting {
+        let (status, body) = handle.await.expect("join");
+        assert_eq!(status, 410, "{body}");
+    }
+    assert_eq!(compat.test_database("gone").await.0, 410);
+    assert_eq!(compat.call("DELETE", "/templates/gone", None).await.0, 404);
+    // The hash is free again.
+    build(&compat, "gone").await;
+    let (status, test) = compat.test_database("gone").await;
+    assert_eq!(status, 200, "{test}");
+}
+
+#[tokio::test]
+async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
+    // No warm clones: a database given back is the only one ready, so the next getter
+    // gets exactly it.
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "0"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "cafe").await;
+    let (_, first) = compat.test_database("cafe").await;
+    let id = first["id"].as_u64().expect("id");
+    let client = connect(&first).await.expect("connect");
+    assert_eq!(count_items(&client).await, 1, "a read-only test");
+    // Still connected: 423, and the database stays the holder's.
+    let unlock = format!("/templates/cafe/tests/{id}/unlock");
+    let (status, body) = compat.call("POST", &unlock, None).await;
+    assert_eq!(status, 423, "{body}");
+    drop(client);
+    let (status, body) = poll_until(
+        Duration::from_secs(10),
+        "unlock once disconnected",
+        || async {
+            let answer = compat.call("POST", &unlock, None).await;
+            (answer.0 != 423).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(
+        compat.call("POST", &unlock, None).await.0,
+        404,
+        "unlocked already"
+    );
+    // The same database comes back, under a new id and password.
+    let (_, second) = compat.test_database("cafe").await;
+    assert_eq!(
+        second["database"]["config"]["database"],
+        first["database"]["config"]["database"]
+    );
+    assert_ne!(second["id"], first["id"]);
+    assert!(connect(&first).await.is_err(), "the old password is void");
+    let client = connect(&second).await.expect("connect");
+    client
+        .batch_execute("INSERT INTO items VALUES (99)")
+        .await
+        .expect("write");
+    drop(client);
+    let id = second["id"].as_u64().expect("id");
+    let recreate = format!("/templates/cafe/tests/{id}/recreate");
+    let (status, body) = poll_until(
+        Duration::from_secs(10),
+        "recreate once disconnected",
+        || async {
+            let answer = compat.call("POST", &recreate, None).await;
+            (answer.0 != 423).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    // Recreated from the template: the next one has no trace of the write.
+    let (_, third) = compat.test_database("cafe").await;
+    let client = connect(&third).await.expect("connect");
+    assert_eq!(count_items(&client).await, 1);
+    // The deprecated alias, bad ids, unknown ids and hashes.
+    let id = third["id"].as_u64().expect("id");
+    drop(client);
+    let alias = format!("/templates/cafe/tests/{id}");
+    poll_until(Duration::from_secs(10), "DELETE alias", || async {
+        (compat.call("DELETE", &alias, None).await.0 == 204).then_some(())
+    })
+    .await;
+    assert_eq!(
+        compat
+            .call("POST", "/templates/cafe/tests/abc/unlock", None)
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        compat
+            .call("POST", "/templates/cafe/tests/x/recreate", None)
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        compat
+            .call("POST", "/templates/cafe/tests/999/recreate", None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        compat
+            .call("POST", "/templates/beef/tests/0/unlock", None)
+            .await
+            .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn test_databases_never_given_back_are_recreated_when_the_template_is_full() {
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "0", "--max-total", "2"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "full").await;
+    let (_, first) = compat.test_database("full").await;
+    let (_, second) = compat.test_database("full").await;
+    // A third getter gets a database although nobody gave one back: the longest-held
+    // one is recreated for it (IntegreSQL's behaviour).
+    let (status, third) = compat.test_database("full").await;
+    assert_eq!(status, 200, "{third}");
+    assert!(
+        connect(&first).await.is_err(),
+        "the longest-held one is gone"
+    );
+    assert!(connect(&second).await.is_ok(), "the other one is untouched");
+    let id = first["id"].as_u64().expect("id");
+    let path = format!("/templates/full/tests/{id}/unlock");
+    assert_eq!(compat.call("POST", &path, None).await.0, 404);
+}
+
+#[tokio::test]
+async fn the_reset_forgets_every_client_template_and_its_databases() {
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "one").await;
+    let (_, test) = compat.test_database("one").await;
+    assert!(connect(&test).await.is_ok());
+    assert_eq!(compat.call("DELETE", "/admin/templates", None).await.0, 204);
+    assert_eq!(compat.test_database("one").await.0, 404);
+    poll_until(
+        Duration::from_secs(10),
+        "the test database dropped",
+        || async { connect(&test).await.is_err().then_some(()) },
+    )
+    .await;
+    // Configured templates are not the IntegreSQL API's to reset.
+    daemon.lease_ok("default").await;
+    assert_eq!(compat.initialize("one").await.0, 200);
+}
+
+#[tokio::test]
+async fn a_client_template_is_a_template_of_the_native_api_too() {
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "native").await;
+    let lease = daemon.lease_ok("native").await;
+    assert_eq!(
+        lease["fingerprint"], "native",
+        "the hash is the fingerprint"
+    );
+    let client = crate::support::connect(&lease).await.expect("connect");
+    assert_eq!(count_items(&client).await, 1);
+    let status = daemon.template_status("native").await;
+    assert_eq!(status["state"], "ready", "{status}");
+    assert!(
+        status["size_bytes"].as_i64().is_some_and(|s| s > 0),
+        "{status}"
+    );
+    // pglease has no sources to rebuild or replace it from.
+    let (code, body) = daemon
+        .send(
+            daemon
+                .http
+                .post(format!("{}/templates/native/rebuild", daemon.base)),
+        )
+        .await;
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = daemon
+        .send(
+            daemon
+                .http
+                .put(format!("{}/templates/native", daemon.base))
+                .json(&json!({})),
+        )
+        .await;
+    assert_eq!(code, 409, "{body}");
+    // And IntegreSQL clients cannot discard a configured template.
+    assert_eq!(
+        compat.call("DELETE", "/templates/default", None).await.0,
+        409
+    );
+}
+
+#[tokio::test]
+async fn the_separate_port_serves_integresql_clients_without_the_token() {
+    let daemon = TestDaemon::builder()
+        .args(["--token", "s3cret", "--integresql-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    let address = poll_until(
+        Duration::from_secs(10),
+        "the IntegreSQL address in the log",
+        || async {
+            daemon
+                .log()
+                .lines()
+                .find(|l| l.contains("serving the IntegreSQL API"))
+                .and_then(|l| l.split("addr=").nth(1))
+                .map(|a| a.trim().to_owned())
+        },
+    )
+    .await;
+    let compat = Compat {
+        daemon: &daemon,
+        base: format!("http://{address}/api/v1"),
+    };
+    build(&compat, "open").await;
+    assert_eq!(compat.test_database("open").await.0, 200);
+    // The main port's copy of the routes wants the token like every other route.
+    let (status, _) = Compat::new(&daemon).test_database("open").await;
+    assert_eq!(status, 401);
+    // A non-loopback address without --integresql-allow-remote is refused at start.
+    let (exit, log) = TestDaemon::builder()
+        .args(["--integresql-listen", "0.0.0.0:0"])
+        .run_to_exit();
+    assert!(!exit.success());
+    assert!(log.contains("--integresql-allow-remote"), "{log}");
+}
+
+#[tokio::test]
+async fn a_client_template_survives_a_restart_with_a_kept_data_directory() {
+    let dir = std::path::PathBuf::from(format!(
+        "/dev/shm/pglease-test-integresql-kept-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let args = [
+        "--data-dir".to_owned(),
+        dir.display().to_string(),
+        "--keep-data".to_owned(),
+        "--min-ready".to_owned(),
+        "2".to_owned(),
+    ];
+    let daemon = TestDaemon::builder().args(args.clone()).start().await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "kept").await;
+    assert_eq!(compat.test_database("kept").await.0, 200);
+    poll_until(Duration::from_secs(10), "two warm clones", || async {
+        (daemon.template_status("kept").await["ready"] == 2).then_some(())
+    })
+    .await;
+    assert!(daemon.stop().await.success());
+    let daemon = TestDaemon::builder().args(args).start().await;
+    let compat = Compat::new(&daemon);
+    assert_eq!(compat.initialize("kept").await.0, 423, "still initialized");
+    assert!(
+        daemon.log().contains("adopting a ready clone"),
+        "its warm clones are adopted: {}",
+        daemon.log()
+    );
+    let (status, test) = compat.test_database("kept").await;
+    assert_eq!(status, 200, "{test}");
+    let client = connect(&test).await.expect("connect");
+    assert_eq!(count_items(&client).await, 1, "no migration ran again");
+    drop(client);
+    assert!(daemon.stop().await.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
