@@ -4,6 +4,7 @@
 mod bad_input;
 mod budget;
 mod cli;
+mod clients;
 mod commands;
 mod connections;
 mod credentials;

@@ -1,0 +1,120 @@
+//! Real IntegreSQL client libraries, installed from their registries by `.ci/run`, driven
+//! against the daemon's `--integresql-listen` port: the npm `@devoxa/integresql-client`
+//! (tests/clients/js/flow.mjs) and PyPI's `integresql-client-python`
+//! (tests/clients/python/flow.py). Each script checks its own flow and prints its counts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support::{poll_until, tool_available, TestDaemon, REQUIRE_TOOLS};
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// A daemon serving the IntegreSQL API on a port of its own, and that port's address.
+async fn daemon() -> (TestDaemon, String) {
+    let daemon = TestDaemon::builder()
+        .args(["--integresql-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    let address = poll_until(
+        Duration::from_secs(10),
+        "the IntegreSQL address",
+        || async {
+            daemon
+                .log()
+                .lines()
+                .find(|l| l.contains("serving the IntegreSQL API"))
+                .and_then(|l| l.split("addr=").nth(1))
+                .map(|a| a.trim().to_owned())
+        },
+    )
+    .await;
+    (daemon, address)
+}
+
+/// Whether a library is installed; like `tool_available`, a skip outside CI, a failure in it.
+fn installed(what: &str, found: bool, test: &str, hint: &str) -> bool {
+    if !found {
+        assert!(
+            std::env::var_os(REQUIRE_TOOLS).is_none(),
+            "{what} is required here ({REQUIRE_TOOLS} is set): {hint}"
+        );
+        eprintln!("SKIPPED {test}: {what} not installed ({hint}; bash .ci/run installs it)");
+    }
+    found
+}
+
+async fn run(mut command: std::process::Command) -> String {
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("run the client script");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "the client flow failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[tokio::test]
+async fn the_npm_integresql_client_runs_its_flow_unchanged() {
+    let test = "the_npm_integresql_client_runs_its_flow_unchanged";
+    let js = clients_dir().join("js");
+    let hint = "cd tests/clients/js && npm ci";
+    if !tool_available("node", test, "install Node.js")
+        || !installed(
+            "@devoxa/integresql-client",
+            js.join("node_modules/@devoxa/integresql-client").is_dir(),
+            test,
+            hint,
+        )
+    {
+        return;
+    }
+    let (daemon, address) = daemon().await;
+    let mut command = std::process::Command::new("node");
+    command
+        .arg("flow.mjs")
+        .current_dir(&js)
+        .env("PGLEASE_INTEGRESQL_URL", format!("http://{address}/"));
+    let out = run(command).await;
+    let counts: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("the flow prints one JSON line");
+    assert_eq!(counts["migrations"], 1, "{counts}");
+    assert_eq!(counts["parallel"], 20, "{counts}");
+    assert_eq!(counts["after_discard"], 410, "{counts}");
+    assert!(!daemon.log().contains("ERROR"), "{}", daemon.log());
+}
+
+#[tokio::test]
+async fn the_python_integresql_client_runs_its_flow_unchanged() {
+    let test = "the_python_integresql_client_runs_its_flow_unchanged";
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import integresql_client_python"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed(
+        "integresql-client-python",
+        found,
+        test,
+        "pip install integresql-client-python",
+    ) {
+        return;
+    }
+    let (daemon, address) = daemon().await;
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(clients_dir().join("python/flow.py"))
+        .env("PGLEASE_INTEGRESQL_URL", format!("http://{address}/api"));
+    let out = run(command).await;
+    let counts: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("the flow prints one JSON line");
+    assert_eq!(counts["migrations"], 1, "{counts}");
+    assert_eq!(counts["tests"], 10, "{counts}");
+    assert!(!daemon.log().contains("ERROR"), "{}", daemon.log());
+}
