@@ -98,7 +98,7 @@ async fn malformed_and_invalid_requests_get_json_errors() {
         (
             "POST",
             "/lease",
-            format!("{{\"template\": \"{}\"}}", "a".repeat(49)),
+            format!("{{\"template\": \"{}\"}}", "a".repeat(65)),
             422,
             "invalid_value",
         ),
