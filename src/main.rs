@@ -3,6 +3,7 @@
 
 mod cli;
 mod client;
+mod listen;
 mod signal;
 mod systemd;
 
@@ -79,22 +80,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let listener = match tokio::net::TcpListener::bind(config.listen).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            tracing::error!(listen = %config.listen, %error, "cannot listen for HTTP");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    let integresql_listener = match config.integresql_listen {
-        None => None,
-        Some(address) => match tokio::net::TcpListener::bind(address).await {
-            Ok(listener) => Some(listener),
-            Err(error) => {
-                tracing::error!(listen = %address, %error, "cannot listen for the IntegreSQL API");
-                return Ok(ExitCode::FAILURE);
-            }
-        },
+    // Both ports before postgres starts, so a taken port fails fast.
+    let (listener, integresql_listener) = match listen::bind(&config).await {
+        Ok(listeners) => listeners,
+        Err(()) => return Ok(ExitCode::FAILURE),
     };
     let (pool, mut pool_task) = match pglease_pool::start(config.pool).await {
         Ok(started) => started,
@@ -117,16 +106,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         stop_http.clone().cancelled_owned(),
     ));
     let integresql_server = integresql_listener.map(|listener| {
-        let address = listener
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL=http://{address}/api");
-        tokio::spawn(pglease_api::serve_integresql(
-            listener,
-            state.clone(),
-            stop_http.clone().cancelled_owned(),
-        ))
+        let stop = stop_http.clone().cancelled_owned();
+        tokio::spawn(pglease_api::serve_integresql(listener, state.clone(), stop))
     });
     tokio::select! {
         () = shutdown.recv() => {}
