@@ -579,7 +579,13 @@ impl Actor {
                         Ok(())
                     }
                     Err(message) => {
-                        tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
+                        if self.state.is_current(&template, &template_db) {
+                            tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
+                        } else {
+                            // Its template version was replaced or discarded meanwhile (and
+                            // perhaps dropped under it): expected, and dropped anyway.
+                            tracing::debug!(template = %template, database = %clone, error = %message, "clone of a replaced version failed");
+                        }
                         Err(message)
                     }
                 };

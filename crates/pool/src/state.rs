@@ -882,6 +882,13 @@ impl PoolState {
                 .is_some_and(|e| matches!(e.build, Build::Ready { .. }))
     }
 
+    /// Whether `template_db` is the current version of `template`.
+    pub fn is_current(&self, template: &TemplateName, template_db: &DbName) -> bool {
+        self.templates
+            .get(template)
+            .is_some_and(|e| matches!(&e.build, Build::Ready { db, .. } if db == template_db))
+    }
+
     /// True while postgres is up.
     pub fn server_is_up(&self) -> bool {
         self.server == Server::Up
