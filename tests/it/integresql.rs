@@ -286,9 +286,14 @@ async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
         .batch_execute("INSERT INTO items VALUES (99)")
         .await
         .expect("write");
-    drop(client);
     let id = second["id"].as_u64().expect("id");
     let recreate = format!("/templates/cafe/tests/{id}/recreate");
+    assert_eq!(
+        compat.call("POST", &recreate, None).await.0,
+        423,
+        "still connected"
+    );
+    drop(client);
     let (status, body) = poll_until(
         Duration::from_secs(10),
         "recreate once disconnected",
@@ -502,4 +507,20 @@ async fn a_client_template_survives_a_restart_with_a_kept_data_directory() {
     drop(client);
     assert!(daemon.stop().await.success());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_getter_waiting_when_the_daemon_stops_gets_503() {
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    assert_eq!(compat.initialize("stop").await.0, 200);
+    let waiting = compat.test_database_in_background("stop");
+    poll_until(Duration::from_secs(10), "a getter waiting", || async {
+        (daemon.template_status("stop").await["waiting"] == 1).then_some(())
+    })
+    .await;
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    let (status, body) = waiting.await.expect("join");
+    assert_eq!(status, 503, "{body}");
+    assert!(body["message"].is_string(), "{body}");
 }

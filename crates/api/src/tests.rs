@@ -812,6 +812,35 @@ async fn integresql_pool_answers_map_to_its_statuses() {
             StatusCode::NO_CONTENT,
             FakeAnswer::Ok,
         ),
+        (
+            request("DELETE", "/api/v1/admin/templates", ""),
+            StatusCode::SERVICE_UNAVAILABLE,
+            FakeAnswer::Op(TemplateOpError::PostgresDown("restarting".into())),
+        ),
+        (
+            request("POST", "/api/v1/templates", r#"{"hash": "abc"}"#),
+            StatusCode::SERVICE_UNAVAILABLE,
+            FakeAnswer::Op(TemplateOpError::PostgresDown("restarting".into())),
+        ),
+        (
+            request("PUT", "/api/v1/templates/abc", ""),
+            StatusCode::SERVICE_UNAVAILABLE,
+            FakeAnswer::Op(TemplateOpError::ShuttingDown),
+        ),
+        (
+            request("GET", "/api/v1/templates/abc/tests", ""),
+            StatusCode::SERVICE_UNAVAILABLE,
+            FakeAnswer::Lease(LeaseError::PostgresDown("restarting".into())),
+        ),
+        (
+            request("POST", "/api/v1/templates/abc/tests/3/recreate", ""),
+            StatusCode::LOCKED,
+            FakeAnswer::Op(TemplateOpError::InUse {
+                template: t.clone(),
+                number: 3,
+                sessions: 2,
+            }),
+        ),
     ];
     for (request, expected, answer) in cases {
         let response = exchange(&app, request, &mut actor, |command| answer.give(command)).await;
@@ -850,6 +879,9 @@ impl FakeAnswer {
             }
             (FakeAnswer::Ok, FakeCommand::DiscardAllClientBuilt { reply }) => {
                 let _ = reply.send(Ok(()));
+            }
+            (FakeAnswer::Op(e), FakeCommand::DiscardAllClientBuilt { reply }) => {
+                let _ = reply.send(Err(e));
             }
             (_, command) => panic!("unexpected command {command:?}"),
         }
