@@ -4,9 +4,8 @@
 //! (tests/clients/python/flow.py). Each script checks its own flow and prints its counts.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use crate::support::{poll_until, tool_available, TestDaemon, REQUIRE_TOOLS};
+use crate::support::{tool_available, TestDaemon, REQUIRE_TOOLS};
 
 fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
@@ -18,19 +17,7 @@ async fn daemon() -> (TestDaemon, String) {
         .args(["--integresql-listen", "127.0.0.1:0"])
         .start()
         .await;
-    let address = poll_until(
-        Duration::from_secs(10),
-        "the IntegreSQL address",
-        || async {
-            daemon
-                .log()
-                .lines()
-                .find(|l| l.contains("serving the IntegreSQL API"))
-                .and_then(|l| l.split("addr=").nth(1))
-                .map(|a| a.trim().to_owned())
-        },
-    )
-    .await;
+    let address = daemon.integresql_address().await;
     (daemon, address)
 }
 

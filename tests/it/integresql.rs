@@ -439,19 +439,7 @@ async fn the_separate_port_serves_integresql_clients_without_the_token() {
         .args(["--token", "s3cret", "--integresql-listen", "127.0.0.1:0"])
         .start()
         .await;
-    let address = poll_until(
-        Duration::from_secs(10),
-        "the IntegreSQL address in the log",
-        || async {
-            daemon
-                .log()
-                .lines()
-                .find(|l| l.contains("serving the IntegreSQL API"))
-                .and_then(|l| l.split("addr=").nth(1))
-                .map(|a| a.trim().to_owned())
-        },
-    )
-    .await;
+    let address = daemon.integresql_address().await;
     let compat = Compat {
         daemon: &daemon,
         base: format!("http://{address}/api/v1"),

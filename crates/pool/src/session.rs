@@ -368,27 +368,13 @@ impl Session {
     /// Waits until no session is connected to `db` (a build's connection may take a moment
     /// to go), terminating stragglers after half the time.
     pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), String> {
-        let client = self.client().await?;
         let started = tokio::time::Instant::now();
         loop {
-            let row = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-                    &[&db.as_str()],
-                )
-                .await
-                .map_err(|e| pg_message(&e))?;
-            if row.get::<_, i64>(0) == 0 {
+            if self.sessions_on(db).await? == 0 {
                 return Ok(());
             }
             if started.elapsed() > limit / 2 {
-                client
-                    .execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-                        &[&db.as_str()],
-                    )
-                    .await
-                    .map_err(|e| pg_message(&e))?;
+                self.terminate_sessions(db).await?;
             }
             if started.elapsed() > limit {
                 return Err(format!("sessions still connected to {db} after {limit:?}"));

@@ -164,6 +164,22 @@ impl TestDaemon {
         self.child.as_ref().map(Child::id).expect("running")
     }
 
+    /// The address of `--integresql-listen` (with port 0, the one it got), from the log.
+    pub async fn integresql_address(&self) -> String {
+        poll_until(
+            Duration::from_secs(10),
+            "the IntegreSQL address in the log",
+            || async {
+                self.log()
+                    .lines()
+                    .find(|l| l.contains("serving the IntegreSQL API"))
+                    .and_then(|l| l.split("addr=").nth(1))
+                    .map(|a| a.trim().to_owned())
+            },
+        )
+        .await
+    }
+
     /// Everything the daemon logged so far.
     pub fn log(&self) -> String {
         self.log.lock().expect("log lock").join("\n")
