@@ -213,15 +213,19 @@ else
   tc=$context/rustup/toolchains/$rust_version-$host
   mkdir -p "$tc/bin" "$tc/lib/rustlib" "$context/cargo/bin"
   # The minimal profile: rustc (with rustdoc), cargo and the standard library; no docs,
-  # clippy or rustfmt. Hard links where possible: the context is only read.
-  cp -al "$toolchain_dir/bin/rustc" "$toolchain_dir/bin/rustdoc" "$toolchain_dir/bin/cargo" "$tc/bin/"
-  cp -al "$toolchain_dir"/lib/*.so* "$tc/lib/"
-  cp -al "$toolchain_dir/lib/rustlib/$host" "$toolchain_dir/lib/rustlib/etc" "$tc/lib/rustlib/"
+  # clippy or rustfmt. Copies, not links: they are made world-writable below.
+  cp -a "$toolchain_dir/bin/rustc" "$toolchain_dir/bin/rustdoc" "$toolchain_dir/bin/cargo" "$tc/bin/"
+  cp -a "$toolchain_dir"/lib/*.so* "$tc/lib/"
+  cp -a "$toolchain_dir/lib/rustlib/$host" "$toolchain_dir/lib/rustlib/etc" "$tc/lib/rustlib/"
   for component in rustc cargo rust-std; do
-    cp -al "$toolchain_dir/lib/rustlib/manifest-$component-$host" "$tc/lib/rustlib/"
+    cp -a "$toolchain_dir/lib/rustlib/manifest-$component-$host" "$tc/lib/rustlib/"
     echo "$component-$host" >>"$tc/lib/rustlib/components"
   done
-  cp -al "$toolchain_dir"/lib/rustlib/{rust-installer-version,multirust-config.toml,multirust-channel-manifest.toml} "$tc/lib/rustlib/" 2>/dev/null || true
+  for file in rust-installer-version multirust-config.toml multirust-channel-manifest.toml; do
+    if [ -e "$toolchain_dir/lib/rustlib/$file" ]; then
+      cp -a "$toolchain_dir/lib/rustlib/$file" "$tc/lib/rustlib/"
+    fi
+  done
   printf 'version = "12"\ndefault_toolchain = "%s"\nprofile = "minimal"\n\n[overrides]\n' \
     "$rust_version-$host" >"$context/rustup/settings.toml"
   cp "$(command -v rustup)" "$context/cargo/bin/rustup"
@@ -229,6 +233,8 @@ else
     rust-gdb rust-gdbgui rust-lldb rustc rustdoc rustfmt; do
     ln "$context/cargo/bin/rustup" "$context/cargo/bin/$proxy"
   done
+  # As the official image: anyone may add components or install crates.
+  chmod -R a+w "$context"
   du -sh "$context"
   "$DOCKER" build -q -f deploy/docker/standin/rust.Dockerfile \
     --build-arg BASE_IMAGE="$runtime_image" --build-arg RUST_VERSION="$rust_version" \

@@ -15,9 +15,10 @@ RUN set -eux; \
     apt-get update; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev; \
     rm -rf /var/lib/apt/lists/*
+# The context's files are already world-writable, as the official image makes them: a chmod
+# here would copy the whole toolchain into another layer.
 COPY rustup /usr/local/rustup
 COPY cargo /usr/local/cargo
 RUN set -eux; \
-    chmod -R a+w "$RUSTUP_HOME" "$CARGO_HOME"; \
     rustup --version; cargo --version; rustc --version; \
     rustc --version | grep -q "^rustc ${RUST_VERSION} "
