@@ -100,6 +100,7 @@ echo "compose: ${compose_cmd[*]} $("${compose_cmd[@]}" version --short)"
 
 # --- dockerd ---------------------------------------------------------------------------
 phase "dockerd"
+# Started in the background and left running for later runs (its images are the cache).
 start_dockerd() { # storage driver
   echo "starting dockerd (storage driver $1), log: /var/log/pglease-dockerd.log"
   setsid dockerd --storage-driver "$1" >>/var/log/pglease-dockerd.log 2>&1 </dev/null &
@@ -109,14 +110,15 @@ start_dockerd() { # storage driver
     kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.5
   done
+  # Not answering after 30 s: stop this one before trying again.
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
   return 1
 }
 if "$DOCKER" info >/dev/null 2>&1; then
   echo "dockerd is running"
 elif ! start_dockerd overlay2; then
   # overlay2 needs a backing file system that supports it; vfs works anywhere, slowly.
-  pkill -x dockerd 2>/dev/null || true
-  sleep 2
   start_dockerd vfs || {
     tail -n 30 /var/log/pglease-dockerd.log >&2
     echo "dockerd did not start" >&2
