@@ -265,15 +265,21 @@ TOML
 du -sh "$vendor_dir"
 
 phase "docker build $image"
-# The classic builder: it needs no buildx plugin, and sees locally made base images as they are.
-DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile \
-  --build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$runtime_image" \
-  -t "$image" .
+# The classic builder: it needs no buildx plugin, and sees locally made base images as they
+# are. The builder stage is tagged too, so that its layers (the compiled dependencies) stay
+# the cache of the next run while the previous run's images, untagged now, are pruned.
+label=org.pglease.deploy-test
+build_args=(--build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$runtime_image")
+DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
+  --target builder --label "$label=builder" -t "${image%%:*}-builder:local" .
+DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
+  --label "$label=image" -t "$image" .
 "$DOCKER" image ls "$image" --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
 
 phase "docker build $tests_image"
 DOCKER_BUILDKIT=0 "$DOCKER" build --build-arg BASE_IMAGE="$runtime_image" \
-  -t "$tests_image" deploy/compose/tests
+  --label "$label=tests" -t "$tests_image" deploy/compose/tests
+"$DOCKER" image prune --force --filter "label=$label" >/dev/null
 
 # --- the image on its own ----------------------------------------------------------------
 phase "image checks"
