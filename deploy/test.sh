@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# Builds the container image and runs the compose example end to end: the `tests` service
+# leases databases from the pglease sidecar over the compose network, checks the migrations
+# ran once, writes, and releases (deploy/compose/tests/run-tests.sh).
+#
+# On a bare Debian machine it installs docker.io, docker-compose and debootstrap, starts
+# dockerd, and, since no image registry may be reachable, builds local stand-ins for the
+# base images (deploy/README.md, "Base images without a registry"): debian:bookworm-slim
+# from debootstrap, rust:<version>-slim-bookworm from it plus the host's stable toolchain.
+# Images stay in docker as the cache of the next run; containers and networks are removed.
+# Needs root (or a docker the caller may use). Exits non-zero when anything fails.
+#
+# Environment: PGLEASE_RUST_IMAGE / PGLEASE_RUNTIME_IMAGE (base images; if they exist
+# locally, e.g. pulled, they are used as they are), PGLEASE_IMAGE (tag of the result,
+# default pglease:local), DOCKER (the docker client).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+image=${PGLEASE_IMAGE:-pglease:local}
+tests_image=${PGLEASE_TESTS_IMAGE:-pglease-compose-tests:local}
+runtime_image=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}
+project=pglease-deploy-test
+compose_file=deploy/compose/docker-compose.yml
+
+# --- timings -------------------------------------------------------------------------
+script_start=$SECONDS
+phase_name=""
+phase_start=$SECONDS
+timings=()
+phase() {
+  end_phase
+  phase_name=$1
+  phase_start=$SECONDS
+  printf '\n==> deploy/test.sh: %s\n' "$phase_name"
+}
+end_phase() {
+  if [ -n "$phase_name" ]; then
+    timings+=("$(printf '%5ds  %s' $((SECONDS - phase_start)) "$phase_name")")
+  fi
+  phase_name=""
+}
+
+# --- clean-up --------------------------------------------------------------------------
+scratch=$(mktemp -d /var/tmp/pglease-deploy-test.XXXXXX)
+compose=()
+on_exit() {
+  local status=$?
+  local failed_phase=$phase_name
+  end_phase
+  if [ ${#compose[@]} -gt 0 ]; then
+    "${compose[@]}" down --volumes --remove-orphans >/dev/null 2>&1 || true
+  fi
+  rm -rf "$scratch" deploy/docker/cargo/vendor deploy/docker/cargo/config.toml
+  printf '\n==> deploy/test.sh timings\n'
+  printf '%s\n' "${timings[@]}"
+  printf '%5ds  total\n' $((SECONDS - script_start))
+  if [ "$status" -ne 0 ]; then
+    printf '\ndeploy/test.sh: FAILED (exit %d) in phase: %s\n' "$status" "${failed_phase:-?}" >&2
+  else
+    printf '\ndeploy/test.sh: passed\n'
+  fi
+  exit "$status"
+}
+trap on_exit EXIT
+
+# --- tools -----------------------------------------------------------------------------
+phase "tools"
+apt_updated=""
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if [ -z "$apt_updated" ]; then
+    apt-get update -qq
+    apt_updated=1
+  fi
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+# Compose: v2 (`docker compose`) where installed, else Debian's docker-compose 1.29.
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  missing+=(docker-compose)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+# The client that came with the daemon: a newer stray client elsewhere on PATH may default
+# to a BuildKit plugin that is not installed.
+if [ -z "${DOCKER:-}" ]; then
+  if [ -x /usr/bin/docker ]; then DOCKER=/usr/bin/docker; else DOCKER=docker; fi
+fi
+if "$DOCKER" compose version >/dev/null 2>&1; then
+  compose_cmd=("$DOCKER" compose)
+else
+  compose_cmd=(docker-compose)
+fi
+compose=("${compose_cmd[@]}" -p "$project" -f "$compose_file")
+"$DOCKER" --version
+echo "compose: ${compose_cmd[*]} $("${compose_cmd[@]}" version --short)"
+
+# --- dockerd ---------------------------------------------------------------------------
+phase "dockerd"
+# Started in the background and left running for later runs (its images are the cache).
+start_dockerd() { # storage driver
+  echo "starting dockerd (storage driver $1), log: /var/log/pglease-dockerd.log"
+  setsid dockerd --storage-driver "$1" >>/var/log/pglease-dockerd.log 2>&1 </dev/null &
+  local pid=$!
+  for _ in $(seq 60); do
+    if "$DOCKER" info >/dev/null 2>&1; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  # Not answering after 30 s: stop this one before trying again.
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  return 1
+}
+if "$DOCKER" info >/dev/null 2>&1; then
+  echo "dockerd is running"
+elif ! start_dockerd overlay2; then
+  # overlay2 needs a backing file system that supports it; vfs works anywhere, slowly.
+  start_dockerd vfs || {
+    tail -n 30 /var/log/pglease-dockerd.log >&2
+    echo "dockerd did not start" >&2
+    exit 1
+  }
+fi
+"$DOCKER" info --format 'storage driver: {{.Driver}}, server {{.ServerVersion}}'
+
+have_image() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
+
+# --- base image: debian:bookworm-slim --------------------------------------------------
+phase "base image $runtime_image"
+if have_image "$runtime_image"; then
+  echo "$runtime_image exists: using it"
+else
+  command -v debootstrap >/dev/null || apt_install debootstrap
+  rootfs=$scratch/rootfs
+  echo "debootstrap --variant=minbase bookworm (about a minute)"
+  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >"$scratch/debootstrap.log" 2>&1 || {
+    tail -n 30 "$scratch/debootstrap.log" >&2
+    exit 1
+  }
+  # What the official slim image adds: updates and security in the sources, no docs,
+  # man pages or translations, no package caches.
+  rm -f "$rootfs/etc/apt/sources.list"
+  cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<'EOF'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+EOF
+  cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+APT::AutoRemove::SuggestsImportant "false";
+EOF
+  find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+  rm -rf "$rootfs"/usr/share/{man,info,groff,lintian}/* "$rootfs"/var/lib/apt/lists/* \
+    "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/*.log
+  find "$rootfs/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} +
+  tar --numeric-owner -C "$rootfs" -c . |
+    "$DOCKER" import --change 'CMD ["bash"]' \
+      --change 'LABEL org.pglease.stand-in="debootstrap --variant=minbase bookworm"' \
+      - "$runtime_image"
+  rm -rf "$rootfs"
+fi
+
+# --- base image: the rust builder --------------------------------------------------------
+default_rust_image=$(sed -n 's/^ARG RUST_IMAGE=//p' deploy/docker/Dockerfile)
+rust_image=${PGLEASE_RUST_IMAGE:-}
+if [ -n "$rust_image" ] && ! have_image "$rust_image"; then
+  echo "PGLEASE_RUST_IMAGE=$rust_image: no such image here" >&2
+  exit 1
+fi
+if [ -z "$rust_image" ] && have_image "$default_rust_image"; then
+  rust_image=$default_rust_image
+fi
+if [ -z "$rust_image" ]; then
+  # The host's default stable toolchain, installed the way the official image installs one.
+  command -v rustup >/dev/null || {
+    echo "no $default_rust_image image and no rustup toolchain to make a stand-in from" >&2
+    exit 1
+  }
+  toolchain_dir=$(cd / && dirname "$(dirname "$(RUSTUP_TOOLCHAIN=stable rustup which rustc)")")
+  rust_version=$("$toolchain_dir/bin/rustc" --version | awk '{print $2}')
+  rust_image=rust:${rust_version%.*}-slim-bookworm
+fi
+phase "base image $rust_image"
+if have_image "$rust_image"; then
+  echo "$rust_image exists: using it"
+else
+  host=$("$toolchain_dir/bin/rustc" -vV | sed -n 's/^host: //p')
+  context=$scratch/rust-context
+  tc=$context/rustup/toolchains/$rust_version-$host
+  mkdir -p "$tc/bin" "$tc/lib/rustlib" "$context/cargo/bin"
+  # The minimal profile: rustc (with rustdoc), cargo and the standard library; no docs,
+  # clippy or rustfmt. Copies, not links: they are made world-writable below.
+  cp -a "$toolchain_dir/bin/rustc" "$toolchain_dir/bin/rustdoc" "$toolchain_dir/bin/cargo" "$tc/bin/"
+  cp -a "$toolchain_dir"/lib/*.so* "$tc/lib/"
+  cp -a "$toolchain_dir/lib/rustlib/$host" "$toolchain_dir/lib/rustlib/etc" "$tc/lib/rustlib/"
+  for component in rustc cargo rust-std; do
+    cp -a "$toolchain_dir/lib/rustlib/manifest-$component-$host" "$tc/lib/rustlib/"
+    echo "$component-$host" >>"$tc/lib/rustlib/components"
+  done
+  for file in rust-installer-version multirust-config.toml multirust-channel-manifest.toml; do
+    if [ -e "$toolchain_dir/lib/rustlib/$file" ]; then
+      cp -a "$toolchain_dir/lib/rustlib/$file" "$tc/lib/rustlib/"
+    fi
+  done
+  printf 'version = "12"\ndefault_toolchain = "%s"\nprofile = "minimal"\n\n[overrides]\n' \
+    "$rust_version-$host" >"$context/rustup/settings.toml"
+  cp "$(command -v rustup)" "$context/cargo/bin/rustup"
+  for proxy in cargo cargo-clippy cargo-fmt cargo-miri clippy-driver rls rust-analyzer \
+    rust-gdb rust-gdbgui rust-lldb rustc rustdoc rustfmt; do
+    ln "$context/cargo/bin/rustup" "$context/cargo/bin/$proxy"
+  done
+  # As the official image: anyone may add components or install crates.
+  chmod -R a+w "$context"
+  du -sh "$context"
+  "$DOCKER" build -q -f deploy/docker/standin/rust.Dockerfile \
+    --build-arg BASE_IMAGE="$runtime_image" --build-arg RUST_VERSION="$rust_version" \
+    --label org.pglease.stand-in="host rustup toolchain $rust_version" \
+    -t "$rust_image" "$context"
+  rm -rf "$context"
+fi
+
+# --- the images under test -------------------------------------------------------------
+phase "cargo vendor"
+# Build containers do not reach crates.io here (TLS to it is intercepted by a CA that only
+# the host trusts), so the crates go into the build context: the builder stage copies
+# deploy/docker/cargo/ to /src/.cargo/. Cheap: from the host's cargo cache; removed at exit.
+vendor_dir=deploy/docker/cargo/vendor
+rm -rf "$vendor_dir" deploy/docker/cargo/config.toml
+cargo vendor --quiet --locked --offline --versioned-dirs "$vendor_dir" >/dev/null 2>&1 ||
+  cargo vendor --quiet --locked --versioned-dirs "$vendor_dir" >/dev/null
+cat >deploy/docker/cargo/config.toml <<'TOML'
+# Written by deploy/test.sh: build from the vendored crates, offline.
+[source.crates-io]
+replace-with = "vendored-sources"
+
+[source.vendored-sources]
+directory = "/src/.cargo/vendor"
+TOML
+du -sh "$vendor_dir"
+
+phase "docker build $image"
+# The classic builder: it needs no buildx plugin, and sees locally made base images as they
+# are. The builder stage is tagged too, so that its layers (the compiled dependencies) stay
+# the cache of the next run while the previous run's images, untagged now, are pruned.
+label=org.pglease.deploy-test
+build_args=(--build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$runtime_image")
+DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
+  --target builder --label "$label=builder" -t "${image%%:*}-builder:local" .
+DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
+  --label "$label=image" -t "$image" .
+"$DOCKER" image ls "$image" --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
+
+phase "docker build $tests_image"
+DOCKER_BUILDKIT=0 "$DOCKER" build --build-arg BASE_IMAGE="$runtime_image" \
+  --label "$label=tests" -t "$tests_image" deploy/compose/tests
+"$DOCKER" image prune --force --filter "label=$label" >/dev/null
+
+# --- the image on its own ----------------------------------------------------------------
+phase "image checks"
+# No token with a non-loopback listen address: refused (exit 64) before anything starts.
+set +e
+out=$("$DOCKER" run --rm --tmpfs /var/lib/pglease "$image" 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 64 ] || ! grep -q "token" <<<"$out"; then
+  echo "expected exit 64 and a word about the token without PGLEASE_TOKEN, got $status: $out" >&2
+  exit 1
+fi
+echo "ok: refuses to listen on all interfaces without a token"
+# No tmpfs: refused rather than running fsync-off postgres on the overlay file system.
+set +e
+out=$("$DOCKER" run --rm -e PGLEASE_TOKEN=x "$image" 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 1 ] || ! grep -q "not tmpfs" <<<"$out"; then
+  echo "expected exit 1 and 'not tmpfs' without a tmpfs, got $status: $out" >&2
+  exit 1
+fi
+echo "ok: refuses a data directory that is not tmpfs"
+echo "runs as: $("$DOCKER" run --rm --entrypoint id "$image")"
+
+# --- compose -------------------------------------------------------------------------------
+phase "compose up (tests leases from the sidecar)"
+export PGLEASE_IMAGE=$image PGLEASE_TESTS_IMAGE=$tests_image
+PGLEASE_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export PGLEASE_TOKEN
+"${compose[@]}" down --volumes --remove-orphans >/dev/null 2>&1 || true
+"${compose[@]}" up --no-build --abort-on-container-exit --exit-code-from tests
+
+phase "compose down"
+# The sidecar stopped on SIGTERM: it must have stopped postgres and exited cleanly.
+sidecar=$("${compose[@]}" ps -q pglease)
+sidecar_exit=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$sidecar")
+if [ "$sidecar_exit" != 0 ]; then
+  echo "the pglease sidecar exited with $sidecar_exit" >&2
+  "${compose[@]}" logs --no-color pglease | tail -n 40 >&2
+  exit 1
+fi
+sidecar_log=$("$DOCKER" logs "$sidecar" 2>&1)
+for line in "postgres stopped" "removed the instance directory" "pglease: stopped"; do
+  grep -q "$line" <<<"$sidecar_log" || {
+    echo "the sidecar's log lacks '$line':" >&2
+    tail -n 20 <<<"$sidecar_log" >&2
+    exit 1
+  }
+done
+echo "ok: the sidecar stopped postgres, removed its data and exited 0 after SIGTERM"
+"${compose[@]}" down --volumes --remove-orphans
+end_phase
