@@ -175,7 +175,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub encoding: Option<String>,
     /// Host put in lease answers instead of postgres' listen address (e.g. a compose service name).
-    #[arg(long, value_name = "HOST")]
+    #[arg(long, env = "PGLEASE_ADVERTISE_HOST", value_name = "HOST")]
     pub advertise_host: Option<String>,
     /// Keep the data directory at exit.
     #[arg(long)]
