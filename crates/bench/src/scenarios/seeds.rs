@@ -15,7 +15,8 @@
 //! - (b) `pgbench -i -s S` (timed), then `pgbench -T D -c N -j N` for each N (tps).
 //!
 //! The lease and the tuned server, the pair the target compares, run side by side: each
-//! step runs on one, then on the other, so a shared machine's drift hits both alike.
+//! step runs on one, then on the other (which goes first alternates from step to step),
+//! so a shared machine's drift hits both alike.
 //! Before every timed step the daemon's pool must be quiet (no clone or drop under way):
 //! the refill a lease starts and the drop a release starts are the pool's background
 //! work, and would otherwise land on whichever measurement runs next. The stock server
@@ -746,16 +747,29 @@ async fn settle_all(entries: &[(TargetResult, Venue<'_>)]) -> Result<()> {
     Ok(())
 }
 
+/// The order of the targets in step `step`: as given in even steps, reversed in odd
+/// ones, so that no target always goes first (on a shared machine the first run of a
+/// pair was often the faster one).
+fn step_order(step: usize, targets: usize) -> Vec<usize> {
+    if step % 2 == 0 {
+        (0..targets).collect()
+    } else {
+        (0..targets).rev().collect()
+    }
+}
+
 /// Both workloads on the given targets, step by step: each step runs on every target in
-/// turn before the next step starts. Failures are recorded in the target, not returned;
-/// a target whose pgbench database failed skips its remaining pgbench steps.
+/// turn (see [`step_order`]) before the next step starts. Failures are recorded in the
+/// target, not returned; a target whose pgbench database failed skips its remaining
+/// pgbench steps.
 async fn run_targets(
     ctx: &Ctx,
     pgbench: &Path,
     mut entries: Vec<(TargetResult, Venue<'_>)>,
 ) -> Vec<TargetResult> {
     let plan = &ctx.plan;
-    for index in 0..entries.len() {
+    let count = entries.len();
+    for index in step_order(0, count) {
         eprintln!(
             "[bench] 6 seeds: {}: {} inserts",
             entries[index].0.name, plan.seeds_insert_rows
@@ -771,25 +785,25 @@ async fn run_targets(
         }
     }
     // Workload (b): one database per target for the init and every run.
-    let mut dbs: Vec<Option<Db>> = Vec::new();
-    let mut usable: Vec<bool> = Vec::new();
-    for index in 0..entries.len() {
+    let mut dbs: Vec<Option<Db>> = (0..count).map(|_| None).collect();
+    let mut usable = vec![false; count];
+    for index in step_order(1, count) {
         eprintln!(
             "[bench] 6 seeds: {}: pgbench -i -s {}",
             entries[index].0.name, plan.seeds_pgbench_scale
         );
         let (db, figures) = pgbench_init(ctx, pgbench, &entries, index).await;
         let target = &mut entries[index].0;
-        usable.push(figures.is_ok());
+        usable[index] = figures.is_ok();
         match figures {
             Ok(figures) => target.pgbench_init = Some(figures),
             Err(error) => target.errors.push(format!("pgbench -i: {error}")),
         }
-        dbs.push(db);
+        dbs[index] = db;
     }
     let duration = plan.seeds_pgbench_duration;
-    for &clients in &plan.seeds_pgbench_clients {
-        for index in 0..entries.len() {
+    for (run, &clients) in plan.seeds_pgbench_clients.iter().enumerate() {
+        for index in step_order(2 + run, count) {
             let Some(db) = dbs[index].as_ref().filter(|_| usable[index]) else {
                 continue;
             };
@@ -1310,6 +1324,14 @@ tps = 400.200000 (excluding connections establishing)
         assert_eq!(checks.len(), 1);
         assert_eq!(checks[0].delay_us, 1000);
         assert_eq!(checks[0].extra_ms_per_sync, Some(1.098));
+    }
+
+    #[test]
+    fn the_first_target_alternates_between_steps() {
+        assert_eq!(step_order(0, 2), vec![0, 1]);
+        assert_eq!(step_order(1, 2), vec![1, 0]);
+        assert_eq!(step_order(2, 2), vec![0, 1]);
+        assert_eq!(step_order(3, 1), vec![0]);
     }
 
     #[test]
