@@ -638,12 +638,20 @@ impl Report {
         }
         for check in &r.shim_in_postgres {
             out.push_str(&format!(
-                "  shim in postgres: inserts at +{} ms took {} s vs {} s at +0 ms, {} WAL syncs: {} ms extra per sync\n",
+                "  shim in postgres at +{} ms: {} inserts made {} WAL syncs and took {} ms each (≥ the delay: {}){}\n",
                 check.delay_us as f64 / 1e3,
-                num(check.secs),
-                num(check.baseline_secs),
+                r.insert_rows,
                 check.wal_syncs,
-                check.extra_ms_per_sync.map_or("-".into(), |v| format!("{v:.3}")),
+                format_args!("{:.3}", check.per_insert_ms),
+                if check.per_insert_covers_delay { "yes" } else { "NO" },
+                match (check.baseline_secs, check.extra_ms_per_sync) {
+                    (Some(baseline), Some(extra)) => format!(
+                        "; {} s vs {} s at +0 ms = {extra:.3} ms more per sync",
+                        num(check.secs),
+                        num(baseline)
+                    ),
+                    _ => String::new(),
+                },
             ));
         }
         for target in &r.targets {

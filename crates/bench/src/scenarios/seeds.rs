@@ -242,18 +242,24 @@ pub struct NamedValue {
     pub value: Option<f64>,
 }
 
-/// The shim seen through postgres: inserts at a delay against inserts without.
+/// The shim seen through postgres: the stock inserts at a delay.
 #[derive(Debug, Serialize)]
 pub struct ShimCheck {
     /// `FSYNC_DELAY_US`.
     pub delay_us: u64,
     /// The INSERTs' time at this delay, seconds.
     pub secs: f64,
-    /// Their time at delay 0, seconds.
-    pub baseline_secs: f64,
     /// WAL syncs postgres counted during the inserts at this delay.
     pub wal_syncs: i64,
-    /// Extra time per WAL sync, ms: about the delay when every commit waits for a sync.
+    /// Time per INSERT, ms.
+    pub per_insert_ms: f64,
+    /// Whether each INSERT took at least the delay times its share of WAL syncs: the
+    /// check that needs no other run (every autocommit INSERT waits for its sync).
+    pub per_insert_covers_delay: bool,
+    /// The INSERTs' time at delay 0, seconds, if that run has figures.
+    pub baseline_secs: Option<f64>,
+    /// Extra time per WAL sync over delay 0, ms: about the delay, give or take how far
+    /// the disk's own sync time drifted between the two runs.
     pub extra_ms_per_sync: Option<f64>,
 }
 
@@ -1164,28 +1170,29 @@ fn compare(
 
 /// The stock inserts at each delay against those at delay 0.
 pub fn shim_checks(targets: &[TargetResult]) -> Vec<ShimCheck> {
-    let stock_inserts = |delay: u64| {
-        targets
-            .iter()
-            .filter(|t| t.kind == "stock" && t.fsync_delay_us == Some(delay))
-            .find_map(|t| t.inserts.clone())
-    };
-    let Some(baseline) = stock_inserts(0) else {
-        return Vec::new();
-    };
+    let baseline = targets
+        .iter()
+        .filter(|t| t.kind == "stock" && t.fsync_delay_us == Some(0))
+        .find_map(|t| t.inserts.as_ref().map(|i| i.secs));
     targets
         .iter()
         .filter(|t| t.kind == "stock")
         .filter_map(|t| Some((t.fsync_delay_us.filter(|&d| d > 0)?, t.inserts.clone()?)))
         .map(|(delay_us, figures)| {
             let wal_syncs = figures.wal_syncs.unwrap_or(0);
+            let delay_ms = delay_us as f64 / 1e3;
+            let syncs_per_insert = wal_syncs as f64 / figures.rows.max(1) as f64;
             ShimCheck {
                 delay_us,
                 secs: figures.secs,
-                baseline_secs: baseline.secs,
                 wal_syncs,
-                extra_ms_per_sync: (wal_syncs > 0)
-                    .then(|| round3((figures.secs - baseline.secs) * 1e3 / wal_syncs as f64)),
+                per_insert_ms: figures.per_insert_ms,
+                per_insert_covers_delay: wal_syncs > 0
+                    && figures.per_insert_ms >= delay_ms * syncs_per_insert.min(1.0),
+                baseline_secs: baseline,
+                extra_ms_per_sync: baseline
+                    .filter(|_| wal_syncs > 0)
+                    .map(|baseline| round3((figures.secs - baseline) * 1e3 / wal_syncs as f64)),
             }
         })
         .collect()
@@ -1324,6 +1331,21 @@ tps = 400.200000 (excluding connections establishing)
         assert_eq!(checks.len(), 1);
         assert_eq!(checks[0].delay_us, 1000);
         assert_eq!(checks[0].extra_ms_per_sync, Some(1.098));
+        // 4.1 ms per INSERT (the sample's per_insert_ms) covers a 1 ms delay.
+        assert!(checks[0].per_insert_covers_delay);
+    }
+
+    #[test]
+    fn inserts_faster_than_the_delay_fail_the_shim_check() {
+        let mut targets = sample();
+        if let Some(inserts) = targets[3].inserts.as_mut() {
+            inserts.per_insert_ms = 0.5;
+        }
+        targets.remove(2);
+        let checks = shim_checks(&targets);
+        assert!(!checks[0].per_insert_covers_delay);
+        assert_eq!(checks[0].baseline_secs, None, "no stock+0ms run");
+        assert_eq!(checks[0].extra_ms_per_sync, None);
     }
 
     #[test]
