@@ -2,13 +2,13 @@
 # pglease benchmarks: builds release, runs the driver (crates/bench), writes
 # bench/results/<UTC date-time>.json and prints the tables.
 #
-#   bash bench/run.sh            # full mode (about 4-5 minutes on 2 cores)
+#   bash bench/run.sh            # full mode (about 15 minutes on 2 cores, 10 of them scenario 6)
 #   bash bench/run.sh --quick    # quick mode (under 2 minutes)
 #   bash bench/run.sh --no-build # use the binaries already in target/release
 #
 # Extra arguments go to the driver (e.g. --only 1,2). Everything the driver starts is
-# stopped when it ends; if the driver itself dies, the exit trap stops the daemons it
-# recorded and removes their instance directories. See bench/README.md.
+# stopped when it ends; if the driver itself dies, the exit trap stops the daemons and
+# postgres servers it recorded and removes their directories. See bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,8 +53,27 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
       fi
     done
+    # Scenario 6's own postgres servers ("server PID BASE_DIR"): stop a postmaster only
+    # while its command line still names a data directory under BASE_DIR (fast
+    # shutdown, then immediate, then kill).
+    local base
+    while read -r _ pid base; do
+      if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "-D $base/"; then
+        echo "bench/run.sh: stopping leftover postgres $pid ($base)" >&2
+        kill -INT "$pid" 2>/dev/null || true
+        for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -QUIT "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+    done < <(awk '$1 == "server" { print $1, $2, $3 }' "$pid_file")
     for dir in $(awk '$1 == "dir" { print $2 }' "$pid_file"); do
       case "$dir" in
+        */pglease-bench-seeds-*)
+          if [ -d "$dir" ]; then
+            echo "bench/run.sh: removing leftover $dir" >&2
+            rm -rf -- "$dir"
+          fi ;;
         /dev/shm/pglease-*)
           if [ -d "$dir" ]; then
             # A SIGKILLed daemon's postmaster dies with it (parent-death signal); give

@@ -19,8 +19,14 @@ pub struct Lease {
     pub id: String,
     /// Database name.
     pub database: String,
+    /// Host to connect to.
+    pub host: String,
+    /// Port to connect to.
+    pub port: u16,
     /// Role to log in as.
     pub user: String,
+    /// The role's password.
+    pub password: String,
     /// A ready `postgres://` URL with the lease's credentials.
     pub url: String,
 }

@@ -171,7 +171,8 @@ impl Launcher {
     }
 }
 
-fn record(pid_file: Option<&Path>, line: &str) {
+/// Appends `line` to the pid file `bench/run.sh` reads in its exit trap; failures only warn.
+pub fn record(pid_file: Option<&Path>, line: &str) {
     let Some(path) = pid_file else { return };
     let written = std::fs::OpenOptions::new()
         .create(true)

@@ -8,17 +8,27 @@
 //! and 2 when scenario 2 saw a database leased twice or missing. On SIGINT/SIGTERM it
 //! stops every daemon it started before exiting.
 //!
-//! Scenario 6 (the seeds' workloads against stock and hand-tuned postgres) is not
-//! implemented; the report marks it as not done.
+//! The scenarios, numbered as in the benchmark issue (`--only N,…`):
+//! 1. warm lease latency;
+//! 2. end-to-end test throughput;
+//! 3. the create+drop ceiling on the same postgres;
+//! 4. start-up;
+//! 5. connection cost;
+//! 6. the seeds' workloads (10,000 autocommit INSERTs, pgbench TPC-B) on a lease, on
+//!    stock postgres on disk (with an fsync-delay shim standing for slower disks) and on
+//!    hand-tuned tmpfs postgres;
+//! 7. the pool's scale.
 
 mod admin;
 mod api;
+mod cluster;
 mod daemon;
 mod error;
 mod machine;
 mod plan;
 mod report;
 mod scenarios;
+mod shim;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -32,10 +42,13 @@ use crate::error::{BenchError, Result};
 use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
-use crate::scenarios::{ceiling, connect, latency, scale, startup, throughput, Ctx, FIXTURE};
+use crate::scenarios::{
+    ceiling, connect, latency, scale, seeds, startup, throughput, Ctx, FIXTURE,
+};
 
 /// Benchmarks of pglease: lease latency, test throughput against the create+drop
-/// ceiling, start-up, connection cost, pool scale.
+/// ceiling, start-up, connection cost, the seeds' workloads against stock and hand-tuned
+/// postgres, pool scale.
 #[derive(Debug, Parser)]
 #[command(name = "pglease-bench", version)]
 struct Cli {
@@ -60,7 +73,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,7).
+    /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,6,7).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -192,6 +205,16 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s6 = if wanted(6) {
+        match ctx.pgbench.as_deref() {
+            Some(pgbench) => outcome("6", seeds::run(&ctx, pgbench).await),
+            None => Outcome::skipped(
+                "pgbench not found (PGLEASE_PG_BIN_DIR, /usr/lib/postgresql/*/bin, PATH)",
+            ),
+        }
+    } else {
+        not_run()
+    };
     let s7 = if wanted(7) {
         outcome("7", scale::run(&ctx).await)
     } else {
@@ -213,6 +236,10 @@ async fn run(cli: Cli) -> ExitCode {
         matches!(s3, Outcome::Failed { .. }),
         matches!(s4, Outcome::Failed { .. }),
         matches!(s5, Outcome::Failed { .. }),
+        matches!(s6, Outcome::Failed { .. }),
+        // A target of scenario 6 that failed is a harness failure too.
+        s6.done()
+            .is_some_and(|r| r.targets.iter().any(|t| !t.errors.is_empty())),
         matches!(s7, Outcome::Failed { .. }),
     ]
     .into_iter()
@@ -230,11 +257,7 @@ async fn run(cli: Cli) -> ExitCode {
             throughput_vs_ceiling,
             startup: s4,
             connection_cost: s5,
-            seed_workloads: Outcome::NotDone {
-                reason: "scenario 6 (the seeds' workloads on a lease vs stock postgres on disk, \
-                         with an fsync-delay shim, vs hand-tuned tmpfs postgres) is not implemented yet"
-                    .into(),
-            },
+            seed_workloads: s6,
             pool_scale: s7,
         },
         isolation_ok,
@@ -301,6 +324,7 @@ fn context(cli: &Cli, plan: Plan) -> Result<Ctx> {
         plan,
         launcher,
         fixture_dir,
+        work_dir,
         cache_dir,
         scratch_dir,
         has_lease_auth,

@@ -1,6 +1,6 @@
 //! How much each scenario does in quick and full mode: durations, repetitions, sizes.
 //! The numbers are chosen so quick mode stays under two minutes on a 2-core machine and
-//! full mode under fifteen.
+//! full mode under fifteen (scenario 6 alone takes about ten of them).
 
 use std::time::Duration;
 
@@ -44,6 +44,17 @@ pub struct Plan {
     pub clone_size_scales: Vec<u32>,
     /// Scenario 7: clones timed per size.
     pub clone_size_reps: usize,
+    /// Scenario 6: autocommit `INSERT`s in workload (a).
+    pub seeds_insert_rows: usize,
+    /// Scenario 6: `pgbench -i -s N` of workload (b).
+    pub seeds_pgbench_scale: u32,
+    /// Scenario 6: `pgbench -T` of each run.
+    #[serde(serialize_with = "secs")]
+    pub seeds_pgbench_duration: Duration,
+    /// Scenario 6: `pgbench -c N -j N`, one run each.
+    pub seeds_pgbench_clients: Vec<usize>,
+    /// Scenario 6: `FSYNC_DELAY_US` values of the stock postgres, one restart each.
+    pub seeds_fsync_delays_us: Vec<u64>,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -70,6 +81,12 @@ impl Plan {
             rss_leases: 100,
             clone_size_scales: vec![1],
             clone_size_reps: 3,
+            // About 30 s on 2 cores: the 5 ms disk alone would add 5 s of inserts.
+            seeds_insert_rows: 1_000,
+            seeds_pgbench_scale: 1,
+            seeds_pgbench_duration: Duration::from_secs(2),
+            seeds_pgbench_clients: vec![1, 3],
+            seeds_fsync_delays_us: vec![0, 1_000],
         }
     }
 
@@ -92,6 +109,12 @@ impl Plan {
             rss_leases: 1000,
             clone_size_scales: vec![1, 10, 70],
             clone_size_reps: 5,
+            // The parameters: about 10 minutes, most of it the 15 pgbench runs.
+            seeds_insert_rows: 10_000,
+            seeds_pgbench_scale: 10,
+            seeds_pgbench_duration: Duration::from_secs(30),
+            seeds_pgbench_clients: vec![1, 2, 3],
+            seeds_fsync_delays_us: vec![0, 1_000, 5_000],
         }
     }
 }

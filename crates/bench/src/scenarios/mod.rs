@@ -9,6 +9,7 @@ pub mod ceiling;
 pub mod connect;
 pub mod latency;
 pub mod scale;
+pub mod seeds;
 pub mod startup;
 pub mod throughput;
 
@@ -35,6 +36,8 @@ pub struct Ctx {
     pub launcher: Launcher,
     /// The fixture's migrations directory (absolute).
     pub fixture_dir: PathBuf,
+    /// The working directory (absolute): caches, scratch space, the built fsync shim.
+    pub work_dir: PathBuf,
     /// The initdb cache shared by every daemon except the cold starts (absolute).
     pub cache_dir: PathBuf,
     /// Scratch space for cold caches (absolute), removed at the end.
