@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod listen;
+mod logging;
 mod signal;
 mod systemd;
 
@@ -20,7 +21,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -46,21 +47,6 @@ fn main() -> ExitCode {
         })
     });
     outcome.unwrap_or(ExitCode::FAILURE)
-}
-
-/// Logs go to stderr; `RUST_LOG` filters (default: info).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // When stderr is gone (a log pipe whose reader died), tracing would report the
-        // failed write with eprintln!, which panics on a closed stderr: lose the log line,
-        // keep the daemon.
-        .log_internal_errors(false)
-        .init();
 }
 
 /// Runs the daemon until SIGTERM/SIGINT: binds, starts the pool, serves, then stops in

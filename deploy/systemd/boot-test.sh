@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Boots deploy/systemd/pglease.service under a real systemd — PID 1 of a container — and
+# checks what a CI host would see: `systemctl start` returns once pglease has sent READY=1
+# (postgres up, the default template built), a lease works and its database accepts the
+# lease's credentials, the journal has pglease's lines, and `systemctl stop` ends it
+# cleanly (exit 0, postgres and its data gone).
+#
+# Uses docker and the debian:bookworm-slim image (deploy/test.sh makes a local one where no
+# registry is reachable) and a release binary (cargo build --release -p pglease; a
+# bookworm-compatible glibc is needed, which the host's is). Exits non-zero on failure.
+#
+#   bash deploy/systemd/boot-test.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+docker=${DOCKER:-docker}
+# Debian's docker client where both exist (deploy/test.sh does the same).
+[ -x /usr/bin/docker ] && [ -z "${DOCKER:-}" ] && docker=/usr/bin/docker
+base=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}
+binary=${PGLEASE_BINARY:-target/release/pglease}
+image=pglease-systemd-boot:local
+name=pglease-systemd-boot-$$
+
+if [ ! -x "$binary" ]; then
+  echo "==> building $binary"
+  cargo build --release --locked -p pglease
+fi
+
+context=$(mktemp -d /var/tmp/pglease-systemd-boot.XXXXXX)
+cleanup() {
+  local status=$?
+  "$docker" rm -f "$name" >/dev/null 2>&1 || true
+  rm -rf "$context"
+  if [ "$status" -eq 0 ]; then echo "boot-test: passed"; else echo "boot-test: FAILED" >&2; fi
+  exit "$status"
+}
+trap cleanup EXIT
+
+cp "$binary" "$context/pglease"
+cp deploy/systemd/pglease.service deploy/systemd/pglease.toml "$context/"
+cat >"$context/Dockerfile" <<EOF
+FROM $base
+RUN set -eux; export DEBIAN_FRONTEND=noninteractive; \\
+    apt-get update; \\
+    apt-get install -y --no-install-recommends postgresql-common; \\
+    sed -ri 's/^#?\\s*create_main_cluster\\s*=.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf; \\
+    apt-get install -y --no-install-recommends systemd systemd-sysv libnss-systemd dbus procps postgresql-15 postgresql-client-15 curl; \\
+    rm -rf /var/lib/apt/lists/*; \\
+    systemctl mask getty.target systemd-logind.service console-getty.service
+COPY pglease /usr/local/bin/pglease
+COPY pglease.service /etc/systemd/system/pglease.service
+COPY pglease.toml /etc/pglease/pglease.toml
+STOPSIGNAL SIGRTMIN+3
+CMD ["/lib/systemd/systemd"]
+EOF
+echo "==> building $image"
+"$docker" build -q -t "$image" "$context" >/dev/null
+
+echo "==> booting systemd in a container"
+# Not --privileged: where the host lacks a capability (CAP_SYS_RESOURCE in some sandboxes)
+# docker cannot grant it; every capability but that one, and no seccomp filter, is enough.
+"$docker" run -d --name "$name" --cap-add ALL --cap-drop SYS_RESOURCE \
+  --security-opt seccomp=unconfined --security-opt apparmor=unconfined --cgroupns=host \
+  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \
+  "$image" >/dev/null
+in_box() { "$docker" exec "$name" "$@"; }
+for _ in $(seq 1 100); do
+  state=$(in_box systemctl is-system-running 2>/dev/null || true)
+  case "$state" in running|degraded) break ;; esac
+  sleep 0.2
+done
+echo "system state: $state"
+
+echo "==> systemctl start pglease (returns once READY=1 arrived)"
+started=$SECONDS
+in_box systemctl start pglease
+echo "started in $((SECONDS - started)) s: $(in_box systemctl is-active pglease)"
+[ "$(in_box systemctl show -p Type --value pglease)" = notify ]
+user=$(in_box systemctl show -p User --value pglease)
+pid=$(in_box systemctl show -p MainPID --value pglease)
+echo "main pid $pid, user $(in_box ps -o user= -p "$pid") (unit User=$user, DynamicUser=yes)"
+
+echo "==> a lease through the unit's daemon"
+lease=$(in_box curl -sf -X POST http://127.0.0.1:5480/lease)
+url=$(printf '%s' "$lease" | python3 -c 'import json, sys; print(json.load(sys.stdin)["url"])')
+in_box psql "$url" -v ON_ERROR_STOP=1 -tAc "CREATE TABLE t (x int); INSERT INTO t VALUES (1); SELECT current_user || ' ' || count(*) FROM t"
+postgres_user=$(in_box ps -o user= -C postgres | sort -u | tr '\n' ' ')
+echo "postgres runs as: $postgres_user"
+case "$postgres_user" in *root*) echo "postgres runs as root" >&2; exit 1 ;; esac
+
+echo "==> the journal"
+in_box journalctl -u pglease --no-pager -o cat | grep -E "listening|template built|lease granted" | head -5
+
+echo "==> systemctl stop pglease"
+in_box systemctl stop pglease
+result=$(in_box systemctl show -p Result --value pglease)
+status=$(in_box systemctl show -p ExecMainStatus --value pglease)
+echo "result $result, exit status $status"
+[ "$result" = success ] && [ "$status" = 0 ]
+if in_box pgrep -x postgres >/dev/null; then echo "postgres still running" >&2; exit 1; fi
+leftover=$(in_box sh -c 'ls -A /run/pglease 2>/dev/null | wc -l')
+[ "$leftover" = 0 ] || { echo "data left in /run/pglease" >&2; exit 1; }
+echo "postgres stopped, /run/pglease removed"
