@@ -159,6 +159,8 @@ struct TemplateEntry {
     adoptable: Vec<(String, DbName)>,
     /// The number the next lease of this template gets.
     next_number: u32,
+    /// How fast its ready clones are used up, to refill ahead of that.
+    demand: demand::Demand,
 }
 
 #[derive(Debug)]
@@ -203,6 +205,8 @@ pub(crate) struct PoolState {
     /// Connections the server can give lease holders; leases are granted only while the
     /// sum of their connection limits fits.
     connection_budget: u32,
+    /// When each clone being made was started (recycles are not timed).
+    clone_started: HashMap<DbName, Instant>,
 }
 
 impl TemplateEntry {
@@ -229,6 +233,7 @@ impl TemplateEntry {
             last_used: None,
             adoptable: Vec::new(),
             next_number: 0,
+            demand: demand::Demand::default(),
         }
     }
 }
@@ -274,6 +279,7 @@ impl PoolState {
             clones_running: 0,
             drops_running: 0,
             connection_budget: 0,
+            clone_started: HashMap::new(),
         }
     }
 
@@ -338,6 +344,7 @@ impl PoolState {
             }
         }
         self.drop_queue.clear();
+        self.clone_started.clear();
         self.clones_running = 0;
         self.drops_running = 0;
         actions
@@ -637,6 +644,7 @@ impl PoolState {
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         self.clones_running = self.clones_running.saturating_sub(1);
+        let started = self.clone_started.remove(&clone);
         let Some(entry) = self.templates.get_mut(template) else {
             self.drop_queue.push_back(clone);
             self.dispatch(now, &mut actions);
@@ -644,6 +652,9 @@ impl PoolState {
         };
         entry.creating = entry.creating.saturating_sub(1);
         let current = matches!(&entry.build, Build::Ready { db, .. } if db == template_db);
+        if let (Some(started), true, true) = (started, current, outcome.is_ok()) {
+            entry.demand.cloned(now.saturating_duration_since(started));
+        }
         match outcome {
             // Made (or not: its template may be gone already) from a version replaced
             // meanwhile: nobody may lease it, and its fate is no news for today's waiters.
@@ -689,6 +700,7 @@ impl PoolState {
             if let Some(entry) = self.templates.get_mut(&record.template) {
                 entry.leased = entry.leased.saturating_sub(1);
                 entry.ready.push_front(record.database);
+                entry.demand.returned(now);
             } else {
                 self.drop_queue.push_back(record.database);
             }
@@ -728,6 +740,7 @@ impl PoolState {
                 if let Some(clone) = to_drop.take() {
                     // Back in the ready queue only once the old holder is locked out;
                     // until then it counts as being made.
+                    entry.demand.returned(now);
                     entry.creating += 1;
                     self.clones_running += 1;
                     actions.push(Action::Recycle {
@@ -997,6 +1010,7 @@ impl PoolState {
             *in_use += waiter.connections;
             entry.leased += 1;
             entry.last_used = Some(now);
+            entry.demand.taken(now);
             let number = entry.next_number;
             entry.next_number = entry.next_number.wrapping_add(1);
             self.leases.insert(
@@ -1056,6 +1070,11 @@ impl PoolState {
                 .map_or(0, |e| e.waiters.is_empty() as u8)
         });
         let (min_ready, max_total) = (self.limits.min_ready, self.limits.max_total);
+        let ahead: HashMap<TemplateName, usize> = self
+            .templates
+            .iter_mut()
+            .map(|(name, entry)| (name.clone(), entry.demand.ahead(now)))
+            .collect();
         'rounds: loop {
             let mut started = false;
             for name in &order {
@@ -1075,7 +1094,9 @@ impl PoolState {
                     continue;
                 }
                 let have = entry.ready.len() + entry.creating;
-                let want = min_ready + entry.waiters.len();
+                // Refill ahead of the rate clones are used up at, never below min_ready.
+                let floor = min_ready.max(ahead.get(name).copied().unwrap_or(0));
+                let want = floor + entry.waiters.len();
                 let total = entry.ready.len() + entry.leased + entry.creating;
                 if have >= want || total >= max_total {
                     continue;
@@ -1099,6 +1120,7 @@ impl PoolState {
                 };
                 let clone = DbName::clone_db(&self.instance, self.next_seq);
                 self.next_seq += 1;
+                self.clone_started.insert(clone.clone(), now);
                 entry.creating += 1;
                 self.clones_running += 1;
                 started = true;
@@ -1235,6 +1257,7 @@ impl PoolState {
 }
 
 mod client;
+mod demand;
 pub(crate) use client::Finalize;
 
 #[cfg(test)]

@@ -68,6 +68,8 @@ struct Driver {
     drops: Vec<DbName>,
     pending: Vec<Action>,
     builds: u32,
+    /// How long each clone takes (the clock moves on by this much per clone).
+    clone_duration: Duration,
 }
 
 impl Driver {
@@ -81,6 +83,7 @@ impl Driver {
             drops: Vec::new(),
             pending: Vec::new(),
             builds: 0,
+            clone_duration: Duration::ZERO,
         };
         let actions = driver.state.server_up(1000);
         driver.pending.extend(actions);
@@ -105,8 +108,12 @@ impl Driver {
                     template,
                     template_db,
                     clone,
+                } => {
+                    self.now += self.clone_duration;
+                    self.state
+                        .clone_finished(&template, &template_db, clone, Ok(()), self.now)
                 }
-                | Action::Recycle {
+                Action::Recycle {
                     template,
                     template_db,
                     clone,
@@ -907,4 +914,66 @@ fn client_templates_go_with_their_server() {
         Err(TemplateOpError::UnknownTemplate(_))
     ));
     initialize(&mut driver, "gone").expect("initialized anew");
+}
+
+// Refilling ahead of demand.
+
+/// Leases `count` databases of `default` one after the other and releases each (with or
+/// without `reuse`), clones taking 100 ms; returns the template's counts at the end.
+fn churn(reuse: bool, count: usize) -> TemplateStatus {
+    let mut driver = Driver::new(pool(1, 32));
+    driver.clone_duration = Duration::from_millis(100);
+    driver.settle();
+    for _ in 0..count {
+        let waiter = driver.lease("default", 1000);
+        driver.settle();
+        let id = driver.grant_of(waiter).expect("granted").lease_id.clone();
+        let (result, actions) = driver.state.release(&id, reuse, driver.now);
+        result.expect("released");
+        driver.pending.extend(actions);
+        driver.settle();
+    }
+    default_status(&driver.state)
+}
+
+#[test]
+fn a_pool_whose_clones_are_used_up_fast_keeps_more_ready() {
+    let status = churn(false, 20);
+    assert!(
+        status.ready >= 2,
+        "a database used up every 100 ms while clones take 100 ms: more than min_ready \
+         should be ready, got {}",
+        status.ready
+    );
+    assert!(
+        status.ready + status.leased + status.in_progress <= 32,
+        "max_total holds"
+    );
+}
+
+#[test]
+fn a_pool_whose_clones_come_back_keeps_min_ready() {
+    let status = churn(true, 20);
+    // min_ready's one, plus the one that came back after a replacement was made while it
+    // was out; no more: reused databases use nothing up.
+    assert_eq!(status.ready, 2);
+}
+
+#[test]
+fn demand_counts_what_is_used_up_within_its_window() {
+    let mut demand = demand::Demand::default();
+    let start = Instant::now();
+    assert_eq!(demand.ahead(start), 0, "no clone time known yet");
+    demand.cloned(Duration::from_millis(100));
+    for _ in 0..20 {
+        demand.taken(start);
+    }
+    // 20 in the 2 s window: 10/s; two clone times of 100 ms: 2 clones.
+    assert_eq!(demand.ahead(start), 2);
+    for _ in 0..10 {
+        demand.returned(start);
+    }
+    assert_eq!(demand.ahead(start), 1);
+    // Old events are forgotten.
+    assert_eq!(demand.ahead(start + Duration::from_secs(3)), 0);
 }
