@@ -19,7 +19,7 @@ use crate::config::{
     CloneStrategy, ExternalConfig, LeaseAuth, PoolConfig, ServerConfig, TemplateConfig,
     TemplateSource,
 };
-use crate::error::{LeaseError, StartError};
+use crate::error::{LeaseError, StartError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
@@ -153,7 +153,7 @@ enum JobResult {
     SessionsCounted {
         generation: u64,
         give_back: Box<client::GiveBack>,
-        outcome: Result<i64, String>,
+        outcome: Result<i64, TemplateOpError>,
     },
 }
 
@@ -447,51 +447,32 @@ impl Actor {
                 source,
                 reply,
             } => {
-                if name == TemplateName::default_name() {
-                    let _ = reply.send(Err(LeaseError::Internal(
-                        "the default template cannot be replaced".into(),
-                    )));
-                    return;
-                }
-                if self.is_client_built(&name) {
-                    let _ = reply.send(Err(LeaseError::ClientBuilt(name)));
-                    return;
-                }
-                let (registered, actions) = self.state.register(name.clone(), source, now);
-                tracing::info!(template = %name, ?registered, "template registered over the API");
-                self.apply(actions);
-                let status = self
-                    .state
-                    .template_status()
-                    .into_iter()
-                    .find(|t| t.name == name);
-                let _ = reply.send(
-                    status
-                        .map(|s| (registered, s))
-                        .ok_or(LeaseError::UnknownTemplate(name)),
-                );
-            }
-            Command::Rebuild { template, reply } if self.is_client_built(&template) => {
-                let _ = reply.send(Err(LeaseError::ClientBuilt(template)));
+                let answer = match self.state.register(name.clone(), source, now) {
+                    Ok((registered, actions)) => {
+                        tracing::info!(template = %name, ?registered, "template registered over the API");
+                        self.apply(actions);
+                        self.state
+                            .status_of(&name)
+                            .map(|status| (registered, status))
+                            .ok_or(LeaseError::UnknownTemplate(name))
+                    }
+                    Err(error) => Err(error),
+                };
+                let _ = reply.send(answer);
             }
             Command::Rebuild { template, reply } => {
-                let status = self
-                    .state
-                    .template_status()
-                    .into_iter()
-                    .find(|t| t.name == template);
-                if status.is_some() {
-                    tracing::info!(template = %template, "rebuild requested");
-                    self.watches.remove(&template);
-                    let actions = self.state.rebuild(&template, now);
-                    self.apply(actions);
-                }
-                let status = self
-                    .state
-                    .template_status()
-                    .into_iter()
-                    .find(|t| t.name == template);
-                let _ = reply.send(status.ok_or(LeaseError::UnknownTemplate(template)));
+                let answer = match self.state.request_rebuild(&template, now) {
+                    Ok(actions) => {
+                        tracing::info!(template = %template, "rebuild requested");
+                        self.watches.remove(&template);
+                        self.apply(actions);
+                        self.state
+                            .status_of(&template)
+                            .ok_or(LeaseError::UnknownTemplate(template))
+                    }
+                    Err(error) => Err(error),
+                };
+                let _ = reply.send(answer);
             }
             Command::Readiness { reply } => {
                 let _ = reply.send(Readiness {
@@ -643,10 +624,11 @@ impl Actor {
                 give_back,
                 outcome,
             } => {
+                // Counted on a server that has gone since: its leases went with it.
                 let outcome = if generation == self.generation {
                     outcome
                 } else {
-                    Err(NOT_RUNNING.into())
+                    Err(TemplateOpError::PostgresDown(NOT_RUNNING.into()))
                 };
                 self.sessions_counted(*give_back, outcome);
             }

@@ -478,13 +478,22 @@ impl PoolState {
 
     /// Adds a template at run time, or gives an existing one a new source: its current
     /// version is then replaced as if its sources had changed. Built on first lease.
+    /// `default` and templates clients build have no source to replace.
     pub fn register(
         &mut self,
         name: TemplateName,
         source: TemplateSource,
         now: Instant,
-    ) -> (Registered, Vec<Action>) {
-        match self.templates.get_mut(&name) {
+    ) -> Result<(Registered, Vec<Action>), LeaseError> {
+        if name == TemplateName::default_name() {
+            return Err(LeaseError::Internal(
+                "the default template cannot be replaced".into(),
+            ));
+        }
+        Ok(match self.templates.get_mut(&name) {
+            Some(entry) if entry.source.is_client_built() => {
+                return Err(LeaseError::ClientBuilt(name))
+            }
             None => {
                 self.templates
                     .insert(name, TemplateEntry::new(source, false));
@@ -502,6 +511,22 @@ impl PoolState {
                 };
                 (Registered::Replaced, actions)
             }
+        })
+    }
+
+    /// A rebuild asked for over the API: unknown and client-built templates are refused
+    /// (a client's template has no sources here); see [`PoolState::rebuild`].
+    pub fn request_rebuild(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+    ) -> Result<Vec<Action>, LeaseError> {
+        match self.templates.get(template) {
+            None => Err(LeaseError::UnknownTemplate(template.clone())),
+            Some(entry) if entry.source.is_client_built() => {
+                Err(LeaseError::ClientBuilt(template.clone()))
+            }
+            Some(_) => Ok(self.rebuild(template, now)),
         }
     }
 
@@ -834,6 +859,13 @@ impl PoolState {
         leases.chain(templates).min()
     }
 
+    /// One template's counts, if it exists.
+    pub fn status_of(&self, template: &TemplateName) -> Option<TemplateStatus> {
+        self.template_status()
+            .into_iter()
+            .find(|t| t.name == *template)
+    }
+
     /// Per-template counts for `/status`.
     pub fn template_status(&self) -> Vec<TemplateStatus> {
         self.templates
@@ -1070,11 +1102,6 @@ impl PoolState {
                 .map_or(0, |e| e.waiters.is_empty() as u8)
         });
         let (min_ready, max_total) = (self.limits.min_ready, self.limits.max_total);
-        let ahead: HashMap<TemplateName, usize> = self
-            .templates
-            .iter_mut()
-            .map(|(name, entry)| (name.clone(), entry.demand.ahead(now)))
-            .collect();
         'rounds: loop {
             let mut started = false;
             for name in &order {
@@ -1095,7 +1122,7 @@ impl PoolState {
                 }
                 let have = entry.ready.len() + entry.creating;
                 // Refill ahead of the rate clones are used up at, never below min_ready.
-                let floor = min_ready.max(ahead.get(name).copied().unwrap_or(0));
+                let floor = min_ready.max(entry.demand.ahead(now));
                 let want = floor + entry.waiters.len();
                 let total = entry.ready.len() + entry.leased + entry.creating;
                 if have >= want || total >= max_total {

@@ -93,8 +93,16 @@ impl Actor {
         };
         self.spawn_job(move |session, generation| async move {
             let outcome = match session {
-                Some(session) => session.sessions_on(&db).await,
-                None => Err(NOT_RUNNING.into()),
+                Some(session) => {
+                    session
+                        .sessions_on(&db)
+                        .await
+                        .map_err(|message| TemplateOpError::Failed {
+                            template: template.clone(),
+                            message,
+                        })
+                }
+                None => Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             };
             JobResult::SessionsCounted {
                 generation,
@@ -110,7 +118,11 @@ impl Actor {
         });
     }
 
-    pub(super) fn sessions_counted(&mut self, give_back: GiveBack, outcome: Result<i64, String>) {
+    pub(super) fn sessions_counted(
+        &mut self,
+        give_back: GiveBack,
+        outcome: Result<i64, TemplateOpError>,
+    ) {
         let GiveBack {
             template,
             number,
@@ -119,10 +131,7 @@ impl Actor {
             reply,
         } = give_back;
         let answer = match outcome {
-            Err(message) => Err(TemplateOpError::Failed {
-                template: template.clone(),
-                message,
-            }),
+            Err(error) => Err(error),
             Ok(sessions) if sessions > 0 => Err(TemplateOpError::InUse {
                 template: template.clone(),
                 number,

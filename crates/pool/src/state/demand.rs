@@ -47,13 +47,19 @@ impl Demand {
 
     /// Ready clones to keep beyond `min_ready`'s floor: those the recent rate uses up in
     /// two clone times.
-    pub(super) fn ahead(&mut self, now: Instant) -> usize {
-        Self::forget_old(&mut self.taken, now);
-        Self::forget_old(&mut self.returned, now);
+    pub(super) fn ahead(&self, now: Instant) -> usize {
         let Some(clone_time) = self.clone_time else {
             return 0;
         };
-        let used_up = self.taken.len().saturating_sub(self.returned.len());
+        // The queues are pruned as events arrive; here, only count what is recent.
+        let recent = |events: &VecDeque<Instant>| {
+            events
+                .iter()
+                .rev()
+                .take_while(|t| now.saturating_duration_since(**t) <= WINDOW)
+                .count()
+        };
+        let used_up = recent(&self.taken).saturating_sub(recent(&self.returned));
         let per_second = used_up as f64 / WINDOW.as_secs_f64();
         (per_second * clone_time.as_secs_f64() * 2.0).round() as usize
     }
