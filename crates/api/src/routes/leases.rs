@@ -26,6 +26,7 @@ const MAX_LEASE_CONNECTIONS: u32 = 10_000;
         (status = 400, description = "The body is not JSON", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No such template", body = ErrorBody),
+        (status = 410, description = "The template was discarded by its IntegreSQL client", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid values, or the template failed to build", body = ErrorBody),
         (status = 429, description = "Too many requests waiting", body = ErrorBody),

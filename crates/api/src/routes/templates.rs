@@ -69,6 +69,7 @@ pub async fn show(
     (status = 202, description = "A new version is being built", body = TemplateJson),
     (status = 401, description = "A token is required", body = ErrorBody),
     (status = 404, description = "No such template", body = ErrorBody),
+    (status = 409, description = "The template is built by an IntegreSQL client", body = ErrorBody),
     (status = 422, description = "Not a valid template name", body = ErrorBody),
     (status = 503, description = "Stopping", body = ErrorBody),
 ))]
@@ -93,6 +94,7 @@ pub async fn rebuild(
         (status = 400, description = "The body is not JSON", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 403, description = "Commands over HTTP are not allowed", body = ErrorBody),
+        (status = 409, description = "The template is built by an IntegreSQL client", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid name or source", body = ErrorBody),
         (status = 503, description = "Stopping", body = ErrorBody),
