@@ -383,6 +383,20 @@ impl Session {
         }
     }
 
+    /// Sessions still connected to `db` after up to `grace`: a client that has just closed
+    /// its connection leaves a backend that takes a few milliseconds to exit, so an
+    /// immediate count would call a finished test "in use".
+    pub async fn sessions_after(&self, db: &DbName, grace: Duration) -> Result<i64, String> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let sessions = self.sessions_on(db).await?;
+            if sessions == 0 || started.elapsed() >= grace {
+                return Ok(sessions);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Sessions connected to `db` (other than this one).
     pub async fn sessions_on(&self, db: &DbName) -> Result<i64, String> {
         let client = self.client().await?;

@@ -3,6 +3,8 @@
 //! (`template::open_client_template`, `template::finalize_client_template`) and answers
 //! the callers once the work is reported. Their test databases are ordinary leases.
 
+use std::time::Duration;
+
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -12,6 +14,10 @@ use crate::names::{DbName, LeaseId, TemplateName};
 use crate::state::{Action, Built, Finalize};
 use crate::template;
 use crate::types::ConnectInfo;
+
+/// How long an unlock or recreate waits for the sessions of a test that has just
+/// disconnected to end before answering 423 (their backends exit a few ms after the client).
+const CLOSING_SESSIONS_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the answer to a client-template operation goes.
 pub(super) type Reply<T> = oneshot::Sender<Result<T, TemplateOpError>>;
@@ -93,15 +99,13 @@ impl Actor {
         };
         self.spawn_job(move |session, generation| async move {
             let outcome = match session {
-                Some(session) => {
-                    session
-                        .sessions_on(&db)
-                        .await
-                        .map_err(|message| TemplateOpError::Failed {
-                            template: template.clone(),
-                            message,
-                        })
-                }
+                Some(session) => session
+                    .sessions_after(&db, CLOSING_SESSIONS_GRACE)
+                    .await
+                    .map_err(|message| TemplateOpError::Failed {
+                        template: template.clone(),
+                        message,
+                    }),
                 None => Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             };
             JobResult::SessionsCounted {
