@@ -22,6 +22,7 @@
 mod admin;
 mod api;
 mod cluster;
+mod cpu;
 mod daemon;
 mod error;
 mod machine;

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::cpu::CpuUse;
 use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::scenarios::ceiling::CeilingResult;
@@ -178,6 +179,11 @@ fn num(value: f64) -> String {
     }
 }
 
+/// Busy cores of the machine's, e.g. "1.93/2".
+fn busy_cores(cpu: Option<CpuUse>) -> String {
+    cpu.map_or("-".into(), |c| format!("{:.2}/{}", c.busy_cores, c.cores))
+}
+
 fn mib(bytes: i64) -> String {
     format!("{:.1} MB", bytes as f64 / 1_048_576.0)
 }
@@ -302,6 +308,8 @@ impl Report {
             "lease p99",
             "connect p50",
             "work p50",
+            "busy cores",
+            "CPU ms/test",
             "double",
             "missing",
             "errors",
@@ -319,6 +327,8 @@ impl Report {
                 num(l.lease.p99_ms),
                 num(l.connect.p50_ms),
                 num(l.work.p50_ms),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_test.map_or("-".into(), num),
                 l.double_leases.to_string(),
                 l.missing_databases.to_string(),
                 l.errors.to_string(),
@@ -353,6 +363,8 @@ impl Report {
             "create p99",
             "drop p50",
             "drop p99",
+            "busy cores",
+            "CPU ms/cycle",
             "pglease tests/s",
             "fraction",
             "target",
@@ -371,6 +383,8 @@ impl Report {
                 num(l.create.p99_ms),
                 num(l.drop.p50_ms),
                 num(l.drop.p99_ms),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_cycle.map_or("-".into(), num),
                 fraction.map_or("-".into(), |f| num(f.pglease_tests_per_sec)),
                 fraction.map_or("-".into(), |f| format!("{:.2}", f.fraction)),
                 "≥ 0.90".into(),
@@ -378,6 +392,7 @@ impl Report {
         }
         t.render(out);
         first_errors(r.levels.iter().map(|l| &l.first_error), out);
+        self.render_cpu_bound(r, out);
         if r.levels_with_work.is_empty() {
             return;
         }
@@ -388,6 +403,8 @@ impl Report {
             "cycles/s",
             "create p50",
             "drop p50",
+            "busy cores",
+            "CPU ms/cycle",
             "pglease tests/s",
             "fraction",
         ]);
@@ -404,6 +421,8 @@ impl Report {
                 num(l.cycles_per_sec),
                 num(l.create.p50_ms),
                 num(l.drop.p50_ms),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_cycle.map_or("-".into(), num),
                 pglease.map_or("-".into(), num),
                 pglease
                     .filter(|_| l.cycles_per_sec > 0.0)
@@ -412,6 +431,37 @@ impl Report {
         }
         t.render(out);
         first_errors(r.levels_with_work.iter().map(|l| &l.first_error), out);
+    }
+
+    /// Where the cores are busy in both loops, throughput is CPU per unit of work: the
+    /// fraction pglease can reach is the raw cycle's CPU over a test's.
+    fn render_cpu_bound(&self, r: &CeilingResult, out: &mut String) {
+        let Some(tests) = self.scenarios.end_to_end_throughput.done() else {
+            return;
+        };
+        for raw in &r.levels {
+            let Some(test) = tests.levels.iter().find(|t| t.workers == raw.workers) else {
+                continue;
+            };
+            let (Some(raw_cpu), Some(test_cpu)) = (raw.cpu, test.cpu) else {
+                continue;
+            };
+            let (Some(per_cycle), Some(per_test)) = (raw.cpu_ms_per_cycle, test.cpu_ms_per_test)
+            else {
+                continue;
+            };
+            let saturated = |c: CpuUse| c.busy_cores >= 0.9 * c.cores as f64;
+            if !(saturated(raw_cpu) && saturated(test_cpu)) || per_test <= 0.0 {
+                continue;
+            }
+            out.push_str(&format!(
+                "  {} workers: CPU-bound (cores ≥ 90% busy in both); a test costs {} CPU ms, a raw cycle {}: the most pglease can reach is {:.2} of the raw loop\n",
+                raw.workers,
+                num(per_test),
+                num(per_cycle),
+                per_cycle / per_test
+            ));
+        }
     }
 
     fn render_startup(&self, out: &mut String) {

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::{Ctx, FIXTURE, IDLE_LIMIT};
 use crate::admin::{self, quote_ident};
+use crate::cpu::{CpuClock, CpuUse};
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::stats::{per_second, round3, Summary};
@@ -54,6 +55,10 @@ pub struct CeilingLevel {
     pub create: Summary,
     /// DROP DATABASE, ms.
     pub drop: Summary,
+    /// Machine CPU use over the loop.
+    pub cpu: Option<CpuUse>,
+    /// Busy CPU per cycle, ms.
+    pub cpu_ms_per_cycle: Option<f64>,
 }
 
 /// Runs scenario 3 against the shared daemon's postgres.
@@ -154,6 +159,7 @@ async fn level(
     for _ in 0..workers {
         conns.push(admin::superuser(server, "postgres").await?);
     }
+    let cpu = CpuClock::start();
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -229,6 +235,7 @@ async fn level(
         }
     }
     let elapsed = started.elapsed();
+    let cpu = cpu.since();
     Ok(CeilingLevel {
         workers,
         cycles: all.drop.len(),
@@ -238,5 +245,7 @@ async fn level(
         first_error: all.first_error,
         create: Summary::of(&all.create),
         drop: Summary::of(&all.drop),
+        cpu,
+        cpu_ms_per_cycle: cpu.and_then(|c| c.ms_per(all.drop.len())),
     })
 }

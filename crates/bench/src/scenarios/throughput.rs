@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::{Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, sqlstate};
 use crate::api::{Api, Lease};
+use crate::cpu::{CpuClock, CpuUse};
 use crate::daemon::Daemon;
 use crate::error::{BenchError, Result};
 use crate::stats::{per_second, round3, Summary};
@@ -80,6 +81,11 @@ pub struct ThroughputLevel {
     pub release: Summary,
     /// The whole test, ms.
     pub total: Summary,
+    /// Machine CPU use over the tests and the settling after them (the recycle debt).
+    pub cpu: Option<CpuUse>,
+    /// Busy CPU per test over the same stretch, ms: everything a test costs the machine
+    /// (its backend, the daemon, the clone and drop, this driver).
+    pub cpu_ms_per_test: Option<f64>,
 }
 
 /// Runs scenario 2 on the shared daemon, which must be idle.
@@ -93,8 +99,11 @@ pub async fn run(
     for &workers in &ctx.plan.throughput_workers {
         admin::wait_idle(&api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         eprintln!("[bench] 2 end-to-end throughput: {workers} workers");
+        let cpu = CpuClock::start();
         let mut result = level(&api, workers, ctx.plan.throughput_duration).await;
         let settle = admin::wait_idle(&api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
+        result.cpu = cpu.since();
+        result.cpu_ms_per_test = result.cpu.and_then(|c| c.ms_per(result.tests));
         result.settle_secs = round3(settle.as_secs_f64());
         result.tests_per_sec_settled = per_second(
             result.tests,
@@ -208,6 +217,8 @@ async fn level(api: &Api, workers: usize, duration: Duration) -> ThroughputLevel
         work: Summary::of(&pick(|t| t.work)),
         release: Summary::of(&pick(|t| t.release)),
         total: Summary::of(&pick(|t| t.total)),
+        cpu: None,
+        cpu_ms_per_test: None,
     }
 }
 
