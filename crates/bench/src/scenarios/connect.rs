@@ -1,8 +1,9 @@
 //! Scenario 5, connection cost: connect + `SELECT 1` + disconnect, N times in a row, ms
 //! per connection. Kinds measured:
 //! - a lease's URL under each `--lease-auth` mode (`scram`, `trust`) when the binary has
-//!   that flag, each on its own small daemon; otherwise the lease URL as the daemon
-//!   issues it today, with a TODO in the report;
+//!   that flag, each on its own small daemon, both running at once with their connections
+//!   alternating; otherwise the lease URL as the daemon issues it today, with a TODO in
+//!   the report;
 //! - a lease's URL on the shared daemon (whatever its default authentication is);
 //! - stock SCRAM for reference: a role created with a plain `PASSWORD` (the server's own
 //!   4096-iteration verifier) connecting over the same TCP port to an empty database of
@@ -70,8 +71,11 @@ pub async fn run(
     let mut todo = None;
     let mut stock = None;
     if ctx.has_lease_auth {
+        // Both modes run at once and their connections alternate, so drift in the
+        // machine's load falls on both alike (the ratio is of two ~3 ms figures).
+        eprintln!("[bench] 5 connection cost: lease, --lease-auth scram and trust, interleaved");
+        let mut daemons = Vec::new();
         for mode in ["scram", "trust"] {
-            eprintln!("[bench] 5 connection cost: lease, --lease-auth {mode}");
             let mut args = vec!["--lease-auth".to_string(), mode.to_string()];
             args.extend(ctx.cache_args());
             let auth_daemon = ctx
@@ -80,24 +84,34 @@ pub async fn run(
                 .await?;
             let auth_server = auth_daemon.server_info().await?;
             let auth_admin = admin::superuser(&auth_server, "postgres").await?;
-            let measured = lease_kind(
-                &auth_daemon,
-                &auth_admin.client,
-                "default",
-                &format!("lease-{mode}"),
-                &format!("lease URL (TCP) with --lease-auth {mode}, template default"),
-                iterations,
-            )
-            .await;
+            let lease = auth_daemon.api()?.lease("default", WAIT_MS).await?;
+            daemons.push((mode, auth_daemon, auth_server, auth_admin, lease));
+        }
+        let targets: Vec<(String, String, String)> = daemons
+            .iter()
+            .map(|(mode, _, _, _, lease)| {
+                (
+                    format!("lease-{mode}"),
+                    format!("lease URL (TCP) with --lease-auth {mode}, template default"),
+                    lease.url.clone(),
+                )
+            })
+            .collect();
+        let mut measured = measure_interleaved(&targets, iterations).await;
+        for ((_, _, _, auth_admin, lease), kind) in daemons.iter().zip(measured.iter_mut()) {
+            kind.verifier = verifier(&auth_admin.client, &lease.user).await;
+        }
+        for (mode, auth_daemon, auth_server, auth_admin, lease) in daemons {
             // The reference runs where lease roles use SCRAM, so pg_hba asks it for SCRAM.
             if mode == "scram" {
                 eprintln!("[bench] 5 connection cost: stock SCRAM role");
                 stock = Some(stock_scram(&auth_server, &auth_admin.client, iterations).await);
             }
+            auth_daemon.api()?.release(&lease.id, true).await?;
             auth_admin.close().await;
             auth_daemon.stop().await?;
-            kinds.push(measured?);
         }
+        kinds.extend(measured);
     } else {
         todo = Some(
             "TODO: this pglease has no --lease-auth flag; only the daemon's current lease \
@@ -232,6 +246,77 @@ async fn verifier(admin_conn: &tokio_postgres::Client, role: &str) -> Option<Str
     row.get::<_, Option<String>>(0)
 }
 
+/// Like [`measure`] for several lease URLs at once, one connection to each in turn per
+/// round (the order rotating each round), so they share the machine's conditions.
+async fn measure_interleaved(
+    targets: &[(String, String, String)],
+    iterations: usize,
+) -> Vec<ConnectKind> {
+    let mut tallies: Vec<Tally> = targets.iter().map(|_| Tally::default()).collect();
+    for round in 0..iterations {
+        for offset in 0..targets.len() {
+            let index = (round + offset) % targets.len();
+            let tally = &mut tallies[index];
+            if tally.errors < 10 {
+                tally.record(one_connection(|| admin::connect_url(&targets[index].2)).await);
+            }
+        }
+    }
+    targets
+        .iter()
+        .zip(tallies)
+        .map(|((name, description, _), tally)| tally.into_kind(name, description))
+        .collect()
+}
+
+/// Samples and failures of one kind.
+#[derive(Default)]
+struct Tally {
+    samples: Vec<Duration>,
+    errors: usize,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn record(&mut self, outcome: Result<Duration>) {
+        match outcome {
+            Ok(took) => self.samples.push(took),
+            Err(error) => {
+                self.errors += 1;
+                self.first_error.get_or_insert(error.to_string());
+            }
+        }
+    }
+
+    fn into_kind(self, name: &str, description: &str) -> ConnectKind {
+        ConnectKind {
+            name: name.to_string(),
+            description: description.to_string(),
+            per_connection: Summary::of(&self.samples),
+            errors: self.errors,
+            first_error: self.first_error,
+            verifier: None,
+        }
+    }
+}
+
+/// Connect, `SELECT 1`, disconnect: how long it took.
+async fn one_connection<F, Fut>(connect: F) -> Result<Duration>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Conn>>,
+{
+    let t0 = Instant::now();
+    let conn = connect().await?;
+    let selected = conn
+        .client
+        .simple_query("SELECT 1")
+        .await
+        .map_err(|e| BenchError::postgres("SELECT 1", e));
+    conn.close().await;
+    selected.map(|_| t0.elapsed())
+}
+
 /// Connects, runs `SELECT 1`, disconnects, `iterations` times; times each.
 async fn measure<F, Fut>(
     name: &str,
@@ -243,39 +328,9 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Conn>>,
 {
-    let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
-    let mut errors = 0;
-    let mut first_error = None;
-    for _ in 0..iterations {
-        let t0 = Instant::now();
-        let outcome = async {
-            let conn = connect().await?;
-            let selected = conn
-                .client
-                .simple_query("SELECT 1")
-                .await
-                .map_err(|e| BenchError::postgres("SELECT 1", e));
-            conn.close().await;
-            selected.map(|_| ())
-        }
-        .await;
-        match outcome {
-            Ok(()) => samples.push(t0.elapsed()),
-            Err(error) => {
-                errors += 1;
-                first_error.get_or_insert(error.to_string());
-                if errors >= 10 {
-                    break;
-                }
-            }
-        }
+    let mut tally = Tally::default();
+    while tally.samples.len() + tally.errors < iterations && tally.errors < 10 {
+        tally.record(one_connection(&connect).await);
     }
-    ConnectKind {
-        name: name.to_string(),
-        description: description.to_string(),
-        per_connection: Summary::of(&samples),
-        errors,
-        first_error,
-        verifier: None,
-    }
+    tally.into_kind(name, description)
 }
