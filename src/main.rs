@@ -78,6 +78,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    let auth = match config.api.token {
+        Some(_) => " -H \"Authorization: Bearer $PGLEASE_TOKEN\"",
+        None => "",
+    };
     let state = pglease_api::AppState::new(pool.clone(), config.api);
     systemd::spawn(pool.clone());
     let stop_http = tokio_util::sync::CancellationToken::new();
@@ -85,7 +89,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    tracing::info!(addr = %address, "listening; lease with: curl -X POST http://{address}/lease");
+    let base = listen::local_url_base(&listener);
+    tracing::info!(addr = %address, "listening; lease with: curl -X POST{auth} {base}/lease");
     let server = tokio::spawn(pglease_api::serve(
         listener,
         state.clone(),
@@ -93,7 +98,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     ));
     let integresql_server = integresql_listener.map(|listener| {
         let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL=http://{address}/api");
+        let base = listen::local_url_base(&listener);
+        tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL={base}/api");
         let stop = stop_http.clone().cancelled_owned();
         tokio::spawn(pglease_api::serve_integresql(listener, state.clone(), stop))
     });
