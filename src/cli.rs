@@ -47,6 +47,8 @@ pub enum Command {
     Renew(RenewArgs),
     /// Print the daemon's status as JSON.
     Status(ClientArgs),
+    /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
+    Ready(ReadyArgs),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
     Run(RunArgs),
 }
@@ -257,6 +259,17 @@ pub struct RenewArgs {
     /// New time to live from now, in seconds [default: the daemon's].
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease ready`.
+#[derive(Debug, Args)]
+pub struct ReadyArgs {
+    /// Seconds to keep asking while the daemon is not up or not ready yet (0: ask once).
+    /// Exits 0 once it is ready, 1 when the time is up.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub timeout: u64,
     #[command(flatten)]
     pub client: ClientArgs,
 }

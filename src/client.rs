@@ -1,4 +1,4 @@
-//! Client commands: `lease`, `release`, `renew`, `status`, `run`. They talk to a running
+//! Client commands: `lease`, `release`, `renew`, `status`, `ready`, `run`. They talk to a running
 //! daemon over HTTP and print what a shell script needs; they never touch postgres.
 
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{ClientArgs, LeaseArgs, ReleaseArgs, RenewArgs, RunArgs};
+use crate::cli::{ClientArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs};
 
 /// A failed client command: a message for stderr.
 pub struct ClientError(pub String);
@@ -122,6 +122,30 @@ pub async fn renew(args: RenewArgs) -> Result<()> {
     let answer = Client::new(&args.client)?.renew(&args.id, args.ttl).await?;
     println!("{}", answer["expires_at"].as_str().unwrap_or_default());
     Ok(())
+}
+
+/// `pglease ready`: asks `/readyz` every 100 ms until it answers 200 or `--timeout` is up;
+/// a daemon not listening yet, or answering 503 while postgres starts and the default
+/// template builds, is asked again.
+pub async fn ready(args: ReadyArgs) -> Result<()> {
+    let client = Client::new(&args.client)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
+    loop {
+        let not_yet = match client
+            .call(client.http.get(format!("{}/readyz", client.base)))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(ClientError(message)) => message,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ClientError(format!(
+                "pglease at {} is not ready after {} s: {not_yet}",
+                client.base, args.timeout
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `pglease status`: prints the daemon's status JSON, pretty.

@@ -1,5 +1,6 @@
 //! The client commands against a real daemon: `lease` prints a URL, `run` sets the
-//! environment and passes the exit status through, and a missing daemon is explained.
+//! environment and passes the exit status through, `ready` waits for a daemon still starting,
+//! and a missing daemon is explained.
 
 use std::process::Stdio;
 
@@ -113,4 +114,53 @@ fn help_explains_serve() {
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}");
     }
+}
+
+#[tokio::test]
+async fn ready_waits_for_a_daemon_started_after_it() {
+    // A port nothing listens on yet; the daemon takes it once `ready` is asking.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let server = format!("http://127.0.0.1:{port}");
+    let mut waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_pglease"))
+        .args(["ready", "--timeout", "60", "--server", &server])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pglease ready");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        waiting.try_wait().expect("poll").is_none(),
+        "ready must keep asking while no daemon listens"
+    );
+    let daemon = TestDaemon::builder()
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .start()
+        .await;
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), waiting.wait())
+        .await
+        .expect("ready returns once the daemon is ready")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    let (code, body) = daemon.get("/readyz").await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test]
+async fn ready_gives_up_after_its_timeout_and_says_why() {
+    let started = std::time::Instant::now();
+    let out =
+        tokio::task::spawn_blocking(|| output(&["ready", "--timeout", "1"], "http://127.0.0.1:9"))
+            .await
+            .expect("join");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "it kept asking"
+    );
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(message.contains("not ready after 1 s"), "{message}");
+    assert!(message.contains("no pglease daemon answers"), "{message}");
 }

@@ -108,12 +108,11 @@ impl DaemonBuilder {
 
     fn command(&self) -> Command {
         let mut command = binary();
-        command
-            .arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--cache-dir")
-            .arg(cache_dir());
+        command.arg("serve");
+        if !self.args.iter().any(|a| a == "--listen") {
+            command.arg("--listen").arg("127.0.0.1:0");
+        }
+        command.arg("--cache-dir").arg(cache_dir());
         if let Ok(bin_dir) = std::env::var(PG_BIN_ENV) {
             command.arg("--pg-bin-dir").arg(bin_dir);
         }
