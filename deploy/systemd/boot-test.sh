@@ -2,7 +2,8 @@
 # Boots deploy/systemd/pglease.service under a real systemd — PID 1 of a container — and
 # checks what a CI host would see: `systemctl start` returns once pglease has sent READY=1
 # (postgres up, the default template built), a lease works and its database accepts the
-# lease's credentials, the journal has pglease's lines, and `systemctl stop` ends it
+# lease's credentials, the journal has pglease's lines with their priorities (a failed
+# template build is a warning, info lines are not), and `systemctl stop` ends it
 # cleanly (exit 0, postgres and its data gone).
 #
 # Uses docker and the debian:bookworm-slim image (deploy/test.sh makes a local one where no
@@ -88,8 +89,30 @@ postgres_user=$(in_box ps -o user= -C postgres | sort -u | tr '\n' ' ')
 echo "postgres runs as: $postgres_user"
 case "$postgres_user" in *root*) echo "postgres runs as root" >&2; exit 1 ;; esac
 
+echo "==> a template whose SQL fails: the daemon answers and logs a warning"
+in_box sh -c 'printf "CREATE TABLE broken (;\n" > /opt/broken.sql && chmod 644 /opt/broken.sql'
+in_box curl -sf -X PUT -H 'Content-Type: application/json' -d '{"sql": "/opt/broken.sql"}' \
+  http://127.0.0.1:5480/templates/broken >/dev/null
+code=$(in_box curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+  -d '{"template": "broken", "wait_ms": 20000}' http://127.0.0.1:5480/lease)
+echo "lease from it: HTTP $code"
+case "$code" in 2*) echo "a broken template gave a lease" >&2; exit 1 ;; esac
+
 echo "==> the journal"
+in_box journalctl --sync 2>/dev/null || true
 in_box journalctl -u pglease --no-pager -o cat | grep -E "listening|template built|lease granted" | head -5
+# Lines carry a syslog priority prefix, which journald turns into the entry's priority:
+# `-p warning` shows the failed build and none of the info lines.
+warnings=$(in_box journalctl -u pglease --no-pager -o cat -p warning)
+echo "warnings and errors:"; printf '%s\n' "$warnings" | head -5
+printf '%s\n' "$warnings" | grep -q "template build failed" \
+  || { echo "the failed build is not a warning in the journal" >&2; exit 1; }
+if printf '%s\n' "$warnings" | grep -q "listening"; then
+  echo "info lines are logged as warnings" >&2; exit 1
+fi
+if in_box journalctl -u pglease --no-pager -o cat | grep -qE '^(<[0-9]>| )'; then
+  echo "journal lines carry a raw prefix or padding" >&2; exit 1
+fi
 
 echo "==> systemctl stop pglease"
 in_box systemctl stop pglease
