@@ -30,6 +30,10 @@ pub struct Plan {
     pub startup_cold_runs: usize,
     /// Scenario 5: connections per kind.
     pub connect_iterations: usize,
+    /// Scenario 5 through libpq: alternating `pgbench -C` runs per `--lease-auth` mode.
+    pub connect_libpq_runs: usize,
+    /// Scenario 5 through libpq: seconds per run.
+    pub connect_libpq_secs: u64,
     /// Scenario 7: clients waiting at once on a pool of `scale_pool`.
     pub scale_clients: usize,
     /// Scenario 7: the pool's `--max-total`.
@@ -74,6 +78,8 @@ impl Plan {
             startup_warm_runs: 2,
             startup_cold_runs: 1,
             connect_iterations: 100,
+            connect_libpq_runs: 3,
+            connect_libpq_secs: 2,
             scale_clients: 256,
             scale_pool: 8,
             scale_reuse_rounds: 2,
@@ -102,6 +108,8 @@ impl Plan {
             startup_warm_runs: 5,
             startup_cold_runs: 3,
             connect_iterations: 500,
+            connect_libpq_runs: 5,
+            connect_libpq_secs: 4,
             scale_clients: 256,
             scale_pool: 8,
             scale_reuse_rounds: 10,

@@ -535,8 +535,28 @@ impl Report {
         t.render(out);
         if let Some(ratio) = r.scram_over_trust {
             out.push_str(&format!(
-                "  lease scram / lease trust (p50): {ratio:.2} (target ≤ 1.20)\n"
+                "  lease scram / lease trust (p50, tokio-postgres): {ratio:.2} (target ≤ 1.20)\n"
             ));
+        }
+        if let Some(libpq) = &r.libpq {
+            let list = |runs: &[f64]| runs.iter().map(|v| num(*v)).collect::<Vec<_>>().join(" ");
+            out.push_str(&format!(
+                "  through libpq ({}): scram {} ms [{}], trust {} ms [{}]",
+                libpq.method,
+                libpq.scram_median_ms.map_or("-".into(), num),
+                list(&libpq.scram_runs_ms),
+                libpq.trust_median_ms.map_or("-".into(), num),
+                list(&libpq.trust_runs_ms),
+            ));
+            match libpq.scram_over_trust {
+                Some(ratio) => out.push_str(&format!(
+                    "; scram / trust (medians): {ratio:.2} (target ≤ 1.20)\n"
+                )),
+                None => out.push('\n'),
+            }
+            if let Some(error) = &libpq.error {
+                out.push_str(&format!("  libpq runs failed: {error}\n"));
+            }
         }
         if let Some(todo) = &r.todo {
             out.push_str(&format!("  {todo}\n"));

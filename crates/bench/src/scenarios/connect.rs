@@ -11,12 +11,15 @@
 //!   on the `--lease-auth scram` daemon when there is one;
 //! - the superuser over the unix socket (trust), for scale only: another transport.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::seeds::{parse_pgbench, run_pgbench, Db};
 use super::{Ctx, FIXTURE, WAIT_MS};
 use crate::admin::{self, Conn};
+use crate::api::Lease;
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::stats::{round3, Summary};
@@ -38,6 +41,30 @@ pub struct ConnectResult {
     pub kinds: Vec<ConnectKind>,
     /// p50 of lease-scram over p50 of lease-trust (target ≤ 1.2), when both ran.
     pub scram_over_trust: Option<f64>,
+    /// The same two lease URLs through libpq (`pgbench -C`), when pgbench was found.
+    pub libpq: Option<LibpqCost>,
+}
+
+/// Connection cost through libpq, the library most test suites' drivers use: `pgbench -n
+/// -C -c 1 -T secs -f (SELECT 1)`, a new connection per transaction, runs alternating
+/// between the `--lease-auth scram` and `trust` leases. A run's figure is pgbench's
+/// `latency average`, which with `-C` is connect + `SELECT 1` + disconnect.
+#[derive(Debug, Serialize)]
+pub struct LibpqCost {
+    /// What ran.
+    pub method: String,
+    /// Each scram run's ms per connection.
+    pub scram_runs_ms: Vec<f64>,
+    /// Each trust run's ms per connection.
+    pub trust_runs_ms: Vec<f64>,
+    /// Median of the scram runs.
+    pub scram_median_ms: Option<f64>,
+    /// Median of the trust runs.
+    pub trust_median_ms: Option<f64>,
+    /// `scram_median_ms / trust_median_ms`.
+    pub scram_over_trust: Option<f64>,
+    /// The first failure, if a run failed.
+    pub error: Option<String>,
 }
 
 /// One kind of connection.
@@ -70,6 +97,7 @@ pub async fn run(
     let mut kinds = Vec::new();
     let mut todo = None;
     let mut stock = None;
+    let mut libpq = None;
     if ctx.has_lease_auth {
         // Both modes run at once and their connections alternate, so drift in the
         // machine's load falls on both alike (the ratio is of two ~3 ms figures).
@@ -98,6 +126,13 @@ pub async fn run(
             })
             .collect();
         let mut measured = measure_interleaved(&targets, iterations).await;
+        if let Some(pgbench) = &ctx.pgbench {
+            eprintln!(
+                "[bench] 5 connection cost: lease, scram and trust, through libpq (pgbench -C)"
+            );
+            let leases: Vec<&Lease> = daemons.iter().map(|d| &d.4).collect();
+            libpq = Some(libpq_cost(ctx, pgbench, &leases).await);
+        }
         for ((_, _, _, auth_admin, lease), kind) in daemons.iter().zip(measured.iter_mut()) {
             kind.verifier = verifier(&auth_admin.client, &lease.user).await;
         }
@@ -165,7 +200,90 @@ pub async fn run(
         todo,
         kinds,
         scram_over_trust,
+        libpq,
     })
+}
+
+/// Runs [`LibpqCost`]'s measurement on `[scram lease, trust lease]`.
+async fn libpq_cost(ctx: &Ctx, pgbench: &Path, leases: &[&Lease]) -> LibpqCost {
+    let secs = ctx.plan.connect_libpq_secs;
+    let runs = ctx.plan.connect_libpq_runs;
+    let mut cost = LibpqCost {
+        method: format!(
+            "pgbench -n -C -c 1 -T {secs} -f (SELECT 1), {runs} runs per mode, alternating; ms per connection"
+        ),
+        scram_runs_ms: Vec::new(),
+        trust_runs_ms: Vec::new(),
+        scram_median_ms: None,
+        trust_median_ms: None,
+        scram_over_trust: None,
+        error: None,
+    };
+    let script = ctx.work_dir.join("connect-select1.sql");
+    if let Err(error) = std::fs::write(&script, "SELECT 1;\n") {
+        cost.error = Some(format!("cannot write {}: {error}", script.display()));
+        return cost;
+    }
+    let script = script.display().to_string();
+    let secs_arg = secs.to_string();
+    let args = ["-n", "-C", "-c", "1", "-T", &secs_arg, "-f", &script];
+    let limit = Duration::from_secs(secs + 30);
+    let [scram, trust] = leases else {
+        cost.error = Some("needs the scram and the trust lease".into());
+        return cost;
+    };
+    'runs: for round in 0..runs {
+        // Alternate which mode goes first, so neither always follows the other.
+        let order = if round % 2 == 0 {
+            [(true, scram), (false, trust)]
+        } else {
+            [(false, trust), (true, scram)]
+        };
+        for (is_scram, lease) in order {
+            let db = Db {
+                host: lease.host.clone(),
+                port: lease.port,
+                user: lease.user.clone(),
+                password: Some(lease.password.clone()),
+                dbname: lease.database.clone(),
+                lease_id: None,
+            };
+            let figure = run_pgbench(pgbench, &db, &args, limit)
+                .await
+                .and_then(|output| parse_pgbench(&output))
+                .and_then(|figures| {
+                    figures.latency_avg_ms.ok_or_else(|| {
+                        BenchError::Other("pgbench printed no latency average".into())
+                    })
+                });
+            match figure {
+                Ok(ms) if is_scram => cost.scram_runs_ms.push(round3(ms)),
+                Ok(ms) => cost.trust_runs_ms.push(round3(ms)),
+                Err(error) => {
+                    cost.error = Some(error.to_string());
+                    break 'runs;
+                }
+            }
+        }
+    }
+    cost.scram_median_ms = median(&cost.scram_runs_ms);
+    cost.trust_median_ms = median(&cost.trust_runs_ms);
+    cost.scram_over_trust = match (cost.scram_median_ms, cost.trust_median_ms) {
+        (Some(scram), Some(trust)) if trust > 0.0 => Some(round3(scram / trust)),
+        _ => None,
+    };
+    cost
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[mid]),
+        _ => Some(round3((sorted[mid - 1] + sorted[mid]) / 2.0)),
+    }
 }
 
 /// Leases from `daemon`, measures its URL, releases.

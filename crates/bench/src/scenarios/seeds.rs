@@ -593,13 +593,13 @@ enum Venue<'a> {
 }
 
 /// A fresh database and how to reach it over TCP.
-struct Db {
-    host: String,
-    port: u16,
-    user: String,
-    password: Option<String>,
-    dbname: String,
-    lease_id: Option<String>,
+pub(super) struct Db {
+    pub(super) host: String,
+    pub(super) port: u16,
+    pub(super) user: String,
+    pub(super) password: Option<String>,
+    pub(super) dbname: String,
+    pub(super) lease_id: Option<String>,
 }
 
 impl Venue<'_> {
@@ -975,7 +975,12 @@ async fn pgbench_run(
 }
 
 /// Runs pgbench against `db` with `args`; returns stdout and stderr together.
-async fn run_pgbench(pgbench: &Path, db: &Db, args: &[&str], limit: Duration) -> Result<String> {
+pub(super) async fn run_pgbench(
+    pgbench: &Path,
+    db: &Db,
+    args: &[&str],
+    limit: Duration,
+) -> Result<String> {
     let mut command = tokio::process::Command::new(pgbench);
     command
         .args(["-h", &db.host, "-p", &db.port.to_string(), "-U", &db.user])
