@@ -51,6 +51,13 @@ fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The nearest-rank median of `values` (any order), None when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (!sorted.is_empty()).then(|| round3(nearest_rank(&sorted, 0.5)))
+}
+
 /// Rounds to three decimals, so the JSON stays readable (microsecond resolution in ms).
 pub fn round3(value: f64) -> f64 {
     (value * 1e3).round() / 1e3
@@ -88,6 +95,17 @@ mod tests {
         let summary = Summary::of(&[Duration::from_micros(1500)]);
         assert_eq!(summary.p50_ms, 1.5);
         assert_eq!(summary.p99_ms, 1.5);
+    }
+
+    #[test]
+    fn median_is_the_middle_value_whatever_the_order() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(
+            median(&[4.0, 1.0, 3.0, 2.0]),
+            Some(2.0),
+            "nearest rank: the lower middle"
+        );
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::admin::{self, Conn};
 use crate::api::Lease;
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
-use crate::stats::{round3, Summary};
+use crate::stats::{median, round3, Summary};
 
 /// The reference role's name and password.
 const STOCK_ROLE: &str = "bench_stock_scram";
@@ -273,17 +273,6 @@ async fn libpq_cost(ctx: &Ctx, pgbench: &Path, leases: &[&Lease]) -> LibpqCost {
         _ => None,
     };
     cost
-}
-
-fn median(values: &[f64]) -> Option<f64> {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    match sorted.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(sorted[mid]),
-        _ => Some(round3((sorted[mid - 1] + sorted[mid]) / 2.0)),
-    }
 }
 
 /// Leases from `daemon`, measures its URL, releases.
