@@ -407,7 +407,9 @@ impl ServeArgs {
                 .unwrap_or(defaults.max_waiting),
             build_timeout: match self.build_timeout.or(file.build_timeout_secs) {
                 None => defaults.build_timeout,
-                Some(secs) => command_timeout(Some(secs))?,
+                Some(secs) => {
+                    command_timeout(Some(secs)).map_err(|e| format!("--build-timeout: {e}"))?
+                }
             },
             max_bytes: self
                 .max_bytes
@@ -463,7 +465,8 @@ impl ServeArgs {
                             .map(|path| absolute(&workdir.join(path)))
                             .collect::<Result<_, _>>()?,
                         workdir,
-                        timeout: command_timeout(source.timeout_secs)?,
+                        timeout: command_timeout(source.timeout_secs)
+                            .map_err(|e| format!("timeout_secs: {e}"))?,
                     })
                 }
                 (None, None, None) => TemplateSource::Empty,
@@ -607,7 +610,7 @@ fn command_timeout(secs: Option<u64>) -> Result<Duration, String> {
     match secs {
         None => Ok(DEFAULT_COMMAND_TIMEOUT),
         Some(secs @ 1..=86_400) => Ok(Duration::from_secs(secs)),
-        Some(secs) => Err(format!("timeout_secs {secs}: must be between 1 and 86400")),
+        Some(secs) => Err(format!("{secs} s: must be between 1 and 86400")),
     }
 }
 

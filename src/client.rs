@@ -131,10 +131,16 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
     let client = Client::new(&args.client)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
     loop {
-        let not_yet = match client
-            .call(client.http.get(format!("{}/readyz", client.base)))
-            .await
-        {
+        let request = client
+            .http
+            .get(format!("{}/readyz", client.base))
+            // A daemon that accepts but does not answer must not outlast the deadline.
+            .timeout(
+                deadline
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .max(Duration::from_millis(200)),
+            );
+        let not_yet = match client.call(request).await {
             Ok(_) => return Ok(()),
             Err(ClientError(message)) => message,
         };

@@ -19,7 +19,7 @@ pub fn spawn(pool: PoolHandle) {
     tokio::spawn(async move {
         loop {
             let readiness = pool.readiness().await;
-            if readiness.postgres_up && readiness.default_template_ready {
+            if readiness.is_ready() {
                 break;
             }
             tokio::time::sleep(READY_POLL).await;

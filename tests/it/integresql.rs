@@ -452,6 +452,42 @@ async fn the_separate_port_serves_integresql_clients_without_the_token() {
 }
 
 #[tokio::test]
+async fn the_tokenless_port_reaches_neither_native_leases_nor_configured_templates() {
+    let daemon = TestDaemon::builder()
+        .args(["--token", "s3cret", "--integresql-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    let compat = Compat {
+        daemon: &daemon,
+        base: format!("http://{}/api/v1", daemon.integresql_address().await),
+    };
+    // A lease through the native API, with the token.
+    let (code, lease) = daemon
+        .send(
+            daemon
+                .http
+                .post(format!("{}/lease", daemon.base))
+                .bearer_auth("s3cret")
+                .json(&json!({})),
+        )
+        .await;
+    assert_eq!(code, 201, "{lease}");
+    // Without the token, nobody can recreate it by guessing its small number…
+    for id in 0..4 {
+        let path = format!("/templates/default/tests/{id}/recreate");
+        assert_eq!(compat.call("POST", &path, None).await.0, 404, "{path}");
+        let path = format!("/templates/default/tests/{id}/unlock");
+        assert_eq!(compat.call("POST", &path, None).await.0, 404, "{path}");
+    }
+    // …nor lease a configured template.
+    assert_eq!(compat.test_database("default").await.0, 404);
+    let client = crate::support::connect(&lease)
+        .await
+        .expect("still the holder's");
+    drop(client);
+}
+
+#[tokio::test]
 async fn a_client_template_survives_a_restart_with_a_kept_data_directory() {
     let dir = std::path::PathBuf::from(format!(
         "/dev/shm/pglease-test-integresql-kept-{}",

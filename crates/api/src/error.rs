@@ -191,14 +191,18 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if self.status == StatusCode::SERVICE_UNAVAILABLE
-            || self.status == StatusCode::TOO_MANY_REQUESTS
-        {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_static(RETRY_AFTER_SECS),
-            );
-        }
+        add_retry_after(&mut response);
         response
+    }
+}
+
+/// Tells the client when to try again after a 503 or a 429 (both front doors).
+pub(crate) fn add_retry_after(response: &mut Response) {
+    let status = response.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECS),
+        );
     }
 }

@@ -27,6 +27,7 @@ use axum::{Json, Router};
 use pglease_pool::{ConnectInfo, LeaseError, LeaseRequest, TemplateName, TemplateOpError};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{add_retry_after, ApiError};
 use crate::AppState;
 
 /// How long `GET …/tests` waits for a finalize or a free database (IntegreSQL's default).
@@ -113,7 +114,8 @@ async fn initialize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DatabaseBody>, CompatError> {
     refuse_when_stopping(&state)?;
-    let body = body.map_err(|e| CompatError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    // A rejection carries its own status: 400 for a malformed body, 413 for a large one.
+    let body = body.map_err(|e| CompatError::new(e.status(), e.body_text()))?;
     let is_form = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -136,14 +138,8 @@ async fn initialize(
                 "hash is required",
             ))
         }
-        Some(hash) => TemplateName::new(hash).map_err(|_| {
-            CompatError::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "invalid hash {hash:?}: pglease accepts hashes of 1 to 64 characters a-z, 0-9, '_' and '-' (lowercase hex digests fit)"
-                ),
-            )
-        })?,
+        Some(hash) => TemplateName::new(hash)
+            .map_err(|e| CompatError::new(StatusCode::BAD_REQUEST, format!("invalid hash: {e}")))?,
     };
     let connect = state.pool.initialize(hash.clone()).await?;
     Ok(database(&hash, None, connect))
@@ -292,23 +288,11 @@ impl From<TemplateOpError> for CompatError {
 }
 
 impl From<LeaseError> for CompatError {
+    /// The native API's status for each error (IntegreSQL's contract agrees where it has
+    /// one: 404, 410, 503), with IntegreSQL's `{"message"}` body.
     fn from(error: LeaseError) -> Self {
-        let status = match &error {
-            LeaseError::UnknownTemplate(_) => StatusCode::NOT_FOUND,
-            LeaseError::Discarded(_) => StatusCode::GONE,
-            LeaseError::TimedOut { .. } => StatusCode::GATEWAY_TIMEOUT,
-            // IntegreSQL answers 507 when its pool is full.
-            LeaseError::OutOfSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
-            LeaseError::TooManyWaiting { .. } => StatusCode::TOO_MANY_REQUESTS,
-            LeaseError::ShuttingDown
-            | LeaseError::PostgresDown(_)
-            | LeaseError::CloneFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            LeaseError::BuildFailed { .. }
-            | LeaseError::TooManyConnections { .. }
-            | LeaseError::ClientBuilt(_)
-            | LeaseError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        CompatError::new(status, error.to_string())
+        let message = error.to_string();
+        CompatError::new(ApiError::from(error).status(), message)
     }
 }
 
@@ -329,12 +313,7 @@ impl IntoResponse for CompatError {
             }),
         )
             .into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-        }
+        add_retry_after(&mut response);
         response
     }
 }

@@ -17,7 +17,7 @@
 //! - `/api/v1/...`                — the IntegreSQL API over the same pool (`integresql`); also
 //!   alone on its own port (`integresql::router`, the daemon's `--integresql-listen`)
 //!
-//! With a token configured every route but `/healthz` and `/readyz` needs
+//! With a token configured every route but `/healthz`, `/readyz` and `/openapi.json` needs
 //! `Authorization: Bearer <token>` (`require_token`). No CORS headers are sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,7 +49,8 @@ pub struct ApiConfig {
     pub max_wait: Duration,
     /// Largest `ttl_secs` accepted.
     pub max_ttl: Duration,
-    /// Every request but `/healthz` and `/readyz` must carry `Authorization: Bearer <token>`.
+    /// Every request but `/healthz`, `/readyz` and `/openapi.json` must carry
+    /// `Authorization: Bearer <token>`.
     pub token: Option<Token>,
     /// `PUT /templates/{name}` may register `command` sources (commands run as the
     /// daemon's OS user, so this is off unless the operator trusts every API client).

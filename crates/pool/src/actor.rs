@@ -660,7 +660,7 @@ impl Actor {
         // clones are queued for adoption.
         let restored: Vec<_> = client_templates
             .into_iter()
-            .filter(|(template, _, _)| self.state.restore_client_built(template))
+            .filter(|(template, db, _)| self.state.restore_client_built(template, db))
             .collect();
         for (template, fingerprint, clone) in adoptable {
             self.state.adopt(&template, fingerprint, clone);

@@ -264,9 +264,16 @@ impl Session {
             if let (true, Some(template)) =
                 (complete, template::parse_client_template_marker(&comment))
             {
-                tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
                 let db = DbName::from_server(name.clone());
-                let size = self.database_size(&db).await?;
+                let size = match self.database_size(&db).await {
+                    Ok(size) => size,
+                    Err(error) => {
+                        // Not kept, then: it is dropped below like any leftover.
+                        tracing::warn!(database = %name, %error, "could not size a kept client-built template");
+                        continue;
+                    }
+                };
+                tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
                 current.push((template.clone(), template.to_string()));
                 self.client_templates.push((template, db, size));
                 keep.insert(name);
@@ -671,9 +678,39 @@ fn parse_ready_marker(comment: &str) -> Option<(TemplateName, String)> {
         .strip_prefix(MARKER)?
         .strip_prefix("; ready; template=")?;
     let (template, fingerprint) = rest.split_once("; fingerprint=")?;
-    let fingerprint_ok =
-        fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit());
+    // Our SHA-256 fingerprints, or a client-built template's own hash (its fingerprint
+    // is its name, whatever digest the client uses).
+    let fingerprint_ok = fingerprint == template
+        || (fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()));
     Some((TemplateName::new(template).ok()?, fingerprint.to_owned())).filter(|_| fingerprint_ok)
+}
+
+#[cfg(test)]
+mod marker_tests {
+    use super::*;
+
+    #[test]
+    fn ready_markers_round_trip_for_configured_and_client_built_templates() {
+        let configured = TemplateName::new("app").expect("name");
+        let fingerprint = "ab".repeat(32);
+        let marker = ready_marker(&configured, &fingerprint);
+        assert_eq!(
+            parse_ready_marker(&marker),
+            Some((configured.clone(), fingerprint))
+        );
+        // A client's md5-sized hash is its own fingerprint.
+        let client = TemplateName::new("0123456789abcdef0123456789abcdef").expect("name");
+        let marker = ready_marker(&client, client.as_str());
+        assert_eq!(
+            parse_ready_marker(&marker),
+            Some((client.clone(), client.to_string()))
+        );
+        assert_eq!(
+            parse_ready_marker(&ready_marker(&configured, "short")),
+            None
+        );
+        assert_eq!(parse_ready_marker("someone else's comment"), None);
+    }
 }
 
 /// Marks a ready clone for the next run to adopt.

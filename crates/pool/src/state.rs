@@ -422,6 +422,15 @@ impl PoolState {
             });
             return actions;
         };
+        if request.reclaimable && !entry.source.is_client_built() {
+            // The IntegreSQL API (whose port needs no token) serves the templates its
+            // clients build, not the configured ones the native API guards.
+            actions.push(Action::Fail {
+                waiter,
+                error: LeaseError::UnknownTemplate(request.template.clone()),
+            });
+            return actions;
+        }
         if entry.source.is_client_built() {
             // Nothing to build: requests wait for the client to finalize, or fail.
             let error = match &entry.build {

@@ -309,23 +309,15 @@ async fn retire_build_role(session: &Session, db: &DbName) -> Result<(), String>
 
 /// Creates the empty database `db` of the client-built template `name` and a login role
 /// named like it (the `sameuser` rule admits it there only) whose sessions act as the
-/// owner role. Returns the role's password; on failure nothing is left behind.
+/// owner role. Returns the role's password. What a failure leaves behind the pool
+/// drops (`PoolState::template_opened` queues `db`, role included).
 pub async fn open_client_template(
     session: &Session,
     name: &TemplateName,
     db: &DbName,
 ) -> Result<String, String> {
-    let opened = async {
-        create_template_database(session, db, &client_template_marker(name)).await?;
-        create_build_role(session, db).await
-    }
-    .await;
-    if opened.is_err() {
-        if let Err(message) = session.drop_database(db).await {
-            tracing::warn!(database = %db, error = %message, "could not drop a half-made template");
-        }
-    }
-    opened
+    create_template_database(session, db, &client_template_marker(name)).await?;
+    create_build_role(session, db).await
 }
 
 /// Makes the database a client migrated a template: its login role is locked out and its

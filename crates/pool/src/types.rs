@@ -19,7 +19,7 @@ pub struct LeaseRequest {
     pub connections: Option<u32>,
     /// The holder may never release it (IntegreSQL clients need not): when the template
     /// has no room for a waiting request, the oldest such lease is ended and its database
-    /// dropped to make room.
+    /// dropped to make room. Such requests are served from client-built templates only.
     pub reclaimable: bool,
 }
 
@@ -165,4 +165,11 @@ pub struct Readiness {
     pub postgres_up: bool,
     /// The `default` template is built.
     pub default_template_ready: bool,
+}
+
+impl Readiness {
+    /// Ready to lease: postgres up and the `default` template built.
+    pub fn is_ready(&self) -> bool {
+        self.postgres_up && self.default_template_ready
+    }
 }

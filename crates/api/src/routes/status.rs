@@ -69,8 +69,7 @@ pub async fn healthz() -> Json<HealthResponse> {
 ))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyResponse>) {
     let readiness = state.pool.readiness().await;
-    let ready =
-        readiness.postgres_up && readiness.default_template_ready && !state.is_shutting_down();
+    let ready = readiness.is_ready() && !state.is_shutting_down();
     let status = if ready {
         StatusCode::OK
     } else {

@@ -200,7 +200,20 @@ impl Actor {
                     database: db.clone(),
                 })
             });
-            let _ = reply.send(answer);
+            let delivered = answer.is_ok();
+            if reply.send(answer).is_err() && delivered {
+                // The initializer hung up: nobody has the credentials to migrate it, and
+                // everyone else is told it is initialized. Discard it so it can start over.
+                tracing::warn!(template = %template, "the initializer left before its answer; discarding the template");
+                self.apply(actions);
+                match self.state.discard(&template, Instant::now()) {
+                    Ok(more) => self.apply(more),
+                    Err(error) => {
+                        tracing::warn!(template = %template, %error, "could not discard it")
+                    }
+                }
+                return;
+            }
         }
         self.apply(actions);
     }

@@ -48,10 +48,12 @@ impl PoolState {
         self.next_seq += 1;
         let mut entry = TemplateEntry::new(TemplateSource::Client, true);
         entry.build = Build::Opening { db: db.clone() };
-        // A discarded one's leases may still be out; their numbers are not handed out again.
+        // A discarded one's leases and clones may still be out; their numbers are not
+        // handed out again, and they still count against the template's limits.
         if let Some(old) = self.templates.get(template) {
             entry.next_number = old.next_number;
             entry.leased = old.leased;
+            entry.creating = old.creating;
         }
         self.templates.insert(template.clone(), entry);
         Ok(Action::OpenTemplate {
@@ -83,17 +85,29 @@ impl PoolState {
             }
             (true, Err(message)) => {
                 self.drop_queue.push_back(db);
-                // Gone, so that the client (or another) may initialize it again.
-                if let Some(entry) = self.templates.remove(template) {
-                    for waiter in entry.waiters {
-                        actions.push(Action::Fail {
-                            waiter: waiter.id,
-                            error: LeaseError::BuildFailed {
-                                template: template.clone(),
-                                message: message.clone(),
-                            },
-                        });
+                // Free for the client (or another) to initialize again. While leases or
+                // clones of an earlier version are out it stays, discarded, so that their
+                // numbers are not handed out twice; otherwise it goes.
+                let waiters = match self.templates.get_mut(template) {
+                    Some(entry) if entry.leased > 0 || entry.creating > 0 => {
+                        entry.build = Build::Discarded;
+                        std::mem::take(&mut entry.waiters)
                     }
+                    Some(_) => self
+                        .templates
+                        .remove(template)
+                        .map(|entry| entry.waiters)
+                        .unwrap_or_default(),
+                    None => Default::default(),
+                };
+                for waiter in waiters {
+                    actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error: LeaseError::BuildFailed {
+                            template: template.clone(),
+                            message: message.clone(),
+                        },
+                    });
                 }
                 Err(TemplateOpError::Failed {
                     template: template.clone(),
@@ -253,7 +267,9 @@ impl PoolState {
         Ok(actions)
     }
 
-    /// The open lease numbered `number` of `template`, and its database.
+    /// The open test database numbered `number` of `template`, and its database. Only
+    /// leases granted through the IntegreSQL API (`reclaimable`) are found: that API's port
+    /// needs no token, and must not reach a lease granted through the native API.
     pub fn lease_by_number(
         &self,
         template: &TemplateName,
@@ -265,7 +281,7 @@ impl PoolState {
         }
         self.leases
             .iter()
-            .find(|(_, r)| r.template == *template && r.number == number)
+            .find(|(_, r)| r.reclaimable && r.template == *template && r.number == number)
             .map(|(id, r)| (id.clone(), r.database.clone()))
             .ok_or(TemplateOpError::UnknownTest {
                 template: template.clone(),
@@ -275,9 +291,11 @@ impl PoolState {
 
     /// A client-built template found complete on the server at start: it is added as
     /// being built, so that ready clones can be adopted for it, then reported built.
-    /// False (and nothing done) when a template of that name exists already.
-    pub fn restore_client_built(&mut self, template: &TemplateName) -> bool {
+    /// False when a template of that name exists already (a configured one now has it):
+    /// then its database `db` belongs to nobody and is queued for dropping.
+    pub fn restore_client_built(&mut self, template: &TemplateName, db: &DbName) -> bool {
         if self.templates.contains_key(template) {
+            self.drop_queue.push_back(db.clone());
             return false;
         }
         let mut entry = TemplateEntry::new(TemplateSource::Client, false);
@@ -295,7 +313,10 @@ impl PoolState {
             .templates
             .iter()
             .filter(|(_, e)| {
-                matches!(e.build, Build::Ready { .. })
+                // Only IntegreSQL test databases are reclaimable, and only client-built
+                // templates have them: a full configured template scans no leases.
+                e.source.is_client_built()
+                    && matches!(e.build, Build::Ready { .. })
                     && e.waiters.len() > e.ready.len() + e.creating
                     && e.ready.len() + e.leased + e.creating >= max_total
             })

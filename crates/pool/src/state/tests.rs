@@ -977,3 +977,88 @@ fn demand_counts_what_is_used_up_within_its_window() {
     // Old events are forgotten.
     assert_eq!(demand.ahead(start + Duration::from_secs(3)), 0);
 }
+
+#[test]
+fn the_integresql_side_reaches_neither_configured_templates_nor_native_leases() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    // A native lease of a configured template gets a number too…
+    let native = driver.lease_with(&request("default", 1000));
+    driver.settle();
+    let number = driver.grant_of(native).expect("native lease").number;
+    // …but the IntegreSQL API (no token on its port) can neither give it back nor
+    // recreate it, nor lease from a configured template itself.
+    assert!(matches!(
+        driver
+            .state
+            .lease_by_number(&TemplateName::default_name(), number),
+        Err(TemplateOpError::UnknownTest { .. })
+    ));
+    let compat = driver.lease_with(&test_request("default"));
+    driver.settle();
+    assert!(driver.grant_of(compat).is_none());
+    assert!(matches!(
+        driver.failures.last(),
+        Some((waiter, LeaseError::UnknownTemplate(_))) if *waiter == compat
+    ));
+    // Its own test databases it does reach.
+    initialize(&mut driver, "c0ffee").expect("initialize");
+    finalize(&mut driver, "c0ffee");
+    let test = driver.lease_with(&test_request("c0ffee"));
+    driver.settle();
+    let number = driver.grant_of(test).expect("test database").number;
+    assert!(driver
+        .state
+        .lease_by_number(&name("c0ffee"), number)
+        .is_ok());
+}
+
+#[test]
+fn a_failed_reopen_keeps_the_numbers_of_an_earlier_versions_open_test_databases() {
+    let mut driver = Driver::new(pool(0, 8));
+    driver.settle();
+    initialize(&mut driver, "feed").expect("initialize");
+    finalize(&mut driver, "feed");
+    let old = driver.lease_with(&test_request("feed"));
+    driver.settle();
+    let old_number = driver.grant_of(old).expect("test database").number;
+    let now = driver.now;
+    driver
+        .pending
+        .extend(driver.state.discard(&name("feed"), now).expect("discard"));
+    driver.settle();
+    // Initialized again, but making its database fails.
+    let Ok(Action::OpenTemplate { db, .. }) = driver.state.initialize(&name("feed")) else {
+        panic!("expected an open");
+    };
+    let (result, actions) =
+        driver
+            .state
+            .template_opened(&name("feed"), db, Err("disk full".into()), now);
+    assert!(result.is_err());
+    driver.pending.extend(actions);
+    driver.settle();
+    // The next version numbers on from the old one's lease, which is still found.
+    initialize(&mut driver, "feed").expect("initialize again");
+    finalize(&mut driver, "feed");
+    let new = driver.lease_with(&test_request("feed"));
+    driver.settle();
+    let new_number = driver.grant_of(new).expect("test database").number;
+    assert_ne!(new_number, old_number, "a number handed out twice");
+    assert!(driver
+        .state
+        .lease_by_number(&name("feed"), old_number)
+        .is_ok());
+}
+
+#[test]
+fn a_kept_client_template_whose_name_is_now_configured_is_dropped() {
+    let mut driver = Driver::new(pool(0, 8));
+    driver.settle();
+    let kept = DbName::template(&name("app"), "0123abcd");
+    assert!(!driver.state.restore_client_built(&name("app"), &kept));
+    // Dropped at the next dispatch, like any database nobody owns.
+    driver.lease_with(&request("default", 1000));
+    driver.settle();
+    assert!(driver.drops.contains(&kept), "{:?}", driver.drops);
+}
