@@ -54,10 +54,16 @@ pub async fn connect_url(url: &str) -> Result<Conn> {
 
 /// The superuser's connection settings for `dbname` over the daemon's socket.
 pub fn superuser_config(server: &ServerInfo, dbname: &str) -> Config {
+    socket_config(&server.socket_dir, server.port, dbname)
+}
+
+/// The superuser's connection settings for `dbname` over the socket in `socket_dir`
+/// (a daemon's, or a server the bench runs itself).
+pub fn socket_config(socket_dir: &std::path::Path, port: u16, dbname: &str) -> Config {
     let mut config = Config::new();
     config
-        .host_path(&server.socket_dir)
-        .port(server.port)
+        .host_path(socket_dir)
+        .port(port)
         .user(SUPERUSER)
         .dbname(dbname)
         .application_name("pglease-bench");
@@ -137,6 +143,32 @@ pub async fn wait_idle(
                 "the pool did not become idle within {}s (template {template}: {:?})",
                 limit.as_secs(),
                 status.template(template)
+            )));
+        }
+        tokio::time::sleep(IDLE_POLL).await;
+    }
+}
+
+/// Waits until the daemon's pool is quiet: no clone being made, nobody waiting, no drop
+/// pending (the server holds exactly the ready and leased clones); leases may be open.
+/// Taking a lease starts a refill clone and a release a drop: pglease's background work,
+/// which on 2 cores would slow whatever is measured next.
+pub async fn wait_quiet(api: &Api, admin: &Client, limit: Duration) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let status = api.status().await?;
+        let quiet = status
+            .templates
+            .iter()
+            .all(|t| t.in_progress == 0 && t.waiting == 0);
+        let held: usize = status.templates.iter().map(|t| t.ready + t.leased).sum();
+        if quiet && clone_count(admin).await? == held {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(BenchError::Other(format!(
+                "the pool did not settle within {}s",
+                limit.as_secs()
             )));
         }
         tokio::time::sleep(IDLE_POLL).await;

@@ -24,8 +24,6 @@ use crate::admin::{self, Conn};
 use crate::daemon::record;
 use crate::error::{BenchError, Result};
 
-/// The superuser initdb creates.
-const SUPERUSER: &str = "postgres";
 /// How long a server may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often readiness is polled.
@@ -36,7 +34,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long to wait after SIGQUIT before SIGKILL.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Environment variables that would leak into initdb, postgres or libpq.
-const SCRUBBED_ENV: &[&str] = &[
+pub(crate) const SCRUBBED_ENV: &[&str] = &[
     "PGDATA",
     "PGHOST",
     "PGHOSTADDR",
@@ -349,13 +347,7 @@ impl Cluster {
 
     /// The superuser over the unix socket (trust).
     pub async fn superuser(&self, dbname: &str) -> Result<Conn> {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host_path(&self.socket_dir)
-            .port(self.port)
-            .user(SUPERUSER)
-            .dbname(dbname)
-            .application_name("pglease-bench");
+        let config = admin::socket_config(&self.socket_dir, self.port, dbname);
         admin::connect_config(&config, &format!("superuser of the {} cluster", self.label)).await
     }
 

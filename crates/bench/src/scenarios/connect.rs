@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::seeds::{parse_pgbench, run_pgbench, Db};
-use super::{Ctx, FIXTURE, WAIT_MS};
+use super::{Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, Conn};
 use crate::api::Lease;
 use crate::daemon::{Daemon, ServerInfo};
@@ -114,6 +114,10 @@ pub async fn run(
             let auth_admin = admin::superuser(&auth_server, "postgres").await?;
             let lease = auth_daemon.api()?.lease("default", WAIT_MS).await?;
             daemons.push((mode, auth_daemon, auth_server, auth_admin, lease));
+        }
+        // Each lease started a refill clone; neither may overlap the measurement.
+        for (_, auth_daemon, _, auth_admin, _) in &daemons {
+            admin::wait_quiet(auth_daemon.api()?, &auth_admin.client, IDLE_LIMIT).await?;
         }
         let targets: Vec<(String, String, String)> = daemons
             .iter()
@@ -232,23 +236,16 @@ async fn libpq_cost(ctx: &Ctx, pgbench: &Path, leases: &[&Lease]) -> LibpqCost {
         cost.error = Some("needs the scram and the trust lease".into());
         return cost;
     };
+    let (scram, trust): (Db, Db) = ((*scram).clone().into(), (*trust).clone().into());
     'runs: for round in 0..runs {
         // Alternate which mode goes first, so neither always follows the other.
         let order = if round % 2 == 0 {
-            [(true, scram), (false, trust)]
+            [(true, &scram), (false, &trust)]
         } else {
-            [(false, trust), (true, scram)]
+            [(false, &trust), (true, &scram)]
         };
-        for (is_scram, lease) in order {
-            let db = Db {
-                host: lease.host.clone(),
-                port: lease.port,
-                user: lease.user.clone(),
-                password: Some(lease.password.clone()),
-                dbname: lease.database.clone(),
-                lease_id: None,
-            };
-            let figure = run_pgbench(pgbench, &db, &args, limit)
+        for (is_scram, db) in order {
+            let figure = run_pgbench(pgbench, db, &args, limit)
                 .await
                 .and_then(|output| parse_pgbench(&output))
                 .and_then(|figures| {

@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use super::{Ctx, IDLE_LIMIT, WAIT_MS};
 use crate::admin;
-use crate::api::Api;
+use crate::api::{Api, Lease};
 use crate::cluster::{self, Cluster};
 use crate::error::{BenchError, Result};
 use crate::shim::{self, ProbeResult};
@@ -602,21 +602,24 @@ pub(super) struct Db {
     pub(super) lease_id: Option<String>,
 }
 
+impl From<Lease> for Db {
+    fn from(lease: Lease) -> Self {
+        Db {
+            host: lease.host,
+            port: lease.port,
+            user: lease.user,
+            password: Some(lease.password),
+            dbname: lease.database,
+            lease_id: Some(lease.id),
+        }
+    }
+}
+
 impl Venue<'_> {
     /// A fresh database for `workload`.
     async fn fresh(&self, workload: &str) -> Result<Db> {
         match self {
-            Venue::Lease { api, .. } => {
-                let lease = api.lease(TEMPLATE, WAIT_MS).await?;
-                Ok(Db {
-                    host: lease.host,
-                    port: lease.port,
-                    user: lease.user,
-                    password: Some(lease.password),
-                    dbname: lease.database,
-                    lease_id: Some(lease.id),
-                })
-            }
+            Venue::Lease { api, .. } => Ok(api.lease(TEMPLATE, WAIT_MS).await?.into()),
             Venue::Raw(cluster) => {
                 let dbname = format!("seeds_{workload}");
                 let conn = cluster.superuser("postgres").await?;
@@ -666,37 +669,18 @@ impl Venue<'_> {
         }
     }
 
-    /// Waits until the daemon's pool is quiet: no clone being made, nobody waiting, no
-    /// drop pending (the server holds exactly the ready and leased clones). Taking a lease
-    /// starts a refill clone and a release a drop; they are pglease's background work,
-    /// not the lease's, and on 2 cores they would slow whatever runs next. Raw servers
-    /// have nothing to wait for.
+    /// Waits until the daemon's background work is done ([`admin::wait_quiet`]); raw
+    /// servers have nothing to wait for.
     async fn settle(&self) -> Result<()> {
-        let Venue::Lease { api, admin } = self else {
-            return Ok(());
-        };
-        let started = Instant::now();
-        loop {
-            let status = api.status().await?;
-            let quiet = status
-                .templates
-                .iter()
-                .all(|t| t.in_progress == 0 && t.waiting == 0);
-            let held: usize = status.templates.iter().map(|t| t.ready + t.leased).sum();
-            if quiet && admin::clone_count(admin).await? == held {
-                return Ok(());
-            }
-            if started.elapsed() > IDLE_LIMIT {
-                return Err(BenchError::Other(format!(
-                    "the pool did not settle within {}s",
-                    IDLE_LIMIT.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        match self {
+            Venue::Lease { api, admin } => admin::wait_quiet(api, admin, IDLE_LIMIT).await,
+            Venue::Raw(_) => Ok(()),
         }
     }
 
-    /// `pg_stat_wal.wal_sync` (raw servers only: tmpfs syncs nothing anyway).
+    /// `pg_stat_wal.wal_sync` (raw servers only: tmpfs syncs nothing anyway). None where
+    /// the server has no such column (before 14, and 18 moved it): the figure is a check
+    /// on the shim, not the workload, so its absence fails nothing.
     async fn wal_syncs(&self) -> Result<Option<i64>> {
         let Venue::Raw(cluster) = self else {
             return Ok(None);
@@ -705,10 +689,9 @@ impl Venue<'_> {
         let row = conn
             .client
             .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
-            .await
-            .map_err(|e| BenchError::postgres("reading pg_stat_wal", e));
+            .await;
         conn.close().await;
-        Ok(Some(row?.get(0)))
+        Ok(row.ok().map(|row| row.get(0)))
     }
 
     /// Waits until backend `pid` has left `pg_stat_activity`: by then it has flushed its
@@ -988,15 +971,8 @@ pub(super) async fn run_pgbench(
         .arg(&db.dbname)
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    for name in [
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGDATABASE",
-        "PGOPTIONS",
-        "PGSERVICE",
-        "PGPASSWORD",
-    ] {
+    // The caller's PG* variables must not redirect it (PGHOSTADDR beats -h, for one).
+    for name in cluster::SCRUBBED_ENV {
         command.env_remove(name);
     }
     if let Some(password) = &db.password {
