@@ -39,6 +39,7 @@ use crate::wire;
         wire::PostgresJson,
         wire::TemplateJson,
         wire::LeaseJson,
+        wire::DropsJson,
         wire::HealthResponse,
         wire::ReadyResponse,
     ))

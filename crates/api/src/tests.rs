@@ -12,8 +12,8 @@ use axum::Router;
 use http_body_util::BodyExt;
 use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
 use pglease_pool::{
-    ConnectInfo, DbName, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary, PostgresStatus,
-    Readiness, StatusReport, TemplateName, TemplateStatus,
+    ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary,
+    PostgresStatus, Readiness, StatusReport, TemplateName, TemplateStatus,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -519,6 +519,11 @@ async fn status_renders_the_report_without_credentials() {
             database: DbName::from_server("pglease_abc123_7".into()),
             expires_at: expiry(),
         }],
+        drops: DropStatus {
+            pending: 2,
+            failed: 1,
+            last_error: Some("ERROR: disk full".into()),
+        },
     };
     let (app, mut actor) = app();
     let response = exchange(
@@ -587,6 +592,7 @@ async fn status_renders_the_report_without_credentials() {
                     "expires_at": "2023-11-14T22:13:20Z",
                 },
             ],
+            "drops": { "pending": 2, "failed": 1, "last_error": "ERROR: disk full" },
         })
     );
     assert!(

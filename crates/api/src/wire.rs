@@ -118,6 +118,20 @@ pub struct StatusResponse {
     pub templates: Vec<TemplateJson>,
     /// Open leases.
     pub leases: Vec<LeaseJson>,
+    /// Databases on their way out.
+    pub drops: DropsJson,
+}
+
+/// Databases being dropped, in `/status`. A failed drop is retried with back-off and
+/// still counts in the byte budget until it succeeds.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DropsJson {
+    /// Queued or being dropped.
+    pub pending: usize,
+    /// Of those, failed at least once.
+    pub failed: usize,
+    /// The last error of a drop that waits to be retried.
+    pub last_error: Option<String>,
 }
 
 /// The server in `/status`.

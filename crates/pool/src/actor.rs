@@ -37,6 +37,9 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(2);
 /// Fast shutdown of postgres gets this long before SIGKILL.
 const POSTGRES_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where the answer to a lease request goes.
+type LeaseReply = oneshot::Sender<Result<Lease, LeaseError>>;
+
 /// What a job reports when it finds no server to work on.
 const NOT_RUNNING: &str = "postgres is not running";
 /// Capacity of the command channel; senders wait when it is full.
@@ -101,10 +104,16 @@ struct UpInputs {
     build_timeout: Duration,
 }
 
-/// Results of worker tasks, tagged with the server generation they ran against.
+/// A worker's report: what it did, and the server generation it did it against. Reports
+/// of an earlier generation describe a server that is gone, and are not applied.
+struct Report {
+    generation: u64,
+    result: JobResult,
+}
+
+/// Results of worker tasks.
 enum JobResult {
     Built {
-        generation: u64,
         template: TemplateName,
         /// The sources' stamp, taken before they were hashed.
         stamp: SourceStamp,
@@ -112,46 +121,38 @@ enum JobResult {
     },
     /// A clone made, or a reused one recycled: `Ok` carries its role's new password.
     Cloned {
-        generation: u64,
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
         outcome: Result<String, String>,
     },
     Dropped {
-        generation: u64,
         db: DbName,
         outcome: Result<(), String>,
     },
     /// A lease's own connection limit was set (or not); the lease can go out.
     LimitSet {
-        generation: u64,
-        waiter: WaiterId,
-        grant: Grant,
+        lease_id: LeaseId,
         outcome: Result<(), String>,
     },
     ServerUp {
-        generation: u64,
         target: Box<Target>,
         outcome: Box<Result<Up, StartError>>,
     },
     /// A client-built template's empty database made: `Ok` carries its role's password.
     Opened {
-        generation: u64,
         template: TemplateName,
         db: DbName,
         outcome: Result<String, String>,
     },
     /// A client-built template finalized.
     Finalized {
-        generation: u64,
         template: TemplateName,
         db: DbName,
         outcome: Result<Built, String>,
     },
     /// Sessions counted on a test database a client gives back.
     SessionsCounted {
-        generation: u64,
         give_back: Box<client::GiveBack>,
         outcome: Result<i64, TemplateOpError>,
     },
@@ -317,21 +318,28 @@ async fn open_session(
     params: SessionParams,
 ) -> Result<(Session, tokio_postgres::Client), StartError> {
     let target = describe_target(&params.admin_config);
-    let (monitor, connection) =
-        params
-            .admin_config
-            .connect(NoTls)
-            .await
-            .map_err(|source| StartError::Connect {
-                target: target.clone(),
-                source,
-            })?;
-    tokio::spawn(async move {
-        // The monitor's connection ends when the server goes; the actor sees `is_closed`.
-        let _ = connection.await;
-    });
+    let monitor = connect_monitor(&params.admin_config)
+        .await
+        .map_err(|source| StartError::Connect { target, source })?;
     let session = Session::open(params).await?;
     Ok((session, monitor))
+}
+
+/// A connection kept open only to notice when the server goes away (the actor polls
+/// `is_closed`). It opts out of idle timeouts the server may set for everyone.
+async fn connect_monitor(
+    admin_config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = admin_config.clone();
+    config
+        .application_name("pglease monitor")
+        .options("-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0");
+    let (monitor, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        // Ends when the server goes; the actor sees `is_closed`.
+        let _ = connection.await;
+    });
+    Ok(monitor)
 }
 
 struct Actor {
@@ -355,7 +363,7 @@ struct Actor {
     last_error: Option<String>,
     retry_at: Option<Instant>,
     stopping: bool,
-    waiters: HashMap<WaiterId, oneshot::Sender<Result<Lease, LeaseError>>>,
+    waiters: HashMap<WaiterId, LeaseReply>,
     next_waiter: WaiterId,
     /// The password of each clone's role, from its creation (or last recycle) to its drop.
     passwords: HashMap<DbName, String>,
@@ -364,7 +372,7 @@ struct Actor {
     verify_templates: bool,
     /// Templates built from scratch once already in this run (for `verify_templates`).
     verified: HashSet<TemplateName>,
-    jobs_tx: mpsc::UnboundedSender<JobResult>,
+    jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
 
@@ -372,7 +380,7 @@ impl Actor {
     async fn run(
         mut self,
         mut commands: mpsc::Receiver<Command>,
-        mut jobs: mpsc::UnboundedReceiver<JobResult>,
+        mut jobs: mpsc::UnboundedReceiver<Report>,
     ) {
         let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
         liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -385,7 +393,10 @@ impl Actor {
                         let _ = reply.send(());
                         return;
                     }
-                    Some(command) => self.handle_command(command),
+                    Some(command) => {
+                        self.handle_command(command);
+                        self.check_invariants();
+                    }
                     None => {
                         self.shutdown(&mut jobs).await;
                         return;
@@ -397,10 +408,12 @@ impl Actor {
                     self.drop_cancelled_waiters();
                     let actions = self.state.tick(Instant::now());
                     self.apply(actions);
+                    self.check_invariants();
                 }
                 _ = sleep_until(deadline) => {
                     let actions = self.state.tick(Instant::now());
                     self.apply(actions);
+                    self.check_invariants();
                 }
             }
         }
@@ -497,16 +510,17 @@ impl Actor {
         }
     }
 
-    fn handle_job(&mut self, result: JobResult) {
+    fn handle_job(&mut self, report: Report) {
         let now = Instant::now();
+        let Report { generation, result } = report;
+        if generation != self.generation {
+            self.stale_report(result);
+            return;
+        }
         match result {
-            JobResult::ServerUp {
-                generation,
-                target,
-                outcome,
-            } => {
+            JobResult::ServerUp { target, outcome } => {
                 self.target = Some(*target);
-                if generation != self.generation || self.stopping {
+                if self.stopping {
                     return;
                 }
                 match *outcome {
@@ -525,11 +539,10 @@ impl Actor {
                 }
             }
             JobResult::Built {
-                generation,
                 template,
                 stamp,
                 outcome,
-            } if generation == self.generation => {
+            } => {
                 match &outcome {
                     Ok(built) => {
                         self.watches.insert(
@@ -548,12 +561,11 @@ impl Actor {
                 self.apply(actions);
             }
             JobResult::Cloned {
-                generation,
                 template,
                 template_db,
                 clone,
                 outcome,
-            } if generation == self.generation => {
+            } => {
                 let outcome = match outcome {
                     Ok(password) => {
                         self.passwords.insert(clone.clone(), password);
@@ -575,71 +587,66 @@ impl Actor {
                         .clone_finished(&template, &template_db, clone, outcome, now);
                 self.apply(actions);
             }
-            JobResult::Dropped {
-                generation,
-                db,
-                outcome,
-            } if generation == self.generation => {
+            JobResult::Dropped { db, outcome } => {
                 if let Err(message) = &outcome {
-                    tracing::warn!(database = %db, error = %message, "drop failed");
+                    tracing::warn!(database = %db, error = %message, "drop failed; it is retried");
                 }
-                let actions = self.state.drop_finished(now);
+                let actions = self.state.drop_finished(&db, outcome, now);
                 self.apply(actions);
             }
-            JobResult::LimitSet {
-                generation,
-                waiter,
-                grant,
-                outcome,
-            } if generation == self.generation => {
-                let actions = match outcome {
-                    Ok(()) => self.send_lease(waiter, grant).unwrap_or_default(),
-                    Err(message) => {
-                        tracing::warn!(database = %grant.database, error = %message, "could not set a lease's connection limit");
-                        if let Some(reply) = self.waiters.remove(&waiter) {
-                            let _ = reply.send(Err(LeaseError::CloneFailed {
-                                template: grant.template.clone(),
-                                message,
-                            }));
-                        }
-                        self.state.grant_undelivered(&grant.lease_id, now)
-                    }
-                };
+            JobResult::LimitSet { lease_id, outcome } => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(lease_id = %lease_id, error = %message, "could not set a lease's connection limit");
+                }
+                let actions = self.state.limit_set(&lease_id, outcome, now);
                 self.apply(actions);
             }
             JobResult::Opened {
-                generation,
                 template,
                 db,
                 outcome,
-            } if generation == self.generation => self.opened(template, db, outcome),
+            } => self.opened(template, db, outcome),
             JobResult::Finalized {
-                generation,
                 template,
                 db,
                 outcome,
-            } if generation == self.generation => self.finalized(template, db, outcome),
-            JobResult::SessionsCounted {
-                generation,
-                give_back,
-                outcome,
-            } => {
-                // Counted on a server that has gone since: its leases went with it.
-                let outcome = if generation == self.generation {
-                    outcome
-                } else {
-                    Err(TemplateOpError::PostgresDown(NOT_RUNNING.into()))
-                };
+            } => self.finalized(template, db, outcome),
+            JobResult::SessionsCounted { give_back, outcome } => {
                 self.sessions_counted(*give_back, outcome);
             }
-            // A job of an earlier server generation: its server is gone, and so is its work
-            // (callers waiting on client-built templates were told when it went).
+        }
+        self.check_invariants();
+    }
+
+    /// A report of a server generation that is gone: its work went with the server, but
+    /// what it holds (the target, callers waiting for an answer) is handed back.
+    fn stale_report(&mut self, result: JobResult) {
+        match result {
+            JobResult::ServerUp { target, .. } => self.target = Some(*target),
+            JobResult::SessionsCounted { give_back, .. } => self.sessions_counted(
+                *give_back,
+                Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
+            ),
+            // Lease requests waiting on a check are not tied to a server.
+            // Callers waiting on client-built templates and grants were told when the
+            // server went (`PoolState::server_lost`, `fail_client_work`).
             JobResult::Built { .. }
             | JobResult::Cloned { .. }
             | JobResult::Dropped { .. }
             | JobResult::LimitSet { .. }
             | JobResult::Opened { .. }
             | JobResult::Finalized { .. } => {}
+        }
+    }
+
+    /// In debug builds (and so in every test run), the state's promises are checked after
+    /// every event; a broken one stops the daemon loudly rather than lease a database twice.
+    fn check_invariants(&self) {
+        if cfg!(debug_assertions) {
+            if let Err(broken) = self.state.check_invariants() {
+                tracing::error!(%broken, "pool invariant broken");
+                panic!("pool invariant broken: {broken}");
+            }
         }
     }
 
@@ -674,7 +681,12 @@ impl Actor {
                 size_bytes,
                 built_at: SystemTime::now(),
             };
-            actions.extend(self.state.build_finished(&template, Ok(built), now));
+            let db = built.db.clone();
+            actions.extend(
+                self.state
+                    .template_finalized(&template, db, Ok(built), now)
+                    .1,
+            );
         }
         self.apply(actions);
     }
@@ -734,11 +746,11 @@ impl Actor {
         let jobs = self.jobs_tx.clone();
         self.tracker.spawn(async move {
             let (target, outcome) = bring_up(target, inputs).await;
-            let _ = jobs.send(JobResult::ServerUp {
-                generation,
+            let result = JobResult::ServerUp {
                 target: Box::new(target),
                 outcome: Box::new(outcome),
-            });
+            };
+            let _ = jobs.send(Report { generation, result });
         });
     }
 
@@ -782,8 +794,13 @@ impl Actor {
                     db,
                     since,
                 } => self.spawn_finalize(template, db, since),
+                Action::SetLimit {
+                    lease_id,
+                    database,
+                    connections,
+                } => self.spawn_set_limit(lease_id, database, connections),
                 Action::Grant { waiter, grant } => {
-                    if let Some(more) = self.deliver(waiter, grant) {
+                    if let Some(more) = self.send_lease(waiter, grant) {
                         queue.extend(more);
                     }
                 }
@@ -796,43 +813,25 @@ impl Actor {
         }
     }
 
-    /// Hands a granted lease to its waiter. A lease that asked for its own connection limit
-    /// first has its role changed by a worker (the default limit costs no SQL here).
-    fn deliver(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
-        let custom = self
-            .session
-            .as_ref()
-            .is_some_and(|s| s.needs_connection_limit(grant.connections));
-        if !custom {
-            return self.send_lease(waiter, grant);
-        }
-        self.spawn_job(move |session, generation| async move {
+    /// Sets a granted lease's own connection limit in a worker; the grant goes out when it
+    /// is reported ([`PoolState::limit_set`]).
+    fn spawn_set_limit(&mut self, lease_id: LeaseId, database: DbName, connections: u32) {
+        self.spawn_job(move |session| async move {
             let outcome = match session {
-                Some(session) => {
-                    session
-                        .set_connection_limit(&grant.database, grant.connections)
-                        .await
-                }
+                Some(session) => session.set_connection_limit(&database, connections).await,
                 None => Err(NOT_RUNNING.into()),
             };
-            JobResult::LimitSet {
-                generation,
-                waiter,
-                grant,
-                outcome,
-            }
+            JobResult::LimitSet { lease_id, outcome }
         });
-        None
     }
 
     /// Sends a granted lease to its waiter; if nobody is listening any more, returns the
     /// actions that put the database back.
     fn send_lease(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
         let lease_id = grant.lease_id.clone();
-        let custom_limit = grant.connections;
         let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref())
         else {
-            return Some(self.take_back(&lease_id, custom_limit));
+            return Some(self.state.grant_undelivered(&lease_id, Instant::now()));
         };
         let span =
             tracing::info_span!("lease", lease_id = %lease_id, fingerprint = %grant.fingerprint);
@@ -864,37 +863,24 @@ impl Actor {
             }
             Err(_) => {
                 tracing::info!(database = %database, "client went away before its lease was delivered; database returned to the pool");
-                Some(self.take_back(&lease_id, custom_limit))
+                Some(self.state.grant_undelivered(&lease_id, Instant::now()))
             }
         }
     }
 
-    /// A granted lease nobody received: the database, never used, goes back to the ready
-    /// queue — unless its role got a lease's own connection limit, then it is replaced.
-    fn take_back(&mut self, lease_id: &LeaseId, connections: u32) -> Vec<Action> {
-        let now = Instant::now();
-        let custom = self
-            .session
-            .as_ref()
-            .is_some_and(|s| s.needs_connection_limit(connections));
-        if custom {
-            self.state.release(lease_id, false, now).1
-        } else {
-            self.state.grant_undelivered(lease_id, now)
-        }
-    }
-
     /// Runs `work` on a worker task with the session of the current server generation
-    /// (None while postgres is down) and sends the result it builds back to the actor.
+    /// (None while postgres is down) and reports the result it builds back to the actor,
+    /// tagged with that generation.
     fn spawn_job<F, Fut>(&mut self, work: F)
     where
-        F: FnOnce(Option<Session>, u64) -> Fut + Send + 'static,
+        F: FnOnce(Option<Session>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = JobResult> + Send + 'static,
     {
         let (generation, jobs, session) =
             (self.generation, self.jobs_tx.clone(), self.session.clone());
         self.tracker.spawn(async move {
-            let _ = jobs.send(work(session, generation).await);
+            let result = work(session).await;
+            let _ = jobs.send(Report { generation, result });
         });
     }
 
@@ -903,7 +889,7 @@ impl Actor {
         // scratch even if a template with the same fingerprint exists.
         let reuse_existing = !self.verify_templates || !self.verified.insert(template.clone());
         tracing::info!(template = %template, ?source, "building template");
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let stamp_source = source.clone();
             let stamp = tokio::task::spawn_blocking(move || template::stamp(&stamp_source))
                 .await
@@ -915,7 +901,6 @@ impl Actor {
                 None => Err(NOT_RUNNING.into()),
             };
             JobResult::Built {
-                generation,
                 template,
                 stamp,
                 outcome,
@@ -936,11 +921,11 @@ impl Actor {
         let Some(source) = self.state.source_of(template) else {
             return false;
         };
-        let stamp = template::stamp(source);
+        let stamp = template::stamp(&source);
         if stamp == watch.stamp {
             return false;
         }
-        match template::fingerprint(source, session.pg_major) {
+        match template::fingerprint(&source, session.pg_major) {
             Ok(fingerprint) if fingerprint == watch.fingerprint => {
                 // Touched but unchanged: remember the new stamp, keep the version.
                 watch.stamp = stamp;
@@ -955,12 +940,12 @@ impl Actor {
     fn is_client_built(&self, template: &TemplateName) -> bool {
         self.state
             .source_of(template)
-            .is_some_and(TemplateSource::is_client_built)
+            .is_some_and(|source| source.is_client_built())
     }
 
     fn spawn_clone(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
         let standard_scram = self.is_client_built(&template);
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let started = std::time::Instant::now();
             let outcome = match session {
                 Some(session) => {
@@ -972,7 +957,6 @@ impl Actor {
             };
             tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
             JobResult::Cloned {
-                generation,
                 template,
                 template_db,
                 clone,
@@ -983,13 +967,12 @@ impl Actor {
 
     fn spawn_recycle(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
         let standard_scram = self.is_client_built(&template);
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => session.recycle(&clone, standard_scram).await,
                 None => Err(NOT_RUNNING.into()),
             };
             JobResult::Cloned {
-                generation,
                 template,
                 template_db,
                 clone,
@@ -999,7 +982,7 @@ impl Actor {
     }
 
     fn spawn_drop(&mut self, db: DbName) {
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let started = std::time::Instant::now();
             let outcome = match session {
                 Some(session) => session.drop_database(&db).await,
@@ -1007,7 +990,6 @@ impl Actor {
             };
             tracing::debug!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "drop finished");
             JobResult::Dropped {
-                generation,
                 db,
                 outcome,
             }
@@ -1050,10 +1032,11 @@ impl Actor {
                     expires_at: wall_now + lease.expires_at.saturating_duration_since(now),
                 })
                 .collect(),
+            drops: self.state.drop_status(),
         }
     }
 
-    async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<JobResult>) {
+    async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<Report>) {
         tracing::info!("pool stopping");
         self.stopping = true;
         let actions = self.state.stopping();
@@ -1102,8 +1085,9 @@ impl Actor {
         // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
         while self.target.is_none() {
             match tokio::time::timeout(Duration::from_secs(60), jobs.recv()).await {
-                Ok(Some(JobResult::ServerUp {
-                    target, outcome, ..
+                Ok(Some(Report {
+                    result: JobResult::ServerUp { target, outcome },
+                    ..
                 })) => {
                     self.target = Some(*target);
                     if let Ok(up) = *outcome {

@@ -29,6 +29,6 @@ pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use state::Registered;
 pub use types::{
-    ConnectInfo, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness, StatusReport,
-    TemplateStatus,
+    ConnectInfo, DropStatus, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness,
+    StatusReport, TemplateStatus,
 };

@@ -518,11 +518,6 @@ impl Session {
         .await
     }
 
-    /// Whether a lease of `limit` connections needs its role changed from the default.
-    pub fn needs_connection_limit(&self, limit: u32) -> bool {
-        limit != self.lease_connections
-    }
-
     /// The database-level settings of a template version, read once and then cached: a
     /// version never changes after its build.
     async fn template_settings(

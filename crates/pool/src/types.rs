@@ -89,6 +89,20 @@ pub struct StatusReport {
     pub templates: Vec<TemplateStatus>,
     /// Open leases.
     pub leases: Vec<LeaseSummary>,
+    /// Databases on their way out.
+    pub drops: DropStatus,
+}
+
+/// Databases being dropped, in a status report. A drop that fails is retried with
+/// back-off; until it succeeds its database still counts in the byte budget.
+#[derive(Debug, Clone, Default)]
+pub struct DropStatus {
+    /// Databases queued for dropping or being dropped.
+    pub pending: usize,
+    /// Of those, how many failed to drop at least once.
+    pub failed: usize,
+    /// The error of the last failed attempt, if any is still pending.
+    pub last_error: Option<String>,
 }
 
 /// The server's side of a status report.

@@ -8,7 +8,7 @@ use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
-    ErrorBody, HealthResponse, LeaseJson, PostgresJson, ReadyResponse, StatusResponse,
+    DropsJson, ErrorBody, HealthResponse, LeaseJson, PostgresJson, ReadyResponse, StatusResponse,
 };
 use crate::AppState;
 
@@ -53,6 +53,11 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
                 expires_at: rfc3339(l.expires_at),
             })
             .collect(),
+        drops: DropsJson {
+            pending: report.drops.pending,
+            failed: report.drops.failed,
+            last_error: report.drops.last_error,
+        },
     }))
 }
 

@@ -97,7 +97,7 @@ impl Actor {
                 return;
             }
         };
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => session
                     .sessions_after(&db, CLOSING_SESSIONS_GRACE)
@@ -109,7 +109,6 @@ impl Actor {
                 None => Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             };
             JobResult::SessionsCounted {
-                generation,
                 give_back: Box::new(GiveBack {
                     template,
                     number,
@@ -158,13 +157,12 @@ impl Actor {
     }
 
     pub(super) fn spawn_open(&mut self, template: TemplateName, db: DbName) {
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => template::open_client_template(&session, &template, &db).await,
                 None => Err(NOT_RUNNING.into()),
             };
             JobResult::Opened {
-                generation,
                 template,
                 db,
                 outcome,
@@ -219,7 +217,7 @@ impl Actor {
     }
 
     pub(super) fn spawn_finalize(&mut self, template: TemplateName, db: DbName, since: Instant) {
-        self.spawn_job(move |session, generation| async move {
+        self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => {
                     template::finalize_client_template(&session, &template, &db, since.into_std())
@@ -228,7 +226,6 @@ impl Actor {
                 None => Err(NOT_RUNNING.into()),
             };
             JobResult::Finalized {
-                generation,
                 template,
                 db,
                 outcome,

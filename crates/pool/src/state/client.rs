@@ -5,15 +5,16 @@
 
 use tokio::time::Instant;
 
-use super::{Action, Build, Built, PoolState, Server, TemplateEntry};
-use crate::config::TemplateSource;
+use super::dbs::Phase;
+use super::lifecycle::{ClientBuild, Lifecycle, TemplateEntry, Version};
+use super::{Action, Built, PoolState, Server};
 use crate::error::{LeaseError, TemplateOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
 
 /// What `finalize` found.
 #[derive(Debug)]
 pub(crate) enum Finalize {
-    /// Finalized already (or a configured template, which is always final once built).
+    /// Finalized already.
     Done,
     /// The actor must run this action and answer once it is reported.
     Start(Action),
@@ -30,30 +31,49 @@ impl PoolState {
         }
     }
 
+    /// The client lifecycle of `template`, or why there is none.
+    fn client_build(
+        &mut self,
+        template: &TemplateName,
+    ) -> Result<&mut ClientBuild, TemplateOpError> {
+        match self.templates.get_mut(template).map(|e| &mut e.lifecycle) {
+            None => Err(TemplateOpError::UnknownTemplate(template.clone())),
+            Some(Lifecycle::Configured(_)) => {
+                Err(TemplateOpError::NotClientBuilt(template.clone()))
+            }
+            Some(Lifecycle::Client(build)) => Ok(build),
+        }
+    }
+
     /// A client wants to build `template` itself. Only the first gets it; everyone else
-    /// is told it is initialized already (and asks for test databases, which wait).
+    /// is told it is initialized already (and asks for test databases, which wait). A
+    /// discarded or failed one may be initialized again.
     pub fn initialize(&mut self, template: &TemplateName) -> Result<Action, TemplateOpError> {
         self.check_server()?;
-        if let Some(entry) = self.templates.get(template) {
-            if !matches!(entry.build, Build::Discarded) {
+        let old = self.templates.get(template);
+        if let Some(entry) = old {
+            if !matches!(
+                entry.lifecycle,
+                Lifecycle::Client(ClientBuild::Discarded | ClientBuild::Failed)
+            ) {
                 return Err(TemplateOpError::AlreadyInitialized(template.clone()));
             }
         }
         // A name of its own for every initialization: a discarded version's database may
-        // still be waiting in the drop queue.
+        // still be waiting to be dropped.
         let db = DbName::template(
             template,
             &format!("{}{:010x}", self.instance, self.next_seq),
         );
         self.next_seq += 1;
-        let mut entry = TemplateEntry::new(TemplateSource::Client, true);
-        entry.build = Build::Opening { db: db.clone() };
-        // A discarded one's leases and clones may still be out; their numbers are not
-        // handed out again, and they still count against the template's limits.
-        if let Some(old) = self.templates.get(template) {
+        let mut entry = TemplateEntry::client(ClientBuild::Opening { db: db.clone() });
+        // A discarded one's leases may still be out (their records count against the
+        // template's limits); their numbers are not handed out again.
+        if let Some(old) = self.templates.remove(template) {
             entry.next_number = old.next_number;
-            entry.leased = old.leased;
-            entry.creating = old.creating;
+            // Nothing waits on a discarded or failed one; if anything did, it now waits
+            // for this initialization.
+            entry.waiters = old.waiters;
         }
         self.templates.insert(template.clone(), entry);
         Ok(Action::OpenTemplate {
@@ -72,43 +92,25 @@ impl PoolState {
         now: Instant,
     ) -> (Result<(), TemplateOpError>, Vec<Action>) {
         let mut actions = Vec::new();
-        let opening = self
-            .templates
-            .get(template)
-            .is_some_and(|e| matches!(&e.build, Build::Opening { db: d } if *d == db));
+        let opening = matches!(
+            self.client_build(template),
+            Ok(ClientBuild::Opening { db: d }) if *d == db
+        );
         let result = match (opening, outcome) {
             (true, Ok(())) => {
-                if let Some(entry) = self.templates.get_mut(template) {
-                    entry.build = Build::Open { db, since: now };
+                if let Ok(build) = self.client_build(template) {
+                    *build = ClientBuild::Open { db, since: now };
                 }
                 Ok(())
             }
             (true, Err(message)) => {
-                self.drop_queue.push_back(db);
-                // Free for the client (or another) to initialize again. While leases or
-                // clones of an earlier version are out it stays, discarded, so that their
-                // numbers are not handed out twice; otherwise it goes.
-                let waiters = match self.templates.get_mut(template) {
-                    Some(entry) if entry.leased > 0 || entry.creating > 0 => {
-                        entry.build = Build::Discarded;
-                        std::mem::take(&mut entry.waiters)
-                    }
-                    Some(_) => self
-                        .templates
-                        .remove(template)
-                        .map(|entry| entry.waiters)
-                        .unwrap_or_default(),
-                    None => Default::default(),
-                };
-                for waiter in waiters {
-                    actions.push(Action::Fail {
-                        waiter: waiter.id,
-                        error: LeaseError::BuildFailed {
-                            template: template.clone(),
-                            message: message.clone(),
-                        },
-                    });
+                self.dbs.queue_drop(db, Some(template), 0);
+                // Free for the client (or another) to initialize again.
+                if let Ok(build) = self.client_build(template) {
+                    *build = ClientBuild::Failed;
                 }
+                self.build_failed(template, message.clone(), &mut actions);
+                self.forget_if_unused(template);
                 Err(TemplateOpError::Failed {
                     template: template.clone(),
                     message,
@@ -116,7 +118,7 @@ impl PoolState {
             }
             (false, _) => {
                 // Whatever the job left of it.
-                self.drop_queue.push_back(db);
+                self.dbs.queue_drop(db, Some(template), 0);
                 Err(TemplateOpError::Discarded(template.clone()))
             }
         };
@@ -124,39 +126,46 @@ impl PoolState {
         (result, actions)
     }
 
+    /// Forgets a failed or discarded client-built template nothing refers to any more. One
+    /// whose test databases are still out stays, so that their numbers are not handed out
+    /// twice.
+    fn forget_if_unused(&mut self, template: &TemplateName) {
+        let unused = self.dbs.counts(template).total() == 0;
+        let ended = matches!(
+            self.templates.get(template).map(|e| &e.lifecycle),
+            Some(Lifecycle::Client(ClientBuild::Failed))
+        );
+        if unused && ended {
+            self.templates.remove(template);
+        }
+    }
+
     /// The client is done migrating `template`.
     pub fn finalize(&mut self, template: &TemplateName) -> Result<Finalize, TemplateOpError> {
         self.check_server()?;
-        let Some(entry) = self.templates.get_mut(template) else {
-            return Err(TemplateOpError::UnknownTemplate(template.clone()));
-        };
-        match &entry.build {
-            Build::Ready { .. } => Ok(Finalize::Done),
-            Build::Finalizing { db } => Ok(Finalize::Pending(db.clone())),
-            Build::Open { db, since } => {
+        let build = self.client_build(template)?;
+        match build {
+            ClientBuild::Ready(_) => Ok(Finalize::Done),
+            ClientBuild::Finalizing { db } => Ok(Finalize::Pending(db.clone())),
+            ClientBuild::Open { db, since } => {
                 let action = Action::FinalizeTemplate {
                     template: template.clone(),
                     db: db.clone(),
                     since: *since,
                 };
-                entry.build = Build::Finalizing { db: db.clone() };
+                *build = ClientBuild::Finalizing { db: db.clone() };
                 Ok(Finalize::Start(action))
             }
-            Build::Discarded => Err(TemplateOpError::UnknownTemplate(template.clone())),
-            // Still being created (nobody has its credentials yet), a configured template
-            // being built, or one that failed.
-            Build::Idle | Build::Building { .. } | Build::Opening { .. } | Build::Failed => {
-                if entry.source.is_client_built() {
-                    Err(TemplateOpError::UnknownTemplate(template.clone()))
-                } else {
-                    Err(TemplateOpError::NotClientBuilt(template.clone()))
-                }
+            // Still being created (nobody has its credentials yet), failed or discarded.
+            ClientBuild::Opening { .. } | ClientBuild::Failed | ClientBuild::Discarded => {
+                Err(TemplateOpError::UnknownTemplate(template.clone()))
             }
         }
     }
 
-    /// A finalize ended: the template is ready (its waiters are served as clones come) or
-    /// failed (they fail). If it was discarded meanwhile, its database goes.
+    /// A finalize ended (or a template kept by an earlier run was restored): the template
+    /// is ready (its waiters are served as clones come) or failed (they fail). If it was
+    /// discarded meanwhile, its database goes.
     pub fn template_finalized(
         &mut self,
         template: &TemplateName,
@@ -164,31 +173,48 @@ impl PoolState {
         outcome: Result<Built, String>,
         now: Instant,
     ) -> (Result<(), TemplateOpError>, Vec<Action>) {
-        let finalizing = self
-            .templates
-            .get(template)
-            .is_some_and(|e| matches!(&e.build, Build::Finalizing { db: d } if *d == db));
+        let mut actions = Vec::new();
+        let finalizing = matches!(
+            self.client_build(template),
+            Ok(ClientBuild::Finalizing { db: d }) if *d == db
+        );
         if !finalizing {
-            self.drop_queue.push_back(db);
-            let mut actions = Vec::new();
+            self.dbs.queue_drop(db, Some(template), 0);
             self.dispatch(now, &mut actions);
             return (Err(TemplateOpError::Discarded(template.clone())), actions);
         }
-        if let Some(entry) = self.templates.get_mut(template) {
-            entry.build = Build::Building { previous: None };
-        }
-        let result = match &outcome {
-            Ok(_) => Ok(()),
+        let result = match outcome {
+            Ok(built) => {
+                if let Ok(build) = self.client_build(template) {
+                    *build = ClientBuild::Ready(Version {
+                        fingerprint: built.fingerprint.clone(),
+                        db: built.db.clone(),
+                    });
+                }
+                self.version_ready(template, built, &mut actions);
+                Ok(())
+            }
             Err(message) => {
                 // The half-made template is of no use to anyone.
-                self.drop_queue.push_back(db);
+                self.dbs.queue_drop(db, Some(template), 0);
+                if let Ok(build) = self.client_build(template) {
+                    *build = ClientBuild::Failed;
+                }
+                for clone in self
+                    .dbs
+                    .of(template, |p| matches!(p, Phase::Adoptable { .. }))
+                {
+                    self.dbs.queue_drop(clone, Some(template), 0);
+                }
+                self.build_failed(template, message.clone(), &mut actions);
                 Err(TemplateOpError::Failed {
                     template: template.clone(),
-                    message: message.clone(),
+                    message,
                 })
             }
         };
-        (result, self.build_finished(template, outcome, now))
+        self.dispatch(now, &mut actions);
+        (result, actions)
     }
 
     /// A client discards `template`: waiting requests fail with "discarded", so do later
@@ -200,32 +226,33 @@ impl PoolState {
         now: Instant,
     ) -> Result<Vec<Action>, TemplateOpError> {
         self.check_server()?;
-        let Some(entry) = self.templates.get_mut(template) else {
-            return Err(TemplateOpError::UnknownTemplate(template.clone()));
-        };
-        if !entry.source.is_client_built() {
-            return Err(TemplateOpError::NotClientBuilt(template.clone()));
-        }
-        if matches!(entry.build, Build::Discarded) {
+        let build = self.client_build(template)?;
+        if matches!(build, ClientBuild::Discarded) {
             return Err(TemplateOpError::UnknownTemplate(template.clone()));
         }
         let mut actions = Vec::new();
-        for waiter in entry.waiters.drain(..) {
-            actions.push(Action::Fail {
-                waiter: waiter.id,
-                error: LeaseError::Discarded(template.clone()),
-            });
-        }
-        match std::mem::replace(&mut entry.build, Build::Discarded) {
-            Build::Open { db, .. } | Build::Ready { db, .. } => self.drop_queue.push_back(db),
+        match std::mem::replace(build, ClientBuild::Discarded) {
+            ClientBuild::Open { db, .. } | ClientBuild::Ready(Version { db, .. }) => {
+                self.dbs.queue_drop(db, Some(template), 0);
+            }
             // A job holds it and finds the template discarded when it reports.
-            Build::Building { .. } | Build::Opening { .. } | Build::Finalizing { .. } => {}
-            Build::Idle | Build::Failed | Build::Discarded => {}
+            ClientBuild::Opening { .. } | ClientBuild::Finalizing { .. } => {}
+            ClientBuild::Failed | ClientBuild::Discarded => {}
         }
-        entry.wanted = false;
-        self.drop_queue.extend(entry.ready.drain(..));
-        self.drop_queue
-            .extend(entry.adoptable.drain(..).map(|(_, clone)| clone));
+        if let Some(entry) = self.templates.get_mut(template) {
+            entry.wanted = false;
+            for waiter in entry.waiters.drain(..) {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::Discarded(template.clone()),
+                });
+            }
+        }
+        for db in self.dbs.of(template, |p| {
+            matches!(p, Phase::Ready { .. } | Phase::Adoptable { .. })
+        }) {
+            self.dbs.queue_drop(db, Some(template), 0);
+        }
         tracing::info!(template = %template, "template discarded by its client");
         self.dispatch(now, &mut actions);
         Ok(actions)
@@ -241,7 +268,7 @@ impl PoolState {
         let names: Vec<TemplateName> = self
             .templates
             .iter()
-            .filter(|(_, e)| e.source.is_client_built())
+            .filter(|(_, e)| e.is_client_built())
             .map(|(name, _)| name.clone())
             .collect();
         let mut actions = Vec::new();
@@ -250,17 +277,12 @@ impl PoolState {
                 actions.extend(more);
             }
             self.templates.remove(name);
-        }
-        let ended: Vec<LeaseId> = self
-            .leases
-            .iter()
-            .filter(|(_, r)| names.contains(&r.template))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in ended {
-            if let Some(record) = self.leases.remove(&id) {
-                self.drop_queue.push_back(record.database);
-                self.remember_lost(id);
+            for database in self.dbs.of(name, |p| matches!(p, Phase::Leased(_))) {
+                self.end_lease(
+                    database,
+                    || LeaseError::Discarded(name.clone()),
+                    &mut actions,
+                );
             }
         }
         self.dispatch(now, &mut actions);
@@ -279,10 +301,15 @@ impl PoolState {
         if !self.templates.contains_key(template) {
             return Err(TemplateOpError::UnknownTemplate(template.clone()));
         }
-        self.leases
-            .iter()
-            .find(|(_, r)| r.reclaimable && r.template == *template && r.number == number)
-            .map(|(id, r)| (id.clone(), r.database.clone()))
+        self.dbs
+            .leases()
+            .find(|(_, db, r)| {
+                r.reclaimable
+                    && r.pending.is_none()
+                    && db.template.as_ref() == Some(template)
+                    && r.number == number
+            })
+            .map(|(name, _, r)| (r.id.clone(), name.clone()))
             .ok_or(TemplateOpError::UnknownTest {
                 template: template.clone(),
                 number,
@@ -290,16 +317,17 @@ impl PoolState {
     }
 
     /// A client-built template found complete on the server at start: it is added as
-    /// being built, so that ready clones can be adopted for it, then reported built.
-    /// False when a template of that name exists already (a configured one now has it):
-    /// then its database `db` belongs to nobody and is queued for dropping.
+    /// being finalized, so that ready clones can be adopted for it, then reported with
+    /// [`PoolState::template_finalized`]. False when a template of that name exists
+    /// already (a configured one now has it): then its database `db` belongs to nobody and
+    /// is queued for dropping.
     pub fn restore_client_built(&mut self, template: &TemplateName, db: &DbName) -> bool {
         if self.templates.contains_key(template) {
-            self.drop_queue.push_back(db.clone());
+            self.dbs.queue_drop(db.clone(), None, 0);
             return false;
         }
-        let mut entry = TemplateEntry::new(TemplateSource::Client, false);
-        entry.build = Build::Building { previous: None };
+        let mut entry = TemplateEntry::client(ClientBuild::Finalizing { db: db.clone() });
+        entry.wanted = false;
         self.templates.insert(template.clone(), entry);
         true
     }
@@ -307,39 +335,38 @@ impl PoolState {
     /// Ends the oldest reclaimable lease of every template whose waiters cannot get a
     /// clone because the template is at `max_total` (IntegreSQL's clients never give
     /// test databases back; its server recreates the longest-held one when full).
-    pub(super) fn reclaim_for_waiters(&mut self) {
+    pub(super) fn reclaim_for_waiters(&mut self, actions: &mut Vec<Action>) {
         let max_total = self.limits.max_total;
+        let counts = self.dbs.all_counts();
         let full: Vec<TemplateName> = self
             .templates
             .iter()
-            .filter(|(_, e)| {
+            .filter(|(name, e)| {
+                let count = counts.get(*name).copied().unwrap_or_default();
                 // Only IntegreSQL test databases are reclaimable, and only client-built
                 // templates have them: a full configured template scans no leases.
-                e.source.is_client_built()
-                    && matches!(e.build, Build::Ready { .. })
-                    && e.waiters.len() > e.ready.len() + e.creating
-                    && e.ready.len() + e.leased + e.creating >= max_total
+                e.is_client_built()
+                    && e.current().is_some()
+                    && e.waiters.len() > count.ready + count.making
+                    && count.total() >= max_total
             })
             .map(|(name, _)| name.clone())
             .collect();
         for name in full {
             let oldest = self
-                .leases
-                .iter()
-                .filter(|(_, r)| r.template == name && r.reclaimable)
-                .min_by_key(|(_, r)| r.granted_at)
-                .map(|(id, _)| id.clone());
-            let Some(id) = oldest else {
+                .dbs
+                .leases()
+                .filter(|(_, db, r)| {
+                    db.template.as_ref() == Some(&name) && r.reclaimable && r.pending.is_none()
+                })
+                .min_by_key(|(_, _, r)| r.granted_at)
+                .map(|(database, _, r)| (database.clone(), r.id.clone()));
+            let Some((database, id)) = oldest else {
                 continue;
             };
-            if let Some(record) = self.leases.remove(&id) {
-                tracing::info!(template = %name, lease_id = %id, database = %record.database, "template full: recreating its longest-held test database");
-                if let Some(entry) = self.templates.get_mut(&name) {
-                    entry.leased = entry.leased.saturating_sub(1);
-                }
-                self.drop_queue.push_back(record.database);
-                self.remember_lost(id);
-            }
+            tracing::info!(template = %name, lease_id = %id, database = %database, "template full: recreating its longest-held test database");
+            // Only handed-over leases are reclaimed: no request to fail.
+            self.end_lease(database, || LeaseError::Discarded(name.clone()), actions);
         }
     }
 }

@@ -2,7 +2,10 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use super::*;
-use crate::error::TemplateOpError;
+use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
+use crate::error::{LeaseOpError, TemplateOpError};
+use crate::types::{LeaseRequest, TemplateStatus};
+use refill::CLONE_RETRY_DELAY;
 
 fn name(text: &str) -> TemplateName {
     TemplateName::new(text).expect("valid name")
@@ -121,8 +124,11 @@ impl Driver {
                     .state
                     .clone_finished(&template, &template_db, clone, Ok(()), self.now),
                 Action::Drop { db } => {
-                    self.drops.push(db);
-                    self.state.drop_finished(self.now)
+                    self.drops.push(db.clone());
+                    self.state.drop_finished(&db, Ok(()), self.now)
+                }
+                Action::SetLimit { lease_id, .. } => {
+                    self.state.limit_set(&lease_id, Ok(()), self.now)
                 }
                 Action::OpenTemplate { template, db } => {
                     self.state
@@ -148,6 +154,9 @@ impl Driver {
                 }
             };
             self.pending.extend(more);
+            if let Err(broken) = self.state.check_invariants() {
+                panic!("invariant broken: {broken}");
+            }
         }
     }
 
@@ -612,8 +621,17 @@ fn leases_wait_while_their_connections_do_not_fit() {
             .iter()
             .any(|a| matches!(a, Action::Grant { waiter: w, .. } if *w == waiter))
     };
+    // A lease of its own connection limit goes out once that limit is set.
     let first = state.request_lease(1, LeaseId::random(), &ask(20), now);
-    assert!(granted(&first, 1));
+    let first_id = first
+        .iter()
+        .find_map(|a| match a {
+            Action::SetLimit { lease_id, .. } => Some(lease_id.clone()),
+            _ => None,
+        })
+        .expect("a limit to set");
+    assert!(!granted(&first, 1));
+    assert!(granted(&state.limit_set(&first_id, Ok(()), now), 1));
     // 20 + 10 > 25: the second waits although a clone is ready.
     let second = state.request_lease(2, LeaseId::random(), &ask(10), now);
     assert!(!granted(&second, 2));
@@ -631,13 +649,6 @@ fn leases_wait_while_their_connections_do_not_fit() {
         }
     )));
     // Releasing the first frees its 20 connections: the second is served.
-    let first_id = first
-        .iter()
-        .find_map(|a| match a {
-            Action::Grant { grant, .. } => Some(grant.lease_id.clone()),
-            _ => None,
-        })
-        .expect("grant");
     let (result, actions) = state.release(&first_id, false, now);
     assert!(result.is_ok());
     assert!(granted(&actions, 2));
@@ -1061,4 +1072,49 @@ fn a_kept_client_template_whose_name_is_now_configured_is_dropped() {
     driver.lease_with(&request("default", 1000));
     driver.settle();
     assert!(driver.drops.contains(&kept), "{:?}", driver.drops);
+}
+
+/// Found by the interleaving test: a grant whose connection limit was being set while its
+/// client-built template was discarded and initialized again must still be answered (it
+/// used to be parked on the discarded entry, which the new initialization replaced).
+#[test]
+fn a_grant_held_for_its_limit_is_answered_after_its_template_is_discarded_and_reinitialized() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize");
+    finalize(&mut driver, "abc123");
+    let waiter = driver.next_waiter;
+    driver.next_waiter += 1;
+    let request = LeaseRequest {
+        connections: Some(20),
+        ..test_request("abc123")
+    };
+    let actions = driver
+        .state
+        .request_lease(waiter, LeaseId::random(), &request, driver.now);
+    let lease_id = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::SetLimit { lease_id, .. } => Some(lease_id.clone()),
+            _ => None,
+        })
+        .expect("the limit is set first");
+    let actions = driver
+        .state
+        .discard(&name("abc123"), driver.now)
+        .expect("discard");
+    driver.pending.extend(actions);
+    driver.settle();
+    let actions = driver.state.limit_set(&lease_id, Ok(()), driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize again");
+    driver.now += Duration::from_secs(61);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(
+        driver.failures.iter().any(|(w, _)| *w == waiter) || driver.grant_of(waiter).is_some(),
+        "the request is answered"
+    );
 }

@@ -1,0 +1,120 @@
+//! The byte budget: what templates and clones hold, and making room for a clone a request
+//! waits for by evicting what nobody waits for (ready clones of the least recently leased
+//! templates, then idle configured template versions, never `default`).
+
+use tokio::time::Instant;
+
+use super::dbs::Phase;
+use super::lifecycle::{Build, Lifecycle};
+use super::{Action, PoolState};
+use crate::error::LeaseError;
+use crate::names::TemplateName;
+
+impl PoolState {
+    /// Bytes of template databases and clones this pool holds (a clone counts as large as
+    /// the version it was made from; databases queued for dropping no longer count, those
+    /// whose drop failed still do).
+    pub(super) fn bytes_in_use(&self) -> u64 {
+        let templates: u64 = self
+            .templates
+            .values()
+            .map(|e| e.version_size() * e.template_dbs().len() as u64)
+            .sum();
+        templates + self.dbs.bytes()
+    }
+
+    pub(super) fn fits(&self, more: u64) -> bool {
+        self.limits
+            .max_bytes
+            .is_none_or(|budget| self.bytes_in_use() + more <= budget)
+    }
+
+    /// Frees room for `needed` more bytes for `template`: first ready clones of other
+    /// templates nobody waits for, least recently leased template first; then whole
+    /// versions of idle templates (never `default`, which `/readyz` reports on).
+    pub(super) fn make_room(&mut self, template: &TemplateName, needed: u64) {
+        for name in self.eviction_order(template, false) {
+            while !self.fits(needed) {
+                let Some(db) = self.dbs.ready_back(&name) else {
+                    break;
+                };
+                tracing::info!(template = %name, database = %db, "evicting a ready clone to make room");
+                self.dbs.queue_drop(db, Some(&name), 0);
+            }
+        }
+        for name in self.eviction_order(template, true) {
+            if self.fits(needed) {
+                return;
+            }
+            let Some(entry) = self.templates.get_mut(&name) else {
+                continue;
+            };
+            let size = entry.version_size();
+            let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
+                continue;
+            };
+            if let Build::Ready(version) = std::mem::replace(&mut configured.build, Build::Idle) {
+                tracing::info!(template = %name, database = %version.db, "evicting an idle template version to make room");
+                entry.wanted = false;
+                for db in self.dbs.of(&name, |p| matches!(p, Phase::Ready { .. })) {
+                    self.dbs.queue_drop(db, Some(&name), 0);
+                }
+                self.dbs.queue_drop(version.db, Some(&name), size);
+            }
+        }
+    }
+
+    /// Templates other than `template` that nobody waits for, least recently leased first;
+    /// with `only_idle`, only built configured ones with nothing leased or being made,
+    /// never `default`.
+    fn eviction_order(&self, template: &TemplateName, only_idle: bool) -> Vec<TemplateName> {
+        let counts = self.dbs.all_counts();
+        let mut names: Vec<(Option<Instant>, TemplateName)> = self
+            .templates
+            .iter()
+            .filter(|(name, e)| *name != template && e.waiters.is_empty())
+            .filter(|(name, e)| {
+                let count = counts.get(*name).copied().unwrap_or_default();
+                !only_idle
+                    || (**name != TemplateName::default_name()
+                        // Nothing could rebuild a client's template.
+                        && matches!(
+                            &e.lifecycle,
+                            Lifecycle::Configured(c) if matches!(c.build, Build::Ready(_))
+                        )
+                        && count.leased == 0
+                        && count.making == 0)
+            })
+            .map(|(name, e)| (e.last_used, name.clone()))
+            .collect();
+        names.sort();
+        names.into_iter().map(|(_, name)| name).collect()
+    }
+
+    /// Tells `template`'s waiters that their clone cannot fit in the byte budget.
+    pub(super) fn fail_for_space(
+        &mut self,
+        template: &TemplateName,
+        needed: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let (in_use, budget) = (
+            self.bytes_in_use(),
+            self.limits.max_bytes.unwrap_or(u64::MAX),
+        );
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        for waiter in entry.waiters.drain(..) {
+            actions.push(Action::Fail {
+                waiter: waiter.id,
+                error: LeaseError::OutOfSpace {
+                    template: template.clone(),
+                    needed,
+                    in_use,
+                    budget,
+                },
+            });
+        }
+    }
+}

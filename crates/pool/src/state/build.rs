@@ -1,0 +1,302 @@
+//! Configured templates: registering one at run time, rebuilding a version when its
+//! sources change, a build that ended; and what both lifecycles do when a version is ready
+//! (adopting ready clones an earlier run left of it).
+
+use tokio::time::Instant;
+
+use super::dbs::{Db, Phase};
+use super::lifecycle::{Build, Configured, Lifecycle, TemplateEntry, Version};
+use super::{Action, Built, PoolState, Server};
+use crate::config::{TemplateConfig, TemplateSource};
+use crate::error::LeaseError;
+use crate::names::{DbName, TemplateName};
+
+/// What registering a template at run time did (`PoolHandle::register`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    /// A new template.
+    Created,
+    /// An existing template got a new source (a new version follows).
+    Replaced,
+    /// The template already had this source.
+    Unchanged,
+}
+
+impl PoolState {
+    /// Adds a template at run time, or gives an existing one a new source: its current
+    /// version is then replaced as if its sources had changed. Built on first lease.
+    /// `default` and templates clients build have no source to replace.
+    pub fn register(
+        &mut self,
+        name: TemplateName,
+        source: TemplateSource,
+        now: Instant,
+    ) -> Result<(Registered, Vec<Action>), LeaseError> {
+        if name == TemplateName::default_name() {
+            return Err(LeaseError::Internal(
+                "the default template cannot be replaced".into(),
+            ));
+        }
+        let Some(entry) = self.templates.get_mut(&name) else {
+            self.templates
+                .insert(name, TemplateEntry::configured(source, false));
+            return Ok((Registered::Created, Vec::new()));
+        };
+        let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
+            return Err(LeaseError::ClientBuilt(name));
+        };
+        if configured.source == source {
+            return Ok((Registered::Unchanged, Vec::new()));
+        }
+        configured.source = source;
+        let actions = if matches!(configured.build, Build::Ready(_)) {
+            self.rebuild(&name, now)
+        } else {
+            // Idle or failed: the next lease builds the new source. A build in flight uses
+            // the old one; the next lease sees the change and rebuilds.
+            Vec::new()
+        };
+        Ok((Registered::Replaced, actions))
+    }
+
+    /// A rebuild asked for over the API: unknown and client-built templates are refused
+    /// (a client's template has no sources here); see [`PoolState::rebuild`].
+    pub fn request_rebuild(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+    ) -> Result<Vec<Action>, LeaseError> {
+        match self.templates.get(template) {
+            None => Err(LeaseError::UnknownTemplate(template.clone())),
+            Some(entry) if entry.is_client_built() => {
+                Err(LeaseError::ClientBuilt(template.clone()))
+            }
+            Some(_) => Ok(self.rebuild(template, now)),
+        }
+    }
+
+    /// Every template's name and current source.
+    pub fn templates(&self) -> Vec<TemplateConfig> {
+        self.templates
+            .iter()
+            .map(|(name, entry)| TemplateConfig {
+                name: name.clone(),
+                source: entry.source(),
+            })
+            .collect()
+    }
+
+    /// The current source of a template.
+    pub fn source_of(&self, name: &TemplateName) -> Option<TemplateSource> {
+        self.templates.get(name).map(TemplateEntry::source)
+    }
+
+    /// The template's sources changed (or a rebuild was asked for): build a new version.
+    /// The old version's ready clones are dropped now, its leased ones when released, and
+    /// its template database once the new build ends. Unknown and client-built templates
+    /// are ignored.
+    pub fn rebuild(&mut self, template: &TemplateName, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if self.server != Server::Up {
+            return actions;
+        }
+        let Some(entry) = self.templates.get_mut(template) else {
+            return actions;
+        };
+        let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
+            return actions;
+        };
+        let previous = match std::mem::replace(&mut configured.build, Build::Idle) {
+            Build::Building { previous } => {
+                // A build runs already; it stays.
+                configured.build = Build::Building { previous };
+                return actions;
+            }
+            Build::Ready(version) => Some(version.db),
+            Build::Idle | Build::Failed => None,
+        };
+        configured.build = Build::Building { previous };
+        entry.wanted = true;
+        actions.push(Action::Build {
+            template: template.clone(),
+            source: configured.source.clone(),
+        });
+        for db in self.dbs.of(template, |p| matches!(p, Phase::Ready { .. })) {
+            self.dbs.queue_drop(db, Some(template), 0);
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A build of a configured template ended: with the new version, or an error message.
+    pub fn build_finished(
+        &mut self,
+        template: &TemplateName,
+        outcome: Result<Built, String>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(entry) = self.templates.get_mut(template) else {
+            return actions;
+        };
+        let size = entry.version_size();
+        let previous = match &mut entry.lifecycle {
+            Lifecycle::Configured(Configured {
+                build: Build::Building { previous },
+                ..
+            }) => previous.take(),
+            // No build of it was running: a report nobody asked for changes nothing.
+            Lifecycle::Configured(_) | Lifecycle::Client(_) => return actions,
+        };
+        // The build found a complete template database that is on its way out (an evicted
+        // version built again before its drop ran): a queued drop is called off; a running
+        // one cannot be, so the build starts over and builds afresh once it is gone.
+        if let Ok(built) = &outcome {
+            match self.dbs.get(&built.db).map(|db| &db.phase) {
+                Some(Phase::Dropping(super::dbs::Dropping::Running { .. })) => {
+                    if let Some(Lifecycle::Configured(configured)) =
+                        self.templates.get_mut(template).map(|e| &mut e.lifecycle)
+                    {
+                        configured.build = Build::Building { previous };
+                        actions.push(Action::Build {
+                            template: template.clone(),
+                            source: configured.source.clone(),
+                        });
+                    }
+                    return actions;
+                }
+                Some(_) => {
+                    self.dbs.remove(&built.db);
+                }
+                None => {}
+            }
+        }
+        let Some(entry) = self.templates.get_mut(template) else {
+            return actions;
+        };
+        match outcome {
+            Ok(built) => {
+                if let Some(old) = previous.filter(|old| *old != built.db) {
+                    self.dbs.queue_drop(old, Some(template), size);
+                }
+                if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
+                    configured.build = Build::Ready(Version {
+                        fingerprint: built.fingerprint.clone(),
+                        db: built.db.clone(),
+                    });
+                }
+                self.version_ready(template, built, &mut actions);
+            }
+            Err(message) => {
+                // A stale version must not hide a broken migration: it goes too.
+                if let Some(old) = previous {
+                    self.dbs.queue_drop(old, Some(template), size);
+                }
+                for db in self
+                    .dbs
+                    .of(template, |p| matches!(p, Phase::Adoptable { .. }))
+                {
+                    self.dbs.queue_drop(db, Some(template), 0);
+                }
+                self.build_failed(template, message, &mut actions);
+                if let Some(Lifecycle::Configured(configured)) =
+                    self.templates.get_mut(template).map(|e| &mut e.lifecycle)
+                {
+                    configured.build = Build::Failed;
+                }
+            }
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// Fails `template`'s waiters with the build error, and remembers it.
+    pub(super) fn build_failed(
+        &mut self,
+        template: &TemplateName,
+        message: String,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        for waiter in entry.waiters.drain(..) {
+            actions.push(Action::Fail {
+                waiter: waiter.id,
+                error: LeaseError::BuildFailed {
+                    template: template.clone(),
+                    message: message.clone(),
+                },
+            });
+        }
+        entry.last_error = Some(message);
+    }
+
+    /// A version of `template` is ready (its lifecycle already says so): count it, and
+    /// recycle the ready clones an earlier run left of this very version (new password),
+    /// as far as `max_total` and the byte budget allow; the others go.
+    pub(super) fn version_ready(
+        &mut self,
+        template: &TemplateName,
+        built: Built,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        entry.version += 1;
+        entry.last_error = None;
+        entry.last_build = Some(built.clone());
+        let size = entry.version_size();
+        for clone in self
+            .dbs
+            .of(template, |p| matches!(p, Phase::Adoptable { .. }))
+        {
+            let same_version = matches!(
+                self.dbs.get(&clone).map(|db| &db.phase),
+                Some(Phase::Adoptable { fingerprint }) if *fingerprint == built.fingerprint
+            );
+            let room = self.dbs.counts(template).total() < self.limits.max_total;
+            if same_version && room && self.fits(size) {
+                if let Some(db) = self.dbs.get_mut(&clone) {
+                    db.made_from = Some(built.db.clone());
+                    db.bytes = size;
+                    db.phase = Phase::Making { started: None };
+                }
+                actions.push(Action::Recycle {
+                    template: template.clone(),
+                    template_db: built.db.clone(),
+                    clone,
+                });
+            } else {
+                self.dbs.queue_drop(clone, Some(template), 0);
+            }
+        }
+        if !self.fits(0) {
+            self.make_room(template, 0);
+        }
+    }
+
+    /// A ready clone an earlier run left on the server: it rejoins the pool (with a new
+    /// password) once its template's current version is built with the same fingerprint,
+    /// and is dropped otherwise.
+    pub fn adopt(&mut self, template: &TemplateName, fingerprint: String, clone: DbName) {
+        let waiting_for_build = self
+            .templates
+            .get(template)
+            .is_some_and(|e| e.current().is_none());
+        if waiting_for_build {
+            self.dbs.insert(
+                clone,
+                Db {
+                    template: Some(template.clone()),
+                    made_from: None,
+                    bytes: 0,
+                    phase: Phase::Adoptable { fingerprint },
+                },
+            );
+        } else {
+            self.dbs.queue_drop(clone, None, 0);
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! Requests, grants and their end: a request is granted from its template's ready queue
+//! (first come, first served, while its connections fit the server's budget) or parked;
+//! a grant whose lease asked for its own connection limit is held back until that limit
+//! is set; a lease ends by release (dropped, or recycled with `reuse`), by expiry, or with
+//! its server.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::dbs::{Db, LeaseRecord, Phase};
+use super::lifecycle::{Build, ClientBuild, Lifecycle, Waiter};
+use super::{Action, Grant, PoolState, Server, WaiterId};
+use crate::error::{LeaseError, LeaseOpError};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::types::LeaseRequest;
+
+impl PoolState {
+    /// A caller wants a lease. It is granted at once from the ready queue when nobody is
+    /// ahead of it, otherwise parked until a clone is ready or `request.wait` runs out.
+    pub fn request_lease(
+        &mut self,
+        waiter: WaiterId,
+        lease_id: LeaseId,
+        request: &LeaseRequest,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Err(error) = self.admit(request) {
+            actions.push(Action::Fail { waiter, error });
+            return actions;
+        }
+        let ttl = request
+            .ttl
+            .unwrap_or(self.limits.default_ttl)
+            .min(self.limits.max_ttl);
+        let connections = request.connections.unwrap_or(self.limits.lease_connections);
+        let Some(entry) = self.templates.get_mut(&request.template) else {
+            return actions;
+        };
+        entry.wanted = true;
+        if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
+            if matches!(configured.build, Build::Idle | Build::Failed) {
+                // A failed build is retried by the next request: the sources may have been
+                // fixed.
+                configured.build = Build::Building { previous: None };
+                actions.push(Action::Build {
+                    template: request.template.clone(),
+                    source: configured.source.clone(),
+                });
+            }
+        }
+        entry.waiters.push_back(Waiter {
+            id: waiter,
+            lease_id,
+            ttl,
+            connections,
+            reclaimable: request.reclaimable,
+            enqueued: now,
+            deadline: now + request.wait,
+        });
+        let template = request.template.clone();
+        self.serve_waiters(&template, now, &mut actions);
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// Why a request cannot even wait, if it cannot.
+    fn admit(&self, request: &LeaseRequest) -> Result<(), LeaseError> {
+        match &self.server {
+            Server::Up => {}
+            Server::Stopping => return Err(LeaseError::ShuttingDown),
+            Server::Down(reason) => return Err(LeaseError::PostgresDown(reason.clone())),
+        }
+        let waiting: usize = self.templates.values().map(|e| e.waiters.len()).sum();
+        if waiting >= self.limits.max_waiting {
+            return Err(LeaseError::TooManyWaiting { waiting });
+        }
+        let connections = request.connections.unwrap_or(self.limits.lease_connections);
+        if connections > self.connection_budget {
+            return Err(LeaseError::TooManyConnections {
+                requested: connections,
+                budget: self.connection_budget,
+            });
+        }
+        let template = &request.template;
+        match self.templates.get(template).map(|e| &e.lifecycle) {
+            // The IntegreSQL API (whose port needs no token) serves the templates its
+            // clients build, not the configured ones the native API guards.
+            Some(Lifecycle::Configured(_)) if request.reclaimable => {
+                Err(LeaseError::UnknownTemplate(template.clone()))
+            }
+            _ => self.may_wait_for(template),
+        }
+    }
+
+    /// Whether a request may wait for a clone of `template`: a configured one is built (or
+    /// rebuilt) for it; a client's waits for its finalize, unless it was discarded or failed.
+    fn may_wait_for(&self, template: &TemplateName) -> Result<(), LeaseError> {
+        let entry = self
+            .templates
+            .get(template)
+            .ok_or_else(|| LeaseError::UnknownTemplate(template.clone()))?;
+        match &entry.lifecycle {
+            Lifecycle::Configured(_) => Ok(()),
+            // Nothing to build: requests wait for the client to finalize, or fail.
+            Lifecycle::Client(ClientBuild::Discarded) => {
+                Err(LeaseError::Discarded(template.clone()))
+            }
+            Lifecycle::Client(ClientBuild::Failed) => Err(LeaseError::BuildFailed {
+                template: template.clone(),
+                message: entry
+                    .last_error
+                    .clone()
+                    .unwrap_or_else(|| "the client did not finalize it".into()),
+            }),
+            Lifecycle::Client(_) => Ok(()),
+        }
+    }
+
+    /// A parked request's caller went away: forget it, so it does not hold up others or
+    /// make the pool grow for nobody.
+    pub fn cancel_waiter(&mut self, waiter: WaiterId) {
+        for entry in self.templates.values_mut() {
+            entry.waiters.retain(|w| w.id != waiter);
+        }
+    }
+
+    /// Pairs ready clones with waiters of one template, first come first served.
+    pub(super) fn serve_waiters(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
+        let mut in_use = self.dbs.connections_in_use();
+        self.serve_waiters_within(template, now, &mut in_use, actions);
+    }
+
+    /// Serves every template's waiters: a freed lease frees connections for all of them.
+    pub(super) fn serve_all_waiters(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let mut in_use = self.dbs.connections_in_use();
+        let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
+        for name in names {
+            self.serve_waiters_within(&name, now, &mut in_use, actions);
+        }
+    }
+
+    /// [`Self::serve_waiters`] with the connections in use already counted (and updated as
+    /// leases are granted), so serving every template counts them once.
+    fn serve_waiters_within(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+        in_use: &mut u32,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        let Some(fingerprint) = entry.current().map(|v| v.fingerprint.clone()) else {
+            return;
+        };
+        while let Some(first) = entry.waiters.front() {
+            // The first in line waits for connections to free up; nobody overtakes it.
+            if *in_use + first.connections > self.connection_budget {
+                break;
+            }
+            let Some(database) = self.dbs.ready_front(template) else {
+                break;
+            };
+            let Some(waiter) = entry.waiters.pop_front() else {
+                break;
+            };
+            *in_use += waiter.connections;
+            entry.last_used = Some(now);
+            entry.demand.taken(now);
+            let number = entry.next_number;
+            entry.next_number = entry.next_number.wrapping_add(1);
+            // A lease of its own connection limit goes out once the limit is set.
+            let custom_limit = waiter.connections != self.limits.lease_connections;
+            let grant = Grant {
+                lease_id: waiter.lease_id.clone(),
+                template: template.clone(),
+                fingerprint: fingerprint.clone(),
+                database: database.clone(),
+                ttl: waiter.ttl,
+                connections: waiter.connections,
+                number,
+            };
+            if custom_limit {
+                actions.push(Action::SetLimit {
+                    lease_id: grant.lease_id,
+                    database: database.clone(),
+                    connections: grant.connections,
+                });
+            } else {
+                actions.push(Action::Grant {
+                    waiter: waiter.id,
+                    grant,
+                });
+            }
+            if let Some(db) = self.dbs.get_mut(&database) {
+                db.phase = Phase::Leased(Box::new(LeaseRecord {
+                    id: waiter.lease_id.clone(),
+                    fingerprint: fingerprint.clone(),
+                    expires_at: now + waiter.ttl,
+                    connections: waiter.connections,
+                    number,
+                    reclaimable: waiter.reclaimable,
+                    granted_at: now,
+                    pending: custom_limit.then_some(waiter),
+                }));
+            }
+        }
+    }
+
+    /// A lease's own connection limit was set (or could not be): the grant goes out, or its
+    /// request fails and the database, whose role may have been changed, is dropped. If its
+    /// template got a new version meanwhile, the database is dropped and the request waits
+    /// again, first in line: no grant of an old version goes out.
+    pub fn limit_set(
+        &mut self,
+        lease_id: &LeaseId,
+        outcome: Result<(), String>,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(database) = self.dbs.leased_db(lease_id) else {
+            return actions;
+        };
+        let Some(db) = self.dbs.get_mut(&database) else {
+            return actions;
+        };
+        let Phase::Leased(record) = &mut db.phase else {
+            return actions;
+        };
+        let Some(waiter) = record.pending.take() else {
+            return actions;
+        };
+        let template = db.template.clone();
+        let current = template
+            .as_ref()
+            .and_then(|t| self.templates.get(t))
+            .and_then(|e| e.current())
+            .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
+        match outcome {
+            Ok(()) if !current => {
+                self.dbs.queue_drop(database, template.as_ref(), 0);
+                let template = template.unwrap_or_else(TemplateName::default_name);
+                match self.may_wait_for(&template) {
+                    Ok(()) => {
+                        if let Some(entry) = self.templates.get_mut(&template) {
+                            entry.waiters.push_front(waiter);
+                        }
+                    }
+                    Err(error) => actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error,
+                    }),
+                }
+                self.serve_all_waiters(now, &mut actions);
+                self.dispatch(now, &mut actions);
+            }
+            Ok(()) => {
+                let grant = Grant {
+                    lease_id: record.id.clone(),
+                    template: template.clone().unwrap_or_else(TemplateName::default_name),
+                    fingerprint: record.fingerprint.clone(),
+                    database: database.clone(),
+                    ttl: record
+                        .expires_at
+                        .saturating_duration_since(record.granted_at),
+                    connections: record.connections,
+                    number: record.number,
+                };
+                actions.push(Action::Grant {
+                    waiter: waiter.id,
+                    grant,
+                });
+            }
+            Err(message) => {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::CloneFailed {
+                        template: template.clone().unwrap_or_else(TemplateName::default_name),
+                        message,
+                    },
+                });
+                self.dbs.queue_drop(database, template.as_ref(), 0);
+                self.serve_all_waiters(now, &mut actions);
+                self.dispatch(now, &mut actions);
+            }
+        }
+        actions
+    }
+
+    /// The reply carrying a grant could not be delivered (the client went away). The
+    /// database was never seen by anyone: it goes back to the front of the ready queue if
+    /// it is of the current version and its role has the default connection limit;
+    /// otherwise it is dropped.
+    pub fn grant_undelivered(&mut self, lease_id: &LeaseId, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some((database, db, record)) = self.dbs.lease(lease_id) else {
+            return actions;
+        };
+        let database = database.clone();
+        let template = db.template.clone();
+        let pristine = record.connections == self.limits.lease_connections;
+        let current = template
+            .as_ref()
+            .and_then(|t| self.templates.get(t))
+            .and_then(|e| e.current())
+            .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
+        if pristine && current {
+            let phase = self.dbs.ready_at_front();
+            if let Some(db) = self.dbs.get_mut(&database) {
+                db.phase = phase;
+            }
+            if let Some(entry) = template.as_ref().and_then(|t| self.templates.get_mut(t)) {
+                entry.demand.returned(now);
+            }
+        } else {
+            self.dbs.queue_drop(database, template.as_ref(), 0);
+        }
+        self.serve_all_waiters(now, &mut actions);
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// A caller is done with a lease. With `reuse` the caller vouches the database is
+    /// unchanged: it is recycled (its holder locked out) and goes back to the ready queue,
+    /// if its version is still current; otherwise it is dropped and replaced.
+    pub fn release(
+        &mut self,
+        id: &LeaseId,
+        reuse: bool,
+        now: Instant,
+    ) -> (Result<(), LeaseOpError>, Vec<Action>) {
+        let mut actions = Vec::new();
+        let Some((database, db, record)) = self.dbs.lease(id) else {
+            return (Err(self.missing_lease(id)), actions);
+        };
+        if record.pending.is_some() {
+            // Not handed over yet: nobody can hold its id.
+            return (Err(self.missing_lease(id)), actions);
+        }
+        let database = database.clone();
+        let template = db.template.clone();
+        let made_from = db.made_from.clone();
+        let entry = template.as_ref().and_then(|t| self.templates.get_mut(t));
+        // The very version it was cloned from (a client-built template initialized again
+        // has the same fingerprint, but another database).
+        let current = entry
+            .as_ref()
+            .and_then(|e| e.current())
+            .filter(|v| v.fingerprint == record.fingerprint && Some(&v.db) == made_from.as_ref())
+            .map(|v| v.db.clone());
+        match (reuse, current, template) {
+            (true, Some(template_db), Some(template)) => {
+                if let Some(entry) = entry {
+                    entry.demand.returned(now);
+                }
+                // Back in the ready queue only once the old holder is locked out; until
+                // then it is being made.
+                if let Some(db) = self.dbs.get_mut(&database) {
+                    db.phase = Phase::Making { started: None };
+                }
+                actions.push(Action::Recycle {
+                    template,
+                    template_db,
+                    clone: database,
+                });
+            }
+            (_, _, template) => self.dbs.queue_drop(database, template.as_ref(), 0),
+        }
+        self.serve_all_waiters(now, &mut actions);
+        self.dispatch(now, &mut actions);
+        (Ok(()), actions)
+    }
+
+    /// Extends a lease to `ttl` from now.
+    pub fn renew(
+        &mut self,
+        id: &LeaseId,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) -> Result<Duration, LeaseOpError> {
+        let ttl = ttl
+            .unwrap_or(self.limits.default_ttl)
+            .min(self.limits.max_ttl);
+        let Some(database) = self.dbs.leased_db(id) else {
+            return Err(self.missing_lease(id));
+        };
+        match self.dbs.get_mut(&database).map(|db| &mut db.phase) {
+            Some(Phase::Leased(record)) if record.pending.is_none() => {
+                record.expires_at = now + ttl;
+                Ok(ttl)
+            }
+            _ => Err(self.missing_lease(id)),
+        }
+    }
+
+    /// Time passes: expire leases, time out waiters, resume paused clones, retry failed
+    /// drops.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let expired: Vec<(DbName, Option<TemplateName>, LeaseId)> = self
+            .dbs
+            .leases()
+            .filter(|(_, _, record)| record.expires_at <= now && record.pending.is_none())
+            .map(|(name, db, record)| (name.clone(), db.template.clone(), record.id.clone()))
+            .collect();
+        for (database, template, id) in expired {
+            tracing::info!(lease_id = %id, database = %database, "lease expired; dropping its database");
+            self.dbs.queue_drop(database, template.as_ref(), 0);
+        }
+        self.dbs.retry_failed_drops(now);
+        self.serve_all_waiters(now, &mut actions);
+        let max_total = self.limits.max_total;
+        let counts = self.dbs.all_counts();
+        for (name, entry) in &mut self.templates {
+            let leased = counts.get(name).map_or(0, |c| c.leased);
+            let (timed_out, waiting): (Vec<Waiter>, Vec<Waiter>) =
+                entry.waiters.drain(..).partition(|w| w.deadline <= now);
+            entry.waiters = waiting.into();
+            for waiter in timed_out {
+                actions.push(Action::Fail {
+                    waiter: waiter.id,
+                    error: LeaseError::TimedOut {
+                        template: name.clone(),
+                        waited_ms: now.duration_since(waiter.enqueued).as_millis() as u64,
+                        leased,
+                        max_total,
+                    },
+                });
+            }
+            if entry.clones_paused_until.is_some_and(|t| t <= now) {
+                entry.clones_paused_until = None;
+            }
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    /// The earliest instant at which [`PoolState::tick`] has something to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let leases = self
+            .dbs
+            .leases()
+            .filter(|(_, _, r)| r.pending.is_none())
+            .map(|(_, _, r)| r.expires_at);
+        let templates = self.templates.values().flat_map(|e| {
+            e.waiters
+                .iter()
+                .map(|w| w.deadline)
+                .chain(e.clones_paused_until)
+        });
+        leases
+            .chain(templates)
+            .chain(self.dbs.next_drop_retry())
+            .min()
+    }
+
+    pub(super) fn missing_lease(&self, id: &LeaseId) -> LeaseOpError {
+        if self.lost.contains(id) {
+            LeaseOpError::Lost(id.to_string())
+        } else if self.server == Server::Stopping {
+            LeaseOpError::ShuttingDown
+        } else {
+            LeaseOpError::NotFound(id.to_string())
+        }
+    }
+
+    /// Ends a lease at once (its database is dropped); later calls on its id answer "lost".
+    /// A grant not handed over yet fails its request with `error`.
+    pub(super) fn end_lease(
+        &mut self,
+        database: DbName,
+        error: impl FnOnce() -> LeaseError,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(db) = self.dbs.get_mut(&database) else {
+            return;
+        };
+        let Phase::Leased(record) = &mut db.phase else {
+            return;
+        };
+        let (id, pending, template) = (
+            record.id.clone(),
+            record.pending.take(),
+            db.template.clone(),
+        );
+        if let Some(waiter) = pending {
+            actions.push(Action::Fail {
+                waiter: waiter.id,
+                error: error(),
+            });
+        }
+        self.dbs.queue_drop(database, template.as_ref(), 0);
+        self.remember_lost(id);
+    }
+}
+
+/// A new clone's record.
+pub(super) fn new_clone(
+    template: &TemplateName,
+    made_from: &DbName,
+    bytes: u64,
+    now: Instant,
+) -> Db {
+    Db {
+        template: Some(template.clone()),
+        made_from: Some(made_from.clone()),
+        bytes,
+        phase: Phase::Making { started: Some(now) },
+    }
+}

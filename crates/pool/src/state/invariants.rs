@@ -1,0 +1,141 @@
+//! The pool's promises, stated as code: [`PoolState::check_invariants`] runs after every
+//! event in tests and debug builds (the actor calls it), and the interleaving test calls
+//! it after every step of its generated sequences.
+
+use std::collections::HashSet;
+
+use super::dbs::Phase;
+use super::{PoolState, Server};
+
+impl PoolState {
+    /// Checks every promise the records must keep; the first broken one is described.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        // A template's own databases are not records, and no two templates share one.
+        let mut held = HashSet::new();
+        for (name, entry) in &self.templates {
+            for db in entry.template_dbs() {
+                if !held.insert(db.clone()) {
+                    return Err(format!("template database {db} is held twice ({name})"));
+                }
+                if let Some(record) = self.dbs.get(db) {
+                    return Err(format!(
+                        "template database {db} of {name} is also a record ({:?})",
+                        record.phase
+                    ));
+                }
+            }
+        }
+        let mut lease_ids = HashSet::new();
+        let mut waiter_ids = HashSet::new();
+        for (name, db) in self.dbs.iter() {
+            // A clone being made outlives a template forgotten meanwhile (its job drops it
+            // when it reports); anything else must belong to a template.
+            let may_be_orphan = matches!(db.phase, Phase::Dropping(_) | Phase::Making { .. });
+            let template = db.template.as_ref().and_then(|t| self.templates.get(t));
+            if !may_be_orphan && template.is_none() {
+                return Err(format!(
+                    "{name} ({:?}) belongs to no template ({:?})",
+                    db.phase, db.template
+                ));
+            }
+            match &db.phase {
+                // No grant of an old version: the ready queue holds the current one only.
+                Phase::Ready { .. } => {
+                    let current = template.and_then(|e| e.current()).map(|v| &v.db);
+                    if current.is_none() || current != db.made_from.as_ref() {
+                        return Err(format!(
+                            "ready clone {name} was made from {:?}, not the current version {current:?}",
+                            db.made_from
+                        ));
+                    }
+                }
+                // No database leased twice: one record per database, one id per lease.
+                Phase::Leased(record) => {
+                    if !lease_ids.insert(record.id.clone()) {
+                        return Err(format!("lease {} holds two databases", record.id));
+                    }
+                    if let Some(waiter) = record.pending.as_ref().map(|w| w.id) {
+                        if !waiter_ids.insert(waiter) {
+                            return Err(format!("request {waiter} was granted twice"));
+                        }
+                    }
+                }
+                Phase::Making { .. } | Phase::Adoptable { .. } | Phase::Dropping(_) => {}
+            }
+        }
+        for entry in self.templates.values() {
+            for waiter in &entry.waiters {
+                if !waiter_ids.insert(waiter.id) {
+                    return Err(format!(
+                        "request {} waits twice (or was granted)",
+                        waiter.id
+                    ));
+                }
+            }
+        }
+        if self.server != Server::Up {
+            if let Some((name, db)) = self.dbs.iter().next() {
+                if self.server != Server::Stopping {
+                    return Err(format!("{name} ({:?}) outlived its server", db.phase));
+                }
+            }
+        }
+        let in_use = self.dbs.connections_in_use();
+        if in_use > self.connection_budget {
+            return Err(format!(
+                "leases hold {in_use} connections, over the budget of {}",
+                self.connection_budget
+            ));
+        }
+        let drops = self.dbs.drops_running();
+        if drops > self.limits.clone_concurrency.max(1) {
+            return Err(format!("{drops} drops run at once"));
+        }
+        let clone_bytes: u64 = self
+            .dbs
+            .iter()
+            .filter(|(_, db)| {
+                matches!(
+                    db.phase,
+                    Phase::Making { .. } | Phase::Ready { .. } | Phase::Leased(_)
+                )
+            })
+            .map(|(_, db)| db.bytes)
+            .sum();
+        if let Some(budget) = self.limits.max_bytes {
+            if clone_bytes > budget {
+                return Err(format!(
+                    "clones hold {clone_bytes} bytes, over the budget of {budget}"
+                ));
+            }
+        }
+        for (name, counts) in self.dbs.all_counts() {
+            if counts.total() > self.limits.max_total {
+                return Err(format!(
+                    "{name} has {} clones, over max_total {} ({counts:?})",
+                    counts.total(),
+                    self.limits.max_total
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl PoolState {
+    /// Every database the pool still uses: its records not on their way out, and the
+    /// templates' own databases.
+    pub(super) fn live_databases(&self) -> std::collections::BTreeSet<crate::names::DbName> {
+        let records = self
+            .dbs
+            .iter()
+            .filter(|(_, db)| !matches!(db.phase, Phase::Dropping(_)))
+            .map(|(name, _)| name.clone());
+        let templates = self
+            .templates
+            .values()
+            .flat_map(|e| e.template_dbs().into_iter().cloned());
+        records.chain(templates).collect()
+    }
+}

@@ -1,0 +1,209 @@
+//! A template's entry: which of its two lifecycles it follows — built by pglease from
+//! configured sources, or built by a client through the IntegreSQL API — and what both
+//! share (waiting requests, demand, the last build). Its clones are not here: they are
+//! records in [`super::dbs`].
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::demand::Demand;
+use super::{Built, WaiterId};
+use crate::config::TemplateSource;
+use crate::names::{DbName, LeaseId};
+
+/// A built template version: what its clones are made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Version {
+    pub fingerprint: String,
+    pub db: DbName,
+}
+
+/// A template pglease builds from its sources.
+#[derive(Debug)]
+pub(super) struct Configured {
+    pub source: TemplateSource,
+    pub build: Build,
+}
+
+/// Where a configured template's build is.
+#[derive(Debug)]
+pub(super) enum Build {
+    /// Not built yet (or evicted, or its server was lost).
+    Idle,
+    /// A build job runs; `previous` is the version it replaces, dropped when it ends.
+    Building {
+        previous: Option<DbName>,
+    },
+    Ready(Version),
+    /// The last build failed; the next request tries again.
+    Failed,
+}
+
+/// Where a client-built template is: initialize → (opened) → migrated by the client →
+/// finalize → ready; or discarded.
+#[derive(Debug)]
+pub(super) enum ClientBuild {
+    /// Its empty database is being created.
+    Opening {
+        db: DbName,
+    },
+    /// The client migrates `db` (since `since`).
+    Open {
+        db: DbName,
+        since: Instant,
+    },
+    /// A finalize job runs (or a template kept by an earlier run is being restored).
+    Finalizing {
+        db: DbName,
+    },
+    Ready(Version),
+    /// Its finalize failed: requests fail with the build error until a client initializes
+    /// it again.
+    Failed,
+    /// Its client discarded it: requests fail until it is initialized again.
+    Discarded,
+}
+
+/// A template's lifecycle.
+#[derive(Debug)]
+pub(super) enum Lifecycle {
+    Configured(Configured),
+    Client(ClientBuild),
+}
+
+/// A parked lease request.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub id: WaiterId,
+    pub lease_id: LeaseId,
+    pub ttl: Duration,
+    pub connections: u32,
+    pub reclaimable: bool,
+    pub enqueued: Instant,
+    pub deadline: Instant,
+}
+
+/// One template.
+#[derive(Debug)]
+pub(super) struct TemplateEntry {
+    pub lifecycle: Lifecycle,
+    /// Clones are kept warm only for templates someone asked for (or prebuilt).
+    pub wanted: bool,
+    pub waiters: VecDeque<Waiter>,
+    pub last_error: Option<String>,
+    pub clones_paused_until: Option<Instant>,
+    /// Builds finished in this run; the current version's number.
+    pub version: u32,
+    pub last_build: Option<Built>,
+    /// When a lease of it was last granted (for evicting the least recently used).
+    pub last_used: Option<Instant>,
+    /// The number the next lease of this template gets.
+    pub next_number: u32,
+    /// How fast its ready clones are used up, to refill ahead of that.
+    pub demand: Demand,
+}
+
+impl TemplateEntry {
+    pub fn configured(source: TemplateSource, wanted: bool) -> Self {
+        Self::new(
+            Lifecycle::Configured(Configured {
+                source,
+                build: Build::Idle,
+            }),
+            wanted,
+        )
+    }
+
+    pub fn client(build: ClientBuild) -> Self {
+        Self::new(Lifecycle::Client(build), true)
+    }
+
+    fn new(lifecycle: Lifecycle, wanted: bool) -> Self {
+        TemplateEntry {
+            lifecycle,
+            wanted,
+            waiters: VecDeque::new(),
+            last_error: None,
+            clones_paused_until: None,
+            version: 0,
+            last_build: None,
+            last_used: None,
+            next_number: 0,
+            demand: Demand::default(),
+        }
+    }
+
+    /// The version clones are made from now, if one is built.
+    pub fn current(&self) -> Option<&Version> {
+        match &self.lifecycle {
+            Lifecycle::Configured(Configured {
+                build: Build::Ready(version),
+                ..
+            })
+            | Lifecycle::Client(ClientBuild::Ready(version)) => Some(version),
+            Lifecycle::Configured(_) | Lifecycle::Client(_) => None,
+        }
+    }
+
+    pub fn is_client_built(&self) -> bool {
+        matches!(self.lifecycle, Lifecycle::Client(_))
+    }
+
+    /// Its source (a client-built template's is [`TemplateSource::Client`]).
+    pub fn source(&self) -> TemplateSource {
+        match &self.lifecycle {
+            Lifecycle::Configured(configured) => configured.source.clone(),
+            Lifecycle::Client(_) => TemplateSource::Client,
+        }
+    }
+
+    /// Bytes of the current (or last built) version: what each of its clones costs.
+    pub fn version_size(&self) -> u64 {
+        self.last_build
+            .as_ref()
+            .map_or(0, |b| u64::try_from(b.size_bytes).unwrap_or(0))
+    }
+
+    /// The template databases it holds itself (not as records): the current version, the
+    /// one a build replaces, or a client's database being made.
+    pub fn template_dbs(&self) -> Vec<&DbName> {
+        match &self.lifecycle {
+            Lifecycle::Configured(configured) => match &configured.build {
+                Build::Ready(version) => vec![&version.db],
+                Build::Building {
+                    previous: Some(db), ..
+                } => vec![db],
+                Build::Building { previous: None } | Build::Idle | Build::Failed => Vec::new(),
+            },
+            Lifecycle::Client(build) => match build {
+                ClientBuild::Opening { db }
+                | ClientBuild::Open { db, .. }
+                | ClientBuild::Finalizing { db } => vec![db],
+                ClientBuild::Ready(version) => vec![&version.db],
+                ClientBuild::Failed | ClientBuild::Discarded => Vec::new(),
+            },
+        }
+    }
+
+    /// The word `/status` shows for it.
+    pub fn state_name(&self) -> &'static str {
+        match &self.lifecycle {
+            Lifecycle::Configured(configured) => match configured.build {
+                Build::Idle => "idle",
+                Build::Building { .. } => "building",
+                Build::Ready(_) => "ready",
+                Build::Failed => "failed",
+            },
+            Lifecycle::Client(build) => match build {
+                ClientBuild::Opening { .. } => "initializing",
+                ClientBuild::Open { .. } => "migrating",
+                ClientBuild::Finalizing { .. } => "building",
+                ClientBuild::Ready(_) => "ready",
+                ClientBuild::Failed => "failed",
+                ClientBuild::Discarded => "discarded",
+            },
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! What the pool reports about itself: per-template counts for `/status`, the open
+//! leases, readiness, and what a server that outlives us keeps at shutdown. All of it is
+//! derived from the records on each call.
+
+use tokio::time::Instant;
+
+use super::dbs::Phase;
+use super::{PoolState, Server};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::types::{DropStatus, TemplateStatus};
+
+/// An open lease as `/status` shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenLease {
+    pub id: LeaseId,
+    pub template: TemplateName,
+    pub database: DbName,
+    pub expires_at: Instant,
+}
+
+impl PoolState {
+    /// One template's counts, if it exists.
+    pub fn status_of(&self, template: &TemplateName) -> Option<TemplateStatus> {
+        let entry = self.templates.get(template)?;
+        Some(self.status_entry(template, entry, self.dbs.counts(template)))
+    }
+
+    /// Per-template counts for `/status`.
+    pub fn template_status(&self) -> Vec<TemplateStatus> {
+        let counts = self.dbs.all_counts();
+        self.templates
+            .iter()
+            .map(|(name, entry)| {
+                self.status_entry(name, entry, counts.get(name).copied().unwrap_or_default())
+            })
+            .collect()
+    }
+
+    fn status_entry(
+        &self,
+        name: &TemplateName,
+        entry: &super::lifecycle::TemplateEntry,
+        counts: super::dbs::Counts,
+    ) -> TemplateStatus {
+        TemplateStatus {
+            name: name.clone(),
+            fingerprint: entry.current().map(|v| v.fingerprint.clone()),
+            version: entry.version,
+            build_ms: entry
+                .last_build
+                .as_ref()
+                .map(|b| b.elapsed.as_millis() as u64),
+            size_bytes: entry.last_build.as_ref().map(|b| b.size_bytes),
+            built_at: entry.last_build.as_ref().map(|b| b.built_at),
+            state: entry.state_name(),
+            ready: counts.ready,
+            leased: counts.leased,
+            in_progress: counts.making,
+            waiting: entry.waiters.len(),
+            last_error: entry.last_error.clone(),
+        }
+    }
+
+    /// Databases on their way out, and how many of them failed to drop at least once
+    /// (retried with back-off until they go).
+    pub fn drop_status(&self) -> DropStatus {
+        let (pending, failed, last_error) = self.dbs.dropping();
+        DropStatus {
+            pending,
+            failed,
+            last_error,
+        }
+    }
+
+    /// Open leases, soonest expiry first.
+    pub fn lease_list(&self) -> Vec<OpenLease> {
+        let mut list: Vec<OpenLease> = self
+            .dbs
+            .leases()
+            .filter(|(_, _, record)| record.pending.is_none())
+            .map(|(database, db, record)| OpenLease {
+                id: record.id.clone(),
+                template: db
+                    .template
+                    .clone()
+                    .unwrap_or_else(TemplateName::default_name),
+                database: database.clone(),
+                expires_at: record.expires_at,
+            })
+            .collect();
+        list.sort_by_key(|lease| lease.expires_at);
+        list
+    }
+
+    /// Postgres is up and the `default` template is built.
+    pub fn ready_for_default(&self) -> bool {
+        self.server == Server::Up
+            && self
+                .templates
+                .get(&TemplateName::default_name())
+                .is_some_and(|e| e.current().is_some())
+    }
+
+    /// Whether `template_db` is the current version of `template`.
+    pub fn is_current(&self, template: &TemplateName, template_db: &DbName) -> bool {
+        self.templates
+            .get(template)
+            .and_then(|e| e.current())
+            .is_some_and(|v| v.db == *template_db)
+    }
+
+    /// What a server that outlives us keeps and loses at shutdown: ready clones of built
+    /// versions (template, fingerprint, clone) to adopt next time, and the clones that must
+    /// go (leased ones, whose holders may still use them, and those on their way out).
+    pub fn clones_at_shutdown(&self) -> (Vec<(TemplateName, String, DbName)>, Vec<DbName>) {
+        let mut keep = Vec::new();
+        let mut lose = Vec::new();
+        for (name, db) in self.dbs.iter() {
+            match &db.phase {
+                Phase::Ready { .. } => {
+                    let version = db
+                        .template
+                        .as_ref()
+                        .and_then(|t| self.templates.get(t))
+                        .and_then(|e| e.current())
+                        .filter(|v| Some(&v.db) == db.made_from.as_ref());
+                    match (version, &db.template) {
+                        (Some(version), Some(template)) => {
+                            keep.push((template.clone(), version.fingerprint.clone(), name.clone()))
+                        }
+                        _ => lose.push(name.clone()),
+                    }
+                }
+                Phase::Leased(_) | Phase::Dropping(_) => lose.push(name.clone()),
+                // Still marked from the run that left them; a clone being made is swept
+                // by the next start.
+                Phase::Adoptable { .. } | Phase::Making { .. } => {}
+            }
+        }
+        (keep, lose)
+    }
+}
