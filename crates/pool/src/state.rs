@@ -281,3 +281,6 @@ impl PoolState {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod interleavings;

@@ -1,0 +1,566 @@
+//! The interleaving test: generated sequences of events drive [`PoolState`] the way the
+//! actor does — lease requests, deliveries and hang-ups, releases with and without reuse,
+//! renewals, expiry, rebuilds and source changes, client-built templates (initialize,
+//! finalize, discard, give back, reset), postgres lost and back, a byte budget — while the
+//! jobs the state starts (builds, clones, recycles, drops, connection limits, opens,
+//! finalizes) report back in any order, succeeding or failing, or never (their server was
+//! lost). After every step the state's own invariants and the harness's promises are
+//! checked; at the end every job is completed and time runs out, and then every request
+//! must have been answered and every database made must be dropped or still in use.
+//!
+//! `PGLEASE_INTERLEAVINGS=N` runs N cases instead of the default.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+use super::{Action, Built, Finalize, Grant, PoolState, WaiterId};
+use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::types::LeaseRequest;
+
+/// Cases when `PGLEASE_INTERLEAVINGS` is not set (a few seconds in a debug build).
+const DEFAULT_CASES: u32 = 3000;
+
+/// Configured templates, then client-built ones (IntegreSQL hashes).
+const NAMES: [&str; 5] = ["default", "app", "big", "c0ffee", "beef"];
+const CONFIGURED: usize = 3;
+/// Bytes of each template's versions (the budget, when set, holds a few of them).
+const SIZES: [u64; 5] = [1_000_000, 3_000_000, 8_000_000, 2_000_000, 2_000_000];
+const LEASE_CONNECTIONS: u32 = 10;
+
+#[derive(Debug, Clone)]
+enum Event {
+    Lease {
+        template: usize,
+        own_limit: bool,
+        wait_ms: u64,
+    },
+    /// The actor hands a grant to its caller, who may have gone away.
+    Deliver {
+        index: usize,
+        hung_up: bool,
+    },
+    Release {
+        index: usize,
+        reuse: bool,
+    },
+    Renew {
+        index: usize,
+    },
+    /// A waiting caller goes away.
+    Cancel {
+        index: usize,
+    },
+    /// A running job reports.
+    Complete {
+        index: usize,
+        ok: bool,
+    },
+    Advance {
+        ms: u64,
+    },
+    /// A template's sources change: a new version.
+    SourcesChanged {
+        template: usize,
+    },
+    /// A rebuild over the API (same sources, same fingerprint).
+    Rebuild {
+        template: usize,
+    },
+    ServerLost,
+    /// The server is back, with `leftovers` ready clones an earlier run left for each
+    /// configured template (half of them of the version its build will make).
+    ServerUp {
+        leftovers: usize,
+    },
+    Initialize {
+        client: usize,
+    },
+    Finalize {
+        client: usize,
+    },
+    Discard {
+        client: usize,
+    },
+    GiveBack {
+        client: usize,
+        number: u32,
+        recreate: bool,
+    },
+    Reset,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let index = 0usize..64;
+    prop_oneof![
+        6 => (0usize..NAMES.len(), any::<bool>(), 0u64..3000).prop_map(|(template, own_limit, wait_ms)| {
+            Event::Lease { template, own_limit, wait_ms }
+        }),
+        4 => (index.clone(), prop::bool::weighted(0.2)).prop_map(|(index, hung_up)| Event::Deliver { index, hung_up }),
+        3 => (index.clone(), any::<bool>()).prop_map(|(index, reuse)| Event::Release { index, reuse }),
+        1 => index.clone().prop_map(|index| Event::Renew { index }),
+        1 => index.clone().prop_map(|index| Event::Cancel { index }),
+        12 => (index, prop::bool::weighted(0.85)).prop_map(|(index, ok)| Event::Complete { index, ok }),
+        3 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
+        1 => (0usize..CONFIGURED).prop_map(|template| Event::SourcesChanged { template }),
+        1 => (0usize..CONFIGURED).prop_map(|template| Event::Rebuild { template }),
+        1 => Just(Event::ServerLost),
+        2 => (0usize..4).prop_map(|leftovers| Event::ServerUp { leftovers }),
+        2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
+        2 => (0usize..2).prop_map(|client| Event::Finalize { client }),
+        1 => (0usize..2).prop_map(|client| Event::Discard { client }),
+        1 => (0usize..2, 0u32..4, any::<bool>()).prop_map(|(client, number, recreate)| Event::GiveBack { client, number, recreate }),
+        1 => Just(Event::Reset),
+    ]
+}
+
+/// The actor's part, played by the test: runs no SQL, keeps the jobs and replies.
+struct World {
+    state: PoolState,
+    now: Instant,
+    up: bool,
+    /// Jobs started and not reported, of the current server.
+    jobs: Vec<Action>,
+    /// Grants on their way to their callers.
+    deliveries: Vec<(WaiterId, Grant)>,
+    /// Requests not answered yet.
+    open: BTreeSet<WaiterId>,
+    /// Requests whose callers went away before an answer (answered at most once later).
+    cancelled: HashSet<WaiterId>,
+    /// Every caller that went away: a grant for one is not delivered.
+    gone: HashSet<WaiterId>,
+    /// Leases their callers hold.
+    leases: Vec<Grant>,
+    next_waiter: WaiterId,
+    /// Each configured template's source version (its fingerprint follows it).
+    versions: [u32; CONFIGURED],
+    /// Databases jobs made on the current server, and those dropped.
+    created: BTreeSet<DbName>,
+    dropped: BTreeSet<DbName>,
+}
+
+impl World {
+    fn new(max_bytes: Option<u64>, min_ready: usize) -> Self {
+        let limits = PoolLimits {
+            min_ready,
+            max_total: 3,
+            clone_concurrency: 2,
+            default_ttl: Duration::from_secs(30),
+            max_ttl: Duration::from_secs(60),
+            lease_connections: LEASE_CONNECTIONS,
+            max_waiting: 16,
+            build_timeout: Duration::from_secs(300),
+            max_bytes,
+        };
+        let templates: Vec<TemplateConfig> = NAMES[..CONFIGURED]
+            .iter()
+            .map(|name| TemplateConfig {
+                name: template(name),
+                source: TemplateSource::SqlFile(format!("/{name}.sql").into()),
+            })
+            .collect();
+        let mut world = World {
+            state: PoolState::new(limits, "t0".into(), &templates, false),
+            now: Instant::now(),
+            up: false,
+            jobs: Vec::new(),
+            deliveries: Vec::new(),
+            open: BTreeSet::new(),
+            cancelled: HashSet::new(),
+            gone: HashSet::new(),
+            leases: Vec::new(),
+            next_waiter: 1,
+            versions: [0; CONFIGURED],
+            created: BTreeSet::new(),
+            dropped: BTreeSet::new(),
+        };
+        world.server_up(0);
+        world
+    }
+
+    fn server_up(&mut self, leftovers: usize) {
+        if self.up {
+            return;
+        }
+        self.up = true;
+        // 40 connections: four default leases, or two of their own limit (20).
+        let actions = self.state.server_up(40);
+        self.apply(actions);
+        for (position, name) in NAMES[..CONFIGURED].iter().enumerate() {
+            for n in 0..leftovers {
+                let version = self.versions[position] + (n % 2) as u32;
+                let clone =
+                    DbName::from_server(format!("pglease_old{}_{position}_{n}", self.next_waiter));
+                self.created.insert(clone.clone());
+                self.state
+                    .adopt(&template(name), fingerprint(position, version), clone);
+            }
+        }
+    }
+
+    /// Carries out actions: jobs wait to be completed, answers go to their callers.
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Grant { waiter, grant } => {
+                    self.answered(waiter);
+                    let current = self
+                        .state
+                        .status_of(&grant.template)
+                        .and_then(|s| s.fingerprint);
+                    assert_eq!(
+                        current.as_ref(),
+                        Some(&grant.fingerprint),
+                        "granted {} of a version that is not current",
+                        grant.database
+                    );
+                    self.deliveries.push((waiter, grant));
+                }
+                Action::Fail { waiter, .. } => self.answered(waiter),
+                job => self.jobs.push(job),
+            }
+        }
+    }
+
+    /// A request is answered: exactly once, whether its caller still waits or went away (a
+    /// grant whose connection limit was being set is answered after its caller left).
+    fn answered(&mut self, waiter: WaiterId) {
+        assert!(
+            self.open.remove(&waiter) || self.cancelled.remove(&waiter),
+            "request {waiter} answered twice or never made"
+        );
+    }
+
+    fn deliver(&mut self, index: usize, hung_up: bool) {
+        if self.deliveries.is_empty() {
+            return;
+        }
+        let (waiter, grant) = self.deliveries.remove(index % self.deliveries.len());
+        if hung_up || self.gone.contains(&waiter) {
+            let actions = self.state.grant_undelivered(&grant.lease_id, self.now);
+            self.apply(actions);
+            return;
+        }
+        // Nobody else may hold this database while the pool says their lease is open.
+        let open: HashSet<LeaseId> = self
+            .state
+            .lease_list()
+            .into_iter()
+            .map(|lease| lease.id)
+            .collect();
+        for held in &self.leases {
+            assert!(
+                held.database != grant.database || !open.contains(&held.lease_id),
+                "{} leased twice: to {} and {}",
+                grant.database,
+                held.lease_id,
+                grant.lease_id
+            );
+        }
+        self.leases.retain(|held| open.contains(&held.lease_id));
+        self.leases.push(grant);
+    }
+
+    fn complete(&mut self, index: usize, ok: bool) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        let job = self.jobs.remove(index % self.jobs.len());
+        let now = self.now;
+        let outcome = || {
+            if ok {
+                Ok(())
+            } else {
+                Err("it failed".to_owned())
+            }
+        };
+        let actions = match job {
+            Action::Build { template, .. } => {
+                let position = NAMES.iter().position(|n| *n == template.as_str());
+                let version = position.map_or(0, |p| self.versions[p]);
+                let fingerprint = fingerprint(position.unwrap_or(9), version);
+                let db = DbName::template(&template, &fingerprint);
+                let built = Built {
+                    fingerprint,
+                    db: db.clone(),
+                    elapsed: Duration::from_millis(5),
+                    size_bytes: position.map_or(0, |p| SIZES[p]) as i64,
+                    built_at: std::time::SystemTime::UNIX_EPOCH,
+                };
+                if ok {
+                    self.created.insert(db.clone());
+                    self.dropped.remove(&db);
+                }
+                let outcome = if ok {
+                    Ok(built)
+                } else {
+                    Err("it failed".into())
+                };
+                self.state.build_finished(&template, outcome, now)
+            }
+            Action::Clone {
+                template,
+                template_db,
+                clone,
+            } => {
+                // Even a failed CREATE may leave files: the pool must drop it.
+                self.created.insert(clone.clone());
+                self.state
+                    .clone_finished(&template, &template_db, clone, outcome(), now)
+            }
+            Action::Recycle {
+                template,
+                template_db,
+                clone,
+            } => self
+                .state
+                .clone_finished(&template, &template_db, clone, outcome(), now),
+            Action::Drop { db } => {
+                if ok {
+                    assert!(
+                        !self.state.live_databases().contains(&db),
+                        "{db} dropped while the pool still uses it"
+                    );
+                    self.dropped.insert(db.clone());
+                }
+                self.state.drop_finished(&db, outcome(), now)
+            }
+            Action::SetLimit { lease_id, .. } => self.state.limit_set(&lease_id, outcome(), now),
+            Action::OpenTemplate { template, db } => {
+                self.created.insert(db.clone());
+                self.state.template_opened(&template, db, outcome(), now).1
+            }
+            Action::FinalizeTemplate { template, db, .. } => {
+                let built = Built {
+                    fingerprint: template.to_string(),
+                    db: db.clone(),
+                    elapsed: Duration::from_millis(5),
+                    size_bytes: 2_000_000,
+                    built_at: std::time::SystemTime::UNIX_EPOCH,
+                };
+                let outcome = if ok {
+                    Ok(built)
+                } else {
+                    Err("it failed".into())
+                };
+                self.state.template_finalized(&template, db, outcome, now).1
+            }
+            Action::Grant { .. } | Action::Fail { .. } => Vec::new(),
+        };
+        self.apply(actions);
+    }
+
+    fn step(&mut self, event: &Event) {
+        let now = self.now;
+        match *event {
+            Event::Lease {
+                template: index,
+                own_limit,
+                wait_ms,
+            } => {
+                let waiter = self.next_waiter;
+                self.next_waiter += 1;
+                self.open.insert(waiter);
+                let request = LeaseRequest {
+                    template: template(NAMES[index]),
+                    ttl: None,
+                    wait: Duration::from_millis(wait_ms),
+                    connections: own_limit.then_some(2 * LEASE_CONNECTIONS),
+                    // The IntegreSQL API asks for client-built templates.
+                    reclaimable: index >= CONFIGURED,
+                };
+                let actions = self
+                    .state
+                    .request_lease(waiter, LeaseId::random(), &request, now);
+                self.apply(actions);
+            }
+            Event::Deliver { index, hung_up } => self.deliver(index, hung_up),
+            Event::Release { index, reuse } => {
+                if self.leases.is_empty() {
+                    return;
+                }
+                let lease = self.leases.remove(index % self.leases.len());
+                let (_, actions) = self.state.release(&lease.lease_id, reuse, now);
+                self.apply(actions);
+            }
+            Event::Renew { index } => {
+                if let Some(lease) = self.leases.get(index % self.leases.len().max(1)) {
+                    let _ = self.state.renew(&lease.lease_id, None, now);
+                }
+            }
+            Event::Cancel { index } => {
+                let waiting: Vec<WaiterId> = self.open.iter().copied().collect();
+                if let Some(&waiter) = waiting.get(index % waiting.len().max(1)) {
+                    // The actor forgets the caller; an answer that still comes finds nobody.
+                    self.open.remove(&waiter);
+                    self.cancelled.insert(waiter);
+                    self.gone.insert(waiter);
+                    self.state.cancel_waiter(waiter);
+                }
+            }
+            Event::Complete { index, ok } => self.complete(index, ok),
+            Event::Advance { ms } => {
+                self.now += Duration::from_millis(ms);
+                let actions = self.state.tick(self.now);
+                self.apply(actions);
+            }
+            Event::SourcesChanged { template: index } => {
+                self.versions[index] += 1;
+                let actions = self.state.rebuild(&template(NAMES[index]), now);
+                self.apply(actions);
+            }
+            Event::Rebuild { template: index } => {
+                if let Ok(actions) = self.state.request_rebuild(&template(NAMES[index]), now) {
+                    self.apply(actions);
+                }
+            }
+            Event::ServerLost => {
+                if !self.up {
+                    return;
+                }
+                // The actor answers synchronously: no grant is still on its way.
+                while !self.deliveries.is_empty() {
+                    self.deliver(0, false);
+                }
+                let actions = self.state.server_lost("postgres exited");
+                self.apply(actions);
+                // Reports of the lost server's jobs are ignored (its generation is over),
+                // and what it held is swept by the next session.
+                self.jobs.clear();
+                self.created.clear();
+                self.dropped.clear();
+                self.up = false;
+            }
+            Event::ServerUp { leftovers } => self.server_up(leftovers),
+            Event::Initialize { client } => {
+                if let Ok(action) = self.state.initialize(&template(NAMES[CONFIGURED + client])) {
+                    self.jobs.push(action);
+                }
+            }
+            Event::Finalize { client } => {
+                if let Ok(Finalize::Start(action)) =
+                    self.state.finalize(&template(NAMES[CONFIGURED + client]))
+                {
+                    self.jobs.push(action);
+                }
+            }
+            Event::Discard { client } => {
+                if let Ok(actions) = self
+                    .state
+                    .discard(&template(NAMES[CONFIGURED + client]), now)
+                {
+                    self.apply(actions);
+                }
+            }
+            Event::GiveBack {
+                client,
+                number,
+                recreate,
+            } => {
+                let name = template(NAMES[CONFIGURED + client]);
+                if let Ok((id, _)) = self.state.lease_by_number(&name, number) {
+                    let (_, actions) = self.state.release(&id, !recreate, now);
+                    self.apply(actions);
+                }
+            }
+            Event::Reset => {
+                if let Ok(actions) = self.state.discard_all_client_built(now) {
+                    self.apply(actions);
+                }
+            }
+        }
+    }
+
+    /// Completes every job, delivers every grant and lets time run out until nothing is
+    /// left to do; then every promise about the end must hold.
+    fn settle(&mut self) {
+        self.server_up(0);
+        for _ in 0..100 {
+            while !self.deliveries.is_empty() {
+                self.deliver(0, false);
+            }
+            while !self.jobs.is_empty() {
+                self.complete(0, true);
+                self.check();
+            }
+            if self.deliveries.is_empty() {
+                // Past every lease's ttl, every wait and every drop's back-off.
+                self.now += Duration::from_secs(120);
+                let actions = self.state.tick(self.now);
+                self.apply(actions);
+                self.check();
+                if self.jobs.is_empty() && self.deliveries.is_empty() {
+                    break;
+                }
+            }
+        }
+        assert!(self.jobs.is_empty(), "jobs never ended: {:?}", self.jobs);
+        assert!(
+            self.open.is_empty(),
+            "requests never answered: {:?}",
+            self.open
+        );
+        let drops = self.state.drop_status();
+        assert_eq!(drops.pending, 0, "drops never done: {drops:?}");
+        assert!(self.state.lease_list().is_empty(), "leases never ended");
+        let live = self.state.live_databases();
+        let lost: Vec<&DbName> = self
+            .created
+            .iter()
+            .filter(|db| !self.dropped.contains(*db) && !live.contains(*db))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "databases neither dropped nor in use: {lost:?}"
+        );
+    }
+
+    fn check(&self) {
+        if let Err(broken) = self.state.check_invariants() {
+            panic!("invariant broken: {broken}");
+        }
+    }
+}
+
+/// The fingerprint of a configured template's version.
+fn fingerprint(position: usize, version: u32) -> String {
+    format!("{position:08x}{version:08x}")
+}
+
+fn template(name: &str) -> TemplateName {
+    TemplateName::new(name).expect("a valid template name")
+}
+
+fn cases() -> u32 {
+    std::env::var("PGLEASE_INTERLEAVINGS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(DEFAULT_CASES)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 20_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_interleaving_keeps_the_promises(
+        events in prop::collection::vec(event(), 1..120),
+        budget in prop::option::of(6_000_000u64..30_000_000),
+        min_ready in 0usize..3,
+    ) {
+        let mut world = World::new(budget, min_ready);
+        world.check();
+        for event in &events {
+            world.step(event);
+            world.check();
+        }
+        world.settle();
+    }
+}
