@@ -262,3 +262,50 @@ async fn sigterm_under_load_stops_cleanly_within_the_grace_period() {
     assert_eq!(tally.double_leases.load(Ordering::Relaxed), 0);
     assert!(tally.tests.load(Ordering::Relaxed) > 0);
 }
+
+/// The daemon watches the server through one idle connection. If that connection alone
+/// closes (an external server's idle_session_timeout, a proxy, an administrator) while
+/// postgres runs on, nothing is lost: the daemon looks again before declaring the server
+/// gone, and every lease stays valid.
+#[tokio::test]
+async fn a_closed_monitor_connection_alone_loses_no_lease() {
+    let server = PlainPostgres::start("monitor");
+    let admin = server.connect().await;
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-url".to_owned(), server.url()])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("default").await;
+    let ended = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'pglease monitor'",
+            &[],
+        )
+        .await
+        .expect("terminate the monitor connection");
+    assert_eq!(ended.get::<_, i64>(0), 1, "one monitor connection");
+    poll_until(
+        Duration::from_secs(10),
+        "a new monitor connection",
+        || async {
+            let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pglease monitor'",
+                &[],
+            )
+            .await
+            .ok()?;
+            (row.get::<_, i64>(0) == 1).then_some(())
+        },
+    )
+    .await;
+    let client = connect(&lease).await.expect("the lease still connects");
+    drop(client);
+    let (status, body) = daemon
+        .release(lease["id"].as_str().expect("id"), false)
+        .await;
+    assert_eq!(status, 204, "the lease is still open: {body}");
+    assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
+    assert!(daemon.stop().await.success());
+}

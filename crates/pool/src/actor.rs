@@ -40,6 +40,9 @@ const POSTGRES_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the answer to a lease request goes.
 type LeaseReply = oneshot::Sender<Result<Lease, LeaseError>>;
 
+/// How long a second look at a server whose monitor connection closed may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What a job reports when it finds no server to work on.
 const NOT_RUNNING: &str = "postgres is not running";
 /// Capacity of the command channel; senders wait when it is full.
@@ -156,6 +159,10 @@ enum JobResult {
         give_back: Box<client::GiveBack>,
         outcome: Result<i64, TemplateOpError>,
     },
+    /// A second look at a server whose monitor connection closed: `Ok` is a new monitor.
+    Probed {
+        outcome: Result<tokio_postgres::Client, String>,
+    },
 }
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
@@ -234,6 +241,7 @@ pub async fn start(
         retry_at: None,
         stopping: false,
         waiters: HashMap::new(),
+        probing: false,
         next_waiter: 1,
         passwords: HashMap::new(),
         watches: HashMap::new(),
@@ -364,6 +372,8 @@ struct Actor {
     retry_at: Option<Instant>,
     stopping: bool,
     waiters: HashMap<WaiterId, LeaseReply>,
+    /// A second look at the server runs (its monitor connection closed).
+    probing: bool,
     next_waiter: WaiterId,
     /// The password of each clone's role, from its creation (or last recycle) to its drop.
     passwords: HashMap<DbName, String>,
@@ -614,6 +624,7 @@ impl Actor {
             JobResult::SessionsCounted { give_back, outcome } => {
                 self.sessions_counted(*give_back, outcome);
             }
+            JobResult::Probed { outcome } => self.probed(outcome),
         }
         self.check_invariants();
     }
@@ -628,6 +639,7 @@ impl Actor {
                 Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             ),
             // Lease requests waiting on a check are not tied to a server.
+            JobResult::Probed { .. } => self.probing = false,
             // Callers waiting on client-built templates and grants were told when the
             // server went (`PoolState::server_lost`, `fail_client_work`).
             JobResult::Built { .. }
@@ -708,12 +720,47 @@ impl Actor {
                 .unwrap_or_default();
             tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
             self.server_lost(format!("postgres exited unexpectedly ({status})"));
-        } else if self.monitor.as_ref().is_some_and(|m| m.is_closed()) {
-            tracing::error!("lost the connection to postgres; reconnecting");
-            self.server_lost("the connection to postgres was lost".into());
+        } else if !self.probing && self.monitor.as_ref().is_some_and(|m| m.is_closed()) {
+            // A closed connection alone proves little: an external server's
+            // idle_session_timeout or a proxy may end it while postgres runs on. Losing the
+            // server drops every lease, so look once more before declaring it.
+            tracing::warn!("the monitor connection to postgres closed; checking the server");
+            self.probing = true;
+            self.spawn_job(move |session| async move {
+                let outcome = match session {
+                    Some(session) => {
+                        match tokio::time::timeout(
+                            PROBE_TIMEOUT,
+                            connect_monitor(&session.admin_config),
+                        )
+                        .await
+                        {
+                            Ok(connected) => connected.map_err(|e| crate::session::pg_message(&e)),
+                            Err(_) => Err("the server did not answer".into()),
+                        }
+                    }
+                    None => Err(NOT_RUNNING.into()),
+                };
+                JobResult::Probed { outcome }
+            });
         } else if self.retry_at.is_some_and(|at| at <= Instant::now()) {
             self.retry_at = None;
             self.spawn_bring_up();
+        }
+    }
+
+    /// The second look at the server ended: a new monitor connection, or the server is lost.
+    fn probed(&mut self, outcome: Result<tokio_postgres::Client, String>) {
+        self.probing = false;
+        match outcome {
+            Ok(monitor) => {
+                tracing::info!("postgres still answers; watching it on a new connection");
+                self.monitor = Some(monitor);
+            }
+            Err(error) => {
+                tracing::error!(%error, "lost the connection to postgres; reconnecting");
+                self.server_lost(format!("the connection to postgres was lost ({error})"));
+            }
         }
     }
 
