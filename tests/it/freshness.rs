@@ -4,7 +4,9 @@
 use std::fs;
 use std::time::Duration;
 
-use crate::support::{connect, id_of, scratch_dir, wait_until_dropped, TestDaemon};
+use serde_json::json;
+
+use crate::support::{connect, id_of, poll_until, scratch_dir, wait_until_dropped, TestDaemon};
 
 async fn tables(lease: &serde_json::Value) -> Vec<String> {
     let client = connect(lease).await.expect("connect");
@@ -138,4 +140,50 @@ async fn templates_are_listed_and_a_rebuild_can_be_forced() {
         assert_eq!(status, expected, "{method} {path}: {body}");
         assert_eq!(body["error"]["code"], code);
     }
+}
+
+/// Checking a template's sources is file I/O, and file I/O can stall (a network mount, a
+/// FIFO). It runs beside the pool, never in it: while one template's check hangs, leases of
+/// other templates are answered.
+#[tokio::test]
+async fn a_stalled_source_check_holds_up_no_other_lease() {
+    let dir = scratch_dir("fresh-stall");
+    let schema = dir.join("schema.sql");
+    fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
+    let daemon = TestDaemon::builder()
+        .args(["--template", &format!("app=sql:{}", schema.display())])
+        .start()
+        .await;
+    daemon.lease_ok("app").await;
+    // The file becomes a FIFO nobody writes to: hashing it blocks until someone does.
+    fs::remove_file(&schema).expect("remove");
+    nix::unistd::mkfifo(&schema, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let stalled = daemon.lease_in_background(json!({ "template": "app", "wait_ms": 1000 }));
+    // The check has begun once the daemon opens the FIFO to read: only then does a
+    // non-blocking open for writing succeed. The writer is held open and never writes, so
+    // the daemon's read goes on waiting.
+    let _writer = poll_until(
+        Duration::from_secs(10),
+        "the daemon to open the FIFO",
+        || {
+            let schema = schema.clone();
+            async move {
+                use std::os::unix::fs::OpenOptionsExt;
+                fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                    .open(&schema)
+                    .ok()
+            }
+        },
+    )
+    .await;
+    let other = tokio::time::timeout(Duration::from_secs(10), daemon.lease_ok("default")).await;
+    assert!(
+        other.is_ok(),
+        "a lease of another template waited on the check"
+    );
+    stalled.abort();
+    // The blocked read never ends by itself: no graceful stop to wait for.
+    daemon.kill();
 }

@@ -26,7 +26,9 @@ use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{describe_target, mark_ready, Session, SessionParams};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
-use crate::types::{ConnectInfo, Lease, LeaseSummary, PostgresStatus, Readiness, StatusReport};
+use crate::types::{
+    ConnectInfo, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness, StatusReport,
+};
 
 mod client;
 
@@ -163,6 +165,16 @@ enum JobResult {
     Probed {
         outcome: Result<tokio_postgres::Client, String>,
     },
+    /// The sources of `template` were checked (off the actor: it is file I/O) for lease
+    /// requests that wait on the answer.
+    SourcesChecked {
+        template: TemplateName,
+        changed: bool,
+        /// The stamp seen, to remember when the sources were touched but not changed.
+        stamp: SourceStamp,
+        /// The fingerprint of the version the check compared against.
+        fingerprint: String,
+    },
 }
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
@@ -241,6 +253,7 @@ pub async fn start(
         retry_at: None,
         stopping: false,
         waiters: HashMap::new(),
+        checking: HashMap::new(),
         probing: false,
         next_waiter: 1,
         passwords: HashMap::new(),
@@ -372,6 +385,8 @@ struct Actor {
     retry_at: Option<Instant>,
     stopping: bool,
     waiters: HashMap<WaiterId, LeaseReply>,
+    /// Lease requests waiting for a check of their template's sources, by template.
+    checking: HashMap<TemplateName, Vec<(LeaseRequest, LeaseReply)>>,
     /// A second look at the server runs (its monitor connection closed).
     probing: bool,
     next_waiter: WaiterId,
@@ -432,21 +447,7 @@ impl Actor {
     fn handle_command(&mut self, command: Command) {
         let now = Instant::now();
         match command {
-            Command::Lease { request, reply } => {
-                if self.sources_changed(&request.template) {
-                    tracing::info!(template = %request.template, "template sources changed; building a new version");
-                    self.watches.remove(&request.template);
-                    let actions = self.state.rebuild(&request.template, now);
-                    self.apply(actions);
-                }
-                let waiter = self.next_waiter;
-                self.next_waiter += 1;
-                self.waiters.insert(waiter, reply);
-                let actions = self
-                    .state
-                    .request_lease(waiter, LeaseId::random(), &request, now);
-                self.apply(actions);
-            }
+            Command::Lease { request, reply } => self.lease(request, reply),
             Command::Release { id, reuse, reply } => {
                 let (result, actions) = self.state.release(&id, reuse, now);
                 if result.is_ok() {
@@ -625,6 +626,12 @@ impl Actor {
                 self.sessions_counted(*give_back, outcome);
             }
             JobResult::Probed { outcome } => self.probed(outcome),
+            JobResult::SourcesChecked {
+                template,
+                changed,
+                stamp,
+                fingerprint,
+            } => self.sources_checked(template, changed, stamp, fingerprint),
         }
         self.check_invariants();
     }
@@ -639,6 +646,12 @@ impl Actor {
                 Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             ),
             // Lease requests waiting on a check are not tied to a server.
+            JobResult::SourcesChecked {
+                template,
+                changed,
+                stamp,
+                fingerprint,
+            } => self.sources_checked(template, changed, stamp, fingerprint),
             JobResult::Probed { .. } => self.probing = false,
             // Callers waiting on client-built templates and grants were told when the
             // server went (`PoolState::server_lost`, `fail_client_work`).
@@ -955,31 +968,91 @@ impl Actor {
         });
     }
 
-    /// Whether a template's sources changed since its current version was built: their
-    /// stamp first (one stat call per file, microseconds, at every lease so an edit followed
-    /// at once by a lease is seen), the hash only when the stamp moved. Runs on the actor's
-    /// task: it is file metadata, not SQL.
-    fn sources_changed(&mut self, template: &TemplateName) -> bool {
-        let (Some(watch), Some(session)) = (self.watches.get_mut(template), self.session.as_ref())
+    /// A lease request. A template built from files has its sources checked first — a
+    /// stat call per file, the hash only when a stamp moved — so that an edit followed at
+    /// once by a lease is seen. The check is file I/O and runs in a worker, not on the
+    /// actor (which would stall every other lease and release); requests for the same
+    /// template that arrive meanwhile wait for the same check.
+    fn lease(&mut self, request: LeaseRequest, reply: LeaseReply) {
+        let template = request.template.clone();
+        if let Some(waiting) = self.checking.get_mut(&template) {
+            waiting.push((request, reply));
+            return;
+        }
+        let watched = self
+            .watches
+            .get(&template)
+            .map(|w| (w.stamp.clone(), w.fingerprint.clone()));
+        let source = self
+            .state
+            .source_of(&template)
+            .filter(|s| !matches!(s, TemplateSource::Empty | TemplateSource::Client));
+        let major = self.session.as_ref().map(|s| s.pg_major);
+        let (Some((stamp, fingerprint)), Some(source), Some(major)) = (watched, source, major)
         else {
-            return false;
+            self.request_lease(request, reply);
+            return;
         };
-
-        let Some(source) = self.state.source_of(template) else {
-            return false;
-        };
-        let stamp = template::stamp(&source);
-        if stamp == watch.stamp {
-            return false;
-        }
-        match template::fingerprint(&source, session.pg_major) {
-            Ok(fingerprint) if fingerprint == watch.fingerprint => {
-                // Touched but unchanged: remember the new stamp, keep the version.
-                watch.stamp = stamp;
-                false
+        self.checking
+            .insert(template.clone(), vec![(request, reply)]);
+        self.spawn_job(move |_| async move {
+            let seen = fingerprint.clone();
+            let checked = tokio::task::spawn_blocking(move || {
+                let now = template::stamp(&source);
+                if now == stamp {
+                    return (false, now);
+                }
+                // Touched but unchanged keeps the version (and the new stamp).
+                let changed = template::fingerprint(&source, major).map_or(true, |f| f != seen);
+                (changed, now)
+            })
+            .await;
+            // A check that could not run says nothing changed; the next lease checks again.
+            let (changed, stamp) = checked.unwrap_or_default();
+            JobResult::SourcesChecked {
+                template,
+                changed,
+                stamp,
+                fingerprint,
             }
-            _ => true,
+        });
+    }
+
+    /// The sources of `template` were checked: a change builds a new version, then the
+    /// requests that waited for the check are handled.
+    fn sources_checked(
+        &mut self,
+        template: TemplateName,
+        changed: bool,
+        stamp: SourceStamp,
+        fingerprint: String,
+    ) {
+        if changed {
+            tracing::info!(template = %template, "template sources changed; building a new version");
+            self.watches.remove(&template);
+            let actions = self.state.rebuild(&template, Instant::now());
+            self.apply(actions);
+        } else if let Some(watch) = self
+            .watches
+            .get_mut(&template)
+            .filter(|w| w.fingerprint == fingerprint)
+        {
+            watch.stamp = stamp;
         }
+        for (request, reply) in self.checking.remove(&template).unwrap_or_default() {
+            self.request_lease(request, reply);
+        }
+    }
+
+    /// Parks the reply and asks the state for a lease.
+    fn request_lease(&mut self, request: LeaseRequest, reply: LeaseReply) {
+        let waiter = self.next_waiter;
+        self.next_waiter += 1;
+        self.waiters.insert(waiter, reply);
+        let actions = self
+            .state
+            .request_lease(waiter, LeaseId::random(), &request, Instant::now());
+        self.apply(actions);
     }
 
     /// Whether a client built `template` (IntegreSQL API). Their clones get postgres'
