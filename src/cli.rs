@@ -411,6 +411,7 @@ impl ServeArgs {
                     command_timeout(Some(secs)).map_err(|e| format!("--build-timeout: {e}"))?
                 }
             },
+            initialize_timeout: defaults.initialize_timeout,
             max_bytes: self
                 .max_bytes
                 .or(file.max_bytes)

@@ -40,6 +40,8 @@ use crate::wire;
         wire::TemplateJson,
         wire::LeaseJson,
         wire::DropsJson,
+        wire::LimitsJson,
+        wire::RefusedJson,
         wire::HealthResponse,
         wire::ReadyResponse,
     ))

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
 use pglease_pool::{
     ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary,
-    PostgresStatus, Readiness, StatusReport, TemplateName, TemplateStatus,
+    LimitStatus, PostgresStatus, Readiness, Refusals, StatusReport, TemplateName, TemplateStatus,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -227,8 +227,10 @@ async fn lease_errors_map_to_status_and_code() {
             error: LeaseError::TimedOut {
                 template: template("app"),
                 waited_ms: 1500,
-                leased: 8,
-                max_total: 8,
+                blocked_by: pglease_pool::Blocked::MaxTotal {
+                    leased: 8,
+                    max_total: 8,
+                },
             },
             status: StatusCode::GATEWAY_TIMEOUT,
             code: "timeout",
@@ -496,6 +498,7 @@ async fn status_renders_the_report_without_credentials() {
                 leased: 1,
                 in_progress: 2,
                 waiting: 0,
+                blocked_by: None,
                 last_error: None,
             },
             TemplateStatus {
@@ -510,6 +513,7 @@ async fn status_renders_the_report_without_credentials() {
                 leased: 0,
                 in_progress: 0,
                 waiting: 3,
+                blocked_by: Some("making"),
                 last_error: Some("schema.sql line 3: syntax error".into()),
             },
         ],
@@ -523,6 +527,16 @@ async fn status_renders_the_report_without_credentials() {
             pending: 2,
             failed: 1,
             last_error: Some("ERROR: disk full".into()),
+        },
+        limits: LimitStatus {
+            connection_budget: 350,
+            connections_in_use: 10,
+            refused: Refusals {
+                connection_budget: 2,
+                ..Refusals::default()
+            },
+            reclaimed: 1,
+            abandoned: 0,
         },
     };
     let (app, mut actor) = app();
@@ -567,6 +581,7 @@ async fn status_renders_the_report_without_credentials() {
                     "leased": 1,
                     "in_progress": 2,
                     "waiting": 0,
+                    "blocked_by": null,
                     "last_error": null,
                 },
                 {
@@ -581,6 +596,7 @@ async fn status_renders_the_report_without_credentials() {
                     "leased": 0,
                     "in_progress": 0,
                     "waiting": 3,
+                    "blocked_by": "making",
                     "last_error": "schema.sql line 3: syntax error",
                 },
             ],
@@ -593,6 +609,13 @@ async fn status_renders_the_report_without_credentials() {
                 },
             ],
             "drops": { "pending": 2, "failed": 1, "last_error": "ERROR: disk full" },
+            "limits": {
+                "connection_budget": 350,
+                "connections_in_use": 10,
+                "refused": { "connection_budget": 2, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0 },
+                "reclaimed": 1,
+                "abandoned": 0,
+            },
         })
     );
     assert!(

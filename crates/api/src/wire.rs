@@ -120,6 +120,38 @@ pub struct StatusResponse {
     pub leases: Vec<LeaseJson>,
     /// Databases on their way out.
     pub drops: DropsJson,
+    /// The limits requests meet.
+    pub limits: LimitsJson,
+}
+
+/// The limits requests meet, in `/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LimitsJson {
+    /// Connections postgres has for lease holders in all.
+    pub connection_budget: u32,
+    /// Connections open leases hold (their limits, summed).
+    pub connections_in_use: u32,
+    /// Requests refused or timed out since the start, by the limit that stopped them.
+    pub refused: RefusedJson,
+    /// IntegreSQL test databases (never given back) ended to make room.
+    pub reclaimed: u64,
+    /// Client-built templates discarded because no finalize came in time.
+    pub abandoned: u64,
+}
+
+/// Requests refused or timed out, by limit.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RefusedJson {
+    /// The connections of open leases filled the budget.
+    pub connection_budget: u64,
+    /// The template had max_total databases.
+    pub max_total: u64,
+    /// A clone did not fit the byte budget.
+    pub byte_budget: u64,
+    /// Too many requests were waiting already.
+    pub max_waiting: u64,
+    /// Timed out while the template was built or its databases made.
+    pub making: u64,
 }
 
 /// Databases being dropped, in `/status`. A failed drop is retried with back-off and
@@ -185,6 +217,9 @@ pub struct TemplateJson {
     pub in_progress: usize,
     /// Requests waiting.
     pub waiting: usize,
+    /// What the first waiting request waits for: `connection_budget`, `max_total` or
+    /// `making`; null when nobody waits.
+    pub blocked_by: Option<&'static str>,
     /// Last build or clone error.
     pub last_error: Option<String>,
 }

@@ -1153,6 +1153,7 @@ impl Actor {
                 })
                 .collect(),
             drops: self.state.drop_status(),
+            limits: self.state.limit_status(),
         }
     }
 

@@ -75,6 +75,9 @@ pub struct PoolLimits {
     /// How long SQL migrations (a migrations directory or a SQL file) may take to build a
     /// template; a command source has its own `timeout`.
     pub build_timeout: Duration,
+    /// How long a client (IntegreSQL API) may take between initializing a template and
+    /// finalizing it; past that the template counts as abandoned and is discarded.
+    pub initialize_timeout: Duration,
     /// Bytes templates and clones may take in all; None: no limit. (The embedded server
     /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
     pub max_bytes: Option<u64>,
@@ -92,6 +95,7 @@ impl Default for PoolLimits {
             max_bytes: None,
             max_waiting: 1024,
             build_timeout: DEFAULT_COMMAND_TIMEOUT,
+            initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
         }
     }
 }
@@ -163,6 +167,10 @@ pub struct CommandSource {
     pub timeout: Duration,
 }
 
+/// Time a client gets from initialize to finalize by default: a dump of a few GB restores
+/// well within it, and a client that died is noticed the same quarter hour.
+pub const DEFAULT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
 /// Time a migration command gets by default.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -222,12 +230,19 @@ pub struct EmbeddedConfig {
     pub lease_auth: LeaseAuth,
 }
 
+/// Client-built templates the embedded server's `max_connections` has room for, besides the
+/// configured ones.
+pub const CLIENT_TEMPLATE_ALLOWANCE: usize = 2;
+
 impl EmbeddedConfig {
     /// Defaults for a pool with the given limits.
     pub fn for_limits(limits: &PoolLimits, template_count: usize) -> Self {
         // Room for every clone's lease connections, plus the daemon's own; past the cap the
-        // pool's connection budget makes leases wait instead.
-        let clones = limits.max_total.saturating_mul(template_count.max(1));
+        // pool's connection budget makes leases wait instead. Templates that IntegreSQL
+        // clients build at run time share the budget: room for a few of them too (beyond
+        // that, their never-returned test databases are reclaimed oldest first).
+        let templates = template_count.max(1) + CLIENT_TEMPLATE_ALLOWANCE;
+        let clones = limits.max_total.saturating_mul(templates);
         let lease_connections = clones.saturating_mul(limits.lease_connections as usize);
         let max_connections = (lease_connections + 30).clamp(100, 5000) as u32;
         EmbeddedConfig {

@@ -180,16 +180,16 @@ pub enum LeaseError {
         message: String,
     },
     /// No clone became ready within the request's wait.
-    #[error("no database of template \"{template}\" became ready within {waited_ms} ms ({leased} leased, max_total {max_total})")]
+    #[error(
+        "no database of template \"{template}\" became ready within {waited_ms} ms: {blocked_by}"
+    )]
     TimedOut {
         /// The template.
         template: TemplateName,
         /// How long the request waited.
         waited_ms: u64,
-        /// Leases open on that template.
-        leased: usize,
-        /// The template's cap.
-        max_total: usize,
+        /// What kept it waiting.
+        blocked_by: Blocked,
     },
     /// The pool is stopping.
     #[error("pglease is shutting down")]
@@ -241,6 +241,68 @@ pub enum LeaseError {
     /// The template is built by a client: pglease has no sources to rebuild or replace.
     #[error("template \"{0}\" is built by a client through the IntegreSQL API; pglease cannot rebuild or replace it (discard it and initialize it again)")]
     ClientBuilt(TemplateName),
+}
+
+/// What kept a lease request from a database: the limit that blocks, named in the
+/// timeout's message, the log and `/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Blocked {
+    /// The template has `max_total` clones (ready, leased or being made).
+    MaxTotal {
+        /// Its leases.
+        leased: usize,
+        /// The cap.
+        max_total: usize,
+    },
+    /// The connections of open leases fill the server's budget for lease holders.
+    ConnectionBudget {
+        /// The request's connection limit.
+        requested: u32,
+        /// Connections open leases hold.
+        in_use: u32,
+        /// The budget.
+        budget: u32,
+        /// Open leases.
+        leases: usize,
+    },
+    /// Its template was being built, or its databases made.
+    Making,
+}
+
+impl Blocked {
+    /// A short name for `/status` and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Blocked::MaxTotal { .. } => "max_total",
+            Blocked::ConnectionBudget { .. } => "connection_budget",
+            Blocked::Making => "making",
+        }
+    }
+}
+
+impl std::fmt::Display for Blocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Blocked::MaxTotal { leased, max_total } => write!(
+                f,
+                "the template is at max_total ({leased} of its {max_total} databases are leased; \
+                 release leases or raise --max-total)"
+            ),
+            Blocked::ConnectionBudget {
+                requested,
+                in_use,
+                budget,
+                leases,
+            } => write!(
+                f,
+                "the connection budget is used up ({leases} open leases hold {in_use} of the \
+                 {budget} connections postgres has for lease holders, and this request needs \
+                 {requested}; release leases, ask for fewer connections per lease, or give \
+                 postgres a larger max_connections)"
+            ),
+            Blocked::Making => write!(f, "its databases were still being made"),
+        }
+    }
 }
 
 /// A lease could not be released or renewed.

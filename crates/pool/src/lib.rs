@@ -24,11 +24,11 @@ pub use config::{
     CloneStrategy, CommandSource, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig,
     PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
 };
-pub use error::{LeaseError, LeaseOpError, StartError, TemplateOpError};
+pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use state::Registered;
 pub use types::{
-    ConnectInfo, DropStatus, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness,
-    StatusReport, TemplateStatus,
+    ConnectInfo, DropStatus, Lease, LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus,
+    Readiness, Refusals, StatusReport, TemplateStatus,
 };

@@ -139,6 +139,12 @@ pub(crate) struct PoolState {
     /// Connections the server can give lease holders; leases are granted only while the
     /// sum of their connection limits fits.
     connection_budget: u32,
+    /// Requests refused or timed out, by the limit that stopped them (event counts, for
+    /// `/status`).
+    refused: crate::types::Refusals,
+    /// Reclaimable leases ended to make room, and abandoned client templates discarded.
+    reclaimed: u64,
+    abandoned: u64,
 }
 
 impl PoolState {
@@ -168,6 +174,9 @@ impl PoolState {
             lost: HashSet::new(),
             lost_order: VecDeque::new(),
             connection_budget: 0,
+            refused: Default::default(),
+            reclaimed: 0,
+            abandoned: 0,
         }
     }
 

@@ -91,6 +91,38 @@ pub struct StatusReport {
     pub leases: Vec<LeaseSummary>,
     /// Databases on their way out.
     pub drops: DropStatus,
+    /// The limits requests meet.
+    pub limits: LimitStatus,
+}
+
+/// The limits requests meet, in a status report.
+#[derive(Debug, Clone, Default)]
+pub struct LimitStatus {
+    /// Connections postgres has for lease holders in all.
+    pub connection_budget: u32,
+    /// Connections open leases hold (their limits, summed).
+    pub connections_in_use: u32,
+    /// Requests refused or timed out since the start, by the limit that stopped them.
+    pub refused: Refusals,
+    /// IntegreSQL test databases (never given back) ended to make room for a waiting request.
+    pub reclaimed: u64,
+    /// Client-built templates discarded because no finalize came in time.
+    pub abandoned: u64,
+}
+
+/// Requests refused or timed out, by the limit that stopped them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// The connections of open leases filled the budget.
+    pub connection_budget: u64,
+    /// The template had `max_total` databases.
+    pub max_total: u64,
+    /// A clone did not fit the byte budget.
+    pub byte_budget: u64,
+    /// Too many requests were waiting already.
+    pub max_waiting: u64,
+    /// Timed out while the template was built or its databases made.
+    pub making: u64,
 }
 
 /// Databases being dropped, in a status report. A drop that fails is retried with
@@ -155,6 +187,9 @@ pub struct TemplateStatus {
     pub in_progress: usize,
     /// Requests waiting.
     pub waiting: usize,
+    /// What the first waiting request waits for: "connection_budget", "max_total" or
+    /// "making"; None when nobody waits.
+    pub blocked_by: Option<&'static str>,
     /// The last build or clone error.
     pub last_error: Option<String>,
 }

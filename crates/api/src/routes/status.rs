@@ -8,7 +8,8 @@ use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
-    DropsJson, ErrorBody, HealthResponse, LeaseJson, PostgresJson, ReadyResponse, StatusResponse,
+    DropsJson, ErrorBody, HealthResponse, LeaseJson, LimitsJson, PostgresJson, ReadyResponse,
+    RefusedJson, StatusResponse,
 };
 use crate::AppState;
 
@@ -57,6 +58,19 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
             pending: report.drops.pending,
             failed: report.drops.failed,
             last_error: report.drops.last_error,
+        },
+        limits: LimitsJson {
+            connection_budget: report.limits.connection_budget,
+            connections_in_use: report.limits.connections_in_use,
+            refused: RefusedJson {
+                connection_budget: report.limits.refused.connection_budget,
+                max_total: report.limits.refused.max_total,
+                byte_budget: report.limits.refused.byte_budget,
+                max_waiting: report.limits.refused.max_waiting,
+                making: report.limits.refused.making,
+            },
+            reclaimed: report.limits.reclaimed,
+            abandoned: report.limits.abandoned,
         },
     }))
 }

@@ -215,6 +215,7 @@ pub(crate) fn template_json(t: TemplateStatus) -> TemplateJson {
         leased: t.leased,
         in_progress: t.in_progress,
         waiting: t.waiting,
+        blocked_by: t.blocked_by,
         last_error: t.last_error,
     }
 }

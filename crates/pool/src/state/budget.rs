@@ -106,6 +106,7 @@ impl PoolState {
             return;
         };
         for waiter in entry.waiters.drain(..) {
+            self.refused.byte_budget += 1;
             actions.push(Action::Fail {
                 waiter: waiter.id,
                 error: LeaseError::OutOfSpace {

@@ -258,6 +258,28 @@ impl PoolState {
         Ok(actions)
     }
 
+    /// Discards client-built templates whose client initialized them and did not finalize
+    /// within `initialize_timeout` (it died, or forgot): nothing else would ever end them.
+    pub(super) fn discard_abandoned(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let limit = self.limits.initialize_timeout;
+        let abandoned: Vec<TemplateName> = self
+            .templates
+            .iter()
+            .filter(|(_, e)| {
+                e.migrating_since()
+                    .is_some_and(|since| since + limit <= now)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in abandoned {
+            tracing::warn!(template = %name, after_secs = limit.as_secs(), "no finalize came for a client-built template; discarding it as abandoned");
+            self.abandoned += 1;
+            if let Ok(more) = self.discard(&name, now) {
+                actions.extend(more);
+            }
+        }
+    }
+
     /// Forgets every client-built template: their databases go, their open leases end
     /// (later calls on them answer "lost"), their waiting requests fail.
     pub fn discard_all_client_built(

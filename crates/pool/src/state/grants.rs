@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::dbs::{Db, LeaseRecord, Phase};
 use super::lifecycle::{Build, ClientBuild, Lifecycle, Waiter};
 use super::{Action, Grant, PoolState, Server, WaiterId};
-use crate::error::{LeaseError, LeaseOpError};
+use crate::error::{Blocked, LeaseError, LeaseOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::types::LeaseRequest;
 
@@ -27,6 +27,11 @@ impl PoolState {
     ) -> Vec<Action> {
         let mut actions = Vec::new();
         if let Err(error) = self.admit(request) {
+            match &error {
+                LeaseError::TooManyWaiting { .. } => self.refused.max_waiting += 1,
+                LeaseError::TooManyConnections { .. } => self.refused.connection_budget += 1,
+                _ => {}
+            }
             actions.push(Action::Fail { waiter, error });
             return actions;
         }
@@ -416,31 +421,107 @@ impl PoolState {
             self.dbs.queue_drop(database, template.as_ref(), 0);
         }
         self.dbs.retry_failed_drops(now);
+        self.discard_abandoned(now, &mut actions);
         self.serve_all_waiters(now, &mut actions);
-        let max_total = self.limits.max_total;
         let counts = self.dbs.all_counts();
-        for (name, entry) in &mut self.templates {
-            let leased = counts.get(name).map_or(0, |c| c.leased);
+        let in_use = self.dbs.connections_in_use();
+        let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
+        for name in names {
+            let count = counts.get(&name).copied().unwrap_or_default();
+            let Some(blocked_by) = self.blocked_by(&name, in_use, count) else {
+                continue;
+            };
+            let Some(entry) = self.templates.get_mut(&name) else {
+                continue;
+            };
             let (timed_out, waiting): (Vec<Waiter>, Vec<Waiter>) =
                 entry.waiters.drain(..).partition(|w| w.deadline <= now);
             entry.waiters = waiting.into();
             for waiter in timed_out {
+                let waited_ms = now.duration_since(waiter.enqueued).as_millis() as u64;
+                tracing::warn!(template = %name, waited_ms, blocked_by = blocked_by.name(), "a lease request timed out: {blocked_by}");
+                match blocked_by {
+                    Blocked::ConnectionBudget { .. } => self.refused.connection_budget += 1,
+                    Blocked::MaxTotal { .. } => self.refused.max_total += 1,
+                    Blocked::Making => self.refused.making += 1,
+                }
                 actions.push(Action::Fail {
                     waiter: waiter.id,
                     error: LeaseError::TimedOut {
                         template: name.clone(),
-                        waited_ms: now.duration_since(waiter.enqueued).as_millis() as u64,
-                        leased,
-                        max_total,
+                        waited_ms,
+                        blocked_by: blocked_by.clone(),
                     },
                 });
             }
+        }
+        for entry in self.templates.values_mut() {
             if entry.clones_paused_until.is_some_and(|t| t <= now) {
                 entry.clones_paused_until = None;
             }
         }
         self.dispatch(now, &mut actions);
         actions
+    }
+
+    /// What keeps `template`'s first waiting request from a database, if one waits: the
+    /// connection budget, the template's `max_total`, or clones still being made.
+    pub(super) fn blocked_by(
+        &self,
+        template: &TemplateName,
+        in_use: u32,
+        counts: super::dbs::Counts,
+    ) -> Option<Blocked> {
+        let first = self.templates.get(template)?.waiters.front()?;
+        Some(if in_use + first.connections > self.connection_budget {
+            Blocked::ConnectionBudget {
+                requested: first.connections,
+                in_use,
+                budget: self.connection_budget,
+                leases: self.dbs.leases().count(),
+            }
+        } else if counts.total() >= self.limits.max_total {
+            Blocked::MaxTotal {
+                leased: counts.leased,
+                max_total: self.limits.max_total,
+            }
+        } else {
+            Blocked::Making
+        })
+    }
+
+    /// Ends the oldest reclaimable leases — IntegreSQL test databases, which their clients
+    /// never give back — of any template, while a waiting request is kept from its ready
+    /// clone by the connection budget alone (IntegreSQL's clients expect their server to
+    /// recycle test databases when it is full).
+    pub(super) fn reclaim_for_connections(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        loop {
+            let in_use = self.dbs.connections_in_use();
+            let blocked = self.templates.iter().any(|(name, entry)| {
+                entry
+                    .waiters
+                    .front()
+                    .is_some_and(|w| in_use + w.connections > self.connection_budget)
+                    && self.dbs.ready_front(name).is_some()
+            });
+            if !blocked {
+                return;
+            }
+            let oldest = self
+                .dbs
+                .leases()
+                .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
+                .min_by_key(|(_, _, r)| r.granted_at)
+                .map(|(database, db, r)| (database.clone(), db.template.clone(), r.id.clone()));
+            let Some((database, template, id)) = oldest else {
+                return;
+            };
+            tracing::info!(template = ?template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
+            self.reclaimed += 1;
+            let name = template.unwrap_or_else(TemplateName::default_name);
+            self.end_lease(database, || LeaseError::Discarded(name), actions);
+            self.serve_all_waiters(now, actions);
+        }
     }
 
     /// The earliest instant at which [`PoolState::tick`] has something to do.
@@ -450,11 +531,13 @@ impl PoolState {
             .leases()
             .filter(|(_, _, r)| r.pending.is_none())
             .map(|(_, _, r)| r.expires_at);
+        let abandon_after = self.limits.initialize_timeout;
         let templates = self.templates.values().flat_map(|e| {
             e.waiters
                 .iter()
                 .map(|w| w.deadline)
                 .chain(e.clones_paused_until)
+                .chain(e.migrating_since().map(|since| since + abandon_after))
         });
         leases
             .chain(templates)

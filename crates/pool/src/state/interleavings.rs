@@ -153,6 +153,7 @@ impl World {
             lease_connections: LEASE_CONNECTIONS,
             max_waiting: 16,
             build_timeout: Duration::from_secs(300),
+            initialize_timeout: Duration::from_secs(90),
             max_bytes,
         };
         let templates: Vec<TemplateConfig> = NAMES[..CONFIGURED]

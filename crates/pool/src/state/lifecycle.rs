@@ -147,6 +147,15 @@ impl TemplateEntry {
         }
     }
 
+    /// Since when a client migrates it (client-built templates between initialize and
+    /// finalize).
+    pub fn migrating_since(&self) -> Option<Instant> {
+        match &self.lifecycle {
+            Lifecycle::Client(ClientBuild::Open { since, .. }) => Some(*since),
+            Lifecycle::Client(_) | Lifecycle::Configured(_) => None,
+        }
+    }
+
     pub fn is_client_built(&self) -> bool {
         matches!(self.lifecycle, Lifecycle::Client(_))
     }

@@ -25,6 +25,7 @@ impl PoolState {
             return;
         }
         self.reclaim_for_waiters(actions);
+        self.reclaim_for_connections(now, actions);
         self.dispatch_drops(actions);
         let limit = self.limits.clone_concurrency.max(1);
         let mut order: Vec<TemplateName> = self.templates.keys().cloned().collect();

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::dbs::Phase;
 use super::{PoolState, Server};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::types::{DropStatus, TemplateStatus};
+use crate::types::{DropStatus, LimitStatus, TemplateStatus};
 
 /// An open lease as `/status` shows it.
 #[derive(Debug, Clone)]
@@ -22,18 +22,33 @@ impl PoolState {
     /// One template's counts, if it exists.
     pub fn status_of(&self, template: &TemplateName) -> Option<TemplateStatus> {
         let entry = self.templates.get(template)?;
-        Some(self.status_entry(template, entry, self.dbs.counts(template)))
+        let in_use = self.dbs.connections_in_use();
+        Some(self.status_entry(template, entry, self.dbs.counts(template), in_use))
     }
 
     /// Per-template counts for `/status`.
     pub fn template_status(&self) -> Vec<TemplateStatus> {
         let counts = self.dbs.all_counts();
+        let in_use = self.dbs.connections_in_use();
         self.templates
             .iter()
             .map(|(name, entry)| {
-                self.status_entry(name, entry, counts.get(name).copied().unwrap_or_default())
+                let count = counts.get(name).copied().unwrap_or_default();
+                self.status_entry(name, entry, count, in_use)
             })
             .collect()
+    }
+
+    /// The limits requests meet: the connection budget and its use, and what was refused
+    /// by which limit since the start.
+    pub fn limit_status(&self) -> LimitStatus {
+        LimitStatus {
+            connection_budget: self.connection_budget,
+            connections_in_use: self.dbs.connections_in_use(),
+            refused: self.refused.clone(),
+            reclaimed: self.reclaimed,
+            abandoned: self.abandoned,
+        }
     }
 
     fn status_entry(
@@ -41,6 +56,7 @@ impl PoolState {
         name: &TemplateName,
         entry: &super::lifecycle::TemplateEntry,
         counts: super::dbs::Counts,
+        in_use: u32,
     ) -> TemplateStatus {
         TemplateStatus {
             name: name.clone(),
@@ -57,6 +73,7 @@ impl PoolState {
             leased: counts.leased,
             in_progress: counts.making,
             waiting: entry.waiters.len(),
+            blocked_by: self.blocked_by(name, in_use, counts).map(|b| b.name()),
             last_error: entry.last_error.clone(),
         }
     }

@@ -22,6 +22,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         max_bytes: None,
         max_waiting: 1024,
         build_timeout: Duration::from_secs(300),
+        initialize_timeout: Duration::from_secs(900),
     }
 }
 
@@ -295,8 +296,10 @@ fn a_waiter_times_out_when_nothing_frees_up() {
     assert!(matches!(
         error,
         LeaseError::TimedOut {
-            leased: 1,
-            max_total: 1,
+            blocked_by: crate::error::Blocked::MaxTotal {
+                leased: 1,
+                max_total: 1
+            },
             ..
         }
     ));
@@ -1117,4 +1120,125 @@ fn a_grant_held_for_its_limit_is_answered_after_its_template_is_discarded_and_re
         driver.failures.iter().any(|(w, _)| *w == waiter) || driver.grant_of(waiter).is_some(),
         "the request is answered"
     );
+}
+
+// Budgets shared with client-built templates (issue 18).
+
+/// A pool with room for three default leases' connections in all.
+fn small_budget_driver() -> Driver {
+    let mut driver = Driver {
+        state: pool(1, 8),
+        now: Instant::now(),
+        next_waiter: 1,
+        grants: Vec::new(),
+        failures: Vec::new(),
+        drops: Vec::new(),
+        pending: Vec::new(),
+        builds: 0,
+        clone_duration: Duration::ZERO,
+    };
+    let actions = driver.state.server_up(30);
+    driver.pending.extend(actions);
+    driver.settle();
+    driver
+}
+
+#[test]
+fn a_request_kept_from_a_ready_clone_by_the_connection_budget_reclaims_the_oldest_integresql_lease()
+{
+    let mut driver = small_budget_driver();
+    for hash in ["aaa111", "bbb222"] {
+        initialize(&mut driver, hash).expect("initialize");
+        finalize(&mut driver, hash);
+    }
+    // IntegreSQL clients never give test databases back: three fill the budget.
+    let held: Vec<WaiterId> = (0..3)
+        .map(|_| driver.lease_with(&test_request("aaa111")))
+        .collect();
+    driver.settle();
+    let oldest = driver.grant_of(held[0]).expect("granted").clone();
+    let next = driver.lease_with(&test_request("bbb222"));
+    driver.settle();
+    assert!(
+        driver.grant_of(next).is_some(),
+        "served at once, not after a silent wait"
+    );
+    assert!(driver.drops.contains(&oldest.database), "the oldest went");
+    let (result, _) = driver.state.release(&oldest.lease_id, false, driver.now);
+    assert!(matches!(result, Err(LeaseOpError::Lost(_))));
+    assert_eq!(driver.state.limit_status().reclaimed, 1);
+}
+
+#[test]
+fn a_request_the_connection_budget_keeps_waiting_times_out_naming_that_budget() {
+    let mut driver = small_budget_driver();
+    for _ in 0..3 {
+        driver.lease("default", 1000);
+    }
+    driver.settle();
+    let late = driver.lease("default", 500);
+    driver.settle();
+    assert_eq!(
+        default_status(&driver.state).blocked_by,
+        Some("connection_budget")
+    );
+    driver.now += Duration::from_millis(500);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let (waiter, error) = driver.failures.last().expect("a failure");
+    assert_eq!(*waiter, late);
+    assert!(
+        matches!(
+            error,
+            LeaseError::TimedOut {
+                blocked_by: crate::error::Blocked::ConnectionBudget {
+                    in_use: 30,
+                    budget: 30,
+                    leases: 3,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("connection budget"), "{error}");
+    assert_eq!(driver.state.limit_status().refused.connection_budget, 1);
+}
+
+#[test]
+fn an_initialization_nobody_finalizes_is_discarded_after_the_initialize_timeout() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize");
+    let getter = driver.lease_with(&LeaseRequest {
+        wait: Duration::from_secs(3600),
+        ..test_request("abc123")
+    });
+    driver.settle();
+    assert_eq!(
+        driver.state.next_deadline(),
+        Some(driver.now + Duration::from_secs(900)),
+        "the tick comes when the initialization is abandoned"
+    );
+    driver.now += Duration::from_secs(899);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let status = driver.state.status_of(&name("abc123")).expect("status");
+    assert_eq!(status.state, "migrating");
+    driver.now += Duration::from_secs(1);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let status = driver.state.status_of(&name("abc123")).expect("status");
+    assert_eq!(status.state, "discarded");
+    assert!(matches!(
+        driver.failures.as_slice(),
+        [(w, LeaseError::Discarded(_))] if *w == getter
+    ));
+    assert_eq!(driver.state.limit_status().abandoned, 1);
+    // A client may initialize it again.
+    initialize(&mut driver, "abc123").expect("initialize again");
 }
