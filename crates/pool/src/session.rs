@@ -17,6 +17,8 @@ use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
 use crate::{scram, template};
 
+mod recycle;
+
 /// The NOLOGIN role that owns what migrations create. Every lease role is a member, so a
 /// test may alter, truncate and drop the template's objects in its own clone; it owns no
 /// database, so membership gives nothing outside that clone.
@@ -562,34 +564,6 @@ impl Session {
         Ok(settings)
     }
 
-    /// Gets a clone ready to lease again — after a `reuse` release, or adopted from an
-    /// earlier run: a new password and the default connection limit first (and the plain
-    /// marker), then every session of the previous holder ended. Returns the new password.
-    pub async fn recycle(&self, clone: &DbName, standard_scram: bool) -> Result<String, String> {
-        let client = self.client().await?;
-        let password = scram::random_password();
-        client
-            .batch_execute(&format!(
-                // The plain marker again: an adopted clone must not stay "ready" for a
-                // later run while someone holds it.
-                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS NULL;",
-                quote_ident(clone.as_str()),
-                self.lease_connections,
-                quote_literal(&self.verifier(&password, standard_scram)),
-                clone.quoted(),
-            ))
-            .await
-            .map_err(|e| pg_message(&e))?;
-        client
-            .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
-                &[&clone.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(password)
-    }
-
     /// The SCRAM verifier stored for `password` under the configured iteration count (at
     /// least postgres' standard count with `standard`).
     pub(crate) fn verifier(&self, password: &str, standard: bool) -> String {
@@ -782,3 +756,6 @@ pub fn describe_target(config: &tokio_postgres::Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     format!("{host}:{port}")
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! `Session` against a real embedded postgres: what the workers' SQL leaves behind when
+//! others race it. Each test starts its own server (the initdb result is cached in the
+//! system temp dir); the bin dir comes from `PGLEASE_PG_BIN_DIR`, else the usual discovery.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+
+use super::*;
+use crate::config::PoolLimits;
+use crate::postgres::{Embedded, RunningPostgres};
+use crate::EmbeddedConfig;
+
+/// A private embedded server for one test, stopped by [`Server::stop`] (or, after a
+/// failed assertion, killed by `RunningPostgres`'s drop and swept by a later start).
+struct Server {
+    embedded: Embedded,
+    running: RunningPostgres,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let mut config = EmbeddedConfig::for_limits(&PoolLimits::default(), 1);
+        config.bin_dir = std::env::var_os("PGLEASE_PG_BIN_DIR").map(PathBuf::from);
+        config.cache_dir = Some(std::env::temp_dir().join("pglease-session-tests-cache"));
+        config.shared_buffers = "16MB".into();
+        config.max_connections = 100;
+        let mut embedded = Embedded::prepare(&config).await.unwrap_or_else(|e| {
+            panic!("prepare failed: {e} (set PGLEASE_PG_BIN_DIR if postgres was not found)")
+        });
+        let running = embedded
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("start failed: {e}"));
+        Server { embedded, running }
+    }
+
+    /// What the actor passes for an embedded server.
+    fn params(&self) -> SessionParams {
+        SessionParams {
+            admin_config: self.running.admin_config(),
+            lease_host: self.running.host.clone(),
+            lease_port: self.running.port,
+            pool_size: 4,
+            clone_strategy: CloneStrategy::FileCopy,
+            templates: Vec::new(),
+            external: false,
+            lease_auth: LeaseAuth::default(),
+            lease_superuser: false,
+            lease_connections: 80,
+            build_timeout: Duration::from_secs(60),
+        }
+    }
+
+    async fn open(&self) -> Session {
+        Session::open(self.params())
+            .await
+            .unwrap_or_else(|e| panic!("open a session: {e}"))
+    }
+
+    /// A superuser connection of the test's own.
+    async fn superuser(&self) -> tokio_postgres::Client {
+        connect(&self.running.admin_config())
+            .await
+            .expect("superuser connection")
+    }
+
+    /// How a lease holder reaches `clone` (over TCP, with the role's password).
+    fn lease_config(&self, clone: &DbName, password: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.running.host)
+            .port(self.running.port)
+            .user(clone.as_str())
+            .dbname(clone.as_str())
+            .password(password)
+            .connect_timeout(Duration::from_secs(10));
+        config
+    }
+
+    async fn stop(self) {
+        self.running.shutdown(Duration::from_secs(10)).await;
+        self.embedded.cleanup();
+    }
+}
+
+/// Connects and spawns the connection's task.
+async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A template database with a table in it, as a build would leave it.
+async fn make_template(session: &Session, name: &str) -> DbName {
+    let template = DbName::from_server(format!("pglease_tpl_{name}"));
+    session
+        .execute(&format!("CREATE DATABASE {}", template.quoted()))
+        .await
+        .expect("create the template");
+    template
+}
+
+/// Sessions of `role` the server still lists.
+async fn sessions_of(admin: &tokio_postgres::Client, role: &DbName) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+            &[&role.as_str()],
+        )
+        .await
+        .expect("count sessions")
+        .get(0)
+}
+
+/// A recycle must leave the previous holder nothing: while it runs, tasks keep logging in
+/// with the old password and hold every session they get. A login that read the old
+/// verifier just before the password changed used to finish after the single
+/// `pg_terminate_backend` and stay connected; each round checks that no session opened
+/// with the old password is alive afterwards and that the old password is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recycle_leaves_no_session_of_the_old_holder() {
+    const ROUNDS: usize = 25;
+    const HAMMERS: usize = 4;
+    let server = Server::start().await;
+    let session = server.open().await;
+    let admin = server.superuser().await;
+    let template = make_template(&session, "recycle").await;
+    let clone = DbName::from_server("pglease_recycle_1".into());
+    let mut password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    for round in 0..ROUNDS {
+        let stop = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let hammers: Vec<_> = (0..HAMMERS)
+            .map(|_| {
+                let config = server.lease_config(&clone, &password);
+                let (stop, held) = (Arc::clone(&stop), Arc::clone(&held));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        // Refusals (new password, NOLOGIN) are expected; keep trying.
+                        if let Ok(client) = connect(&config).await {
+                            held.lock().expect("held").push(client);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Let the hammers get going, so some login is always in flight.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let new_password = session
+            .recycle(&clone, false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: recycle failed: {e}"));
+        stop.store(true, Ordering::Relaxed);
+        for hammer in hammers {
+            hammer.await.expect("hammer task");
+        }
+        let held = std::mem::take(&mut *held.lock().expect("held"));
+        let mut survivors = 0;
+        for client in &held {
+            if client.simple_query("SELECT 1").await.is_ok() {
+                survivors += 1;
+            }
+        }
+        assert_eq!(
+            survivors,
+            0,
+            "round {round}: {survivors} of {} sessions opened with the old password outlived the recycle",
+            held.len()
+        );
+        drop(held);
+        assert_eq!(
+            sessions_of(&admin, &clone).await,
+            0,
+            "round {round}: the role still has sessions"
+        );
+        assert!(
+            connect(&server.lease_config(&clone, &password))
+                .await
+                .is_err(),
+            "round {round}: the old password still works"
+        );
+        let fresh = connect(&server.lease_config(&clone, &new_password))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the new password fails: {e}"));
+        drop(fresh);
+        password = new_password;
+    }
+    drop(session);
+    server.stop().await;
+}
