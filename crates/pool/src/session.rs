@@ -18,14 +18,12 @@ use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PRE
 use crate::{scram, template};
 
 mod recycle;
+mod settings;
 
 /// The NOLOGIN role that owns what migrations create. Every lease role is a member, so a
 /// test may alter, truncate and drop the template's objects in its own clone; it owns no
 /// database, so membership gives nothing outside that clone.
 pub const OWNER_ROLE: &str = "pglease_owner";
-
-/// Database-level settings (name, value) of a template version.
-type Settings = Arc<Vec<(String, String)>>;
 
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[
@@ -102,9 +100,9 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
-    /// Database-level settings of each template version (a cache of server facts shared by
-    /// the workers, not pool state).
-    template_settings: Arc<std::sync::Mutex<HashMap<DbName, Settings>>>,
+    /// How each template version's database-level settings are re-applied (a cache of
+    /// server facts shared by the workers, not pool state).
+    template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -492,22 +490,17 @@ impl Session {
             }
         }
         // CREATE DATABASE does not copy database-level grants or settings.
-        let mut sql = format!(
-            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;",
-            clone.quoted()
+        let settings = self.template_settings(&client, template_db).await?;
+        let sql = format!(
+            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;{}",
+            clone.quoted(),
+            settings.sql_for(clone)
         );
-        for (name, value) in self.template_settings(&client, template_db).await?.iter() {
-            sql.push_str(&format!(
-                " ALTER DATABASE {} SET {} TO {};",
-                clone.quoted(),
-                quote_ident(name),
-                quote_literal(value)
-            ));
-        }
         client
             .batch_execute(&sql)
             .await
             .map_err(|e| pg_message(&e))?;
+        settings.verify(self, &client, template_db, clone).await?;
         Ok(password)
     }
 
@@ -523,45 +516,6 @@ impl Session {
     /// Whether a lease of `limit` connections needs its role changed from the default.
     pub fn needs_connection_limit(&self, limit: u32) -> bool {
         limit != self.lease_connections
-    }
-
-    /// The database-level settings of a template version, read once and then cached: a
-    /// version never changes after its build.
-    async fn template_settings(
-        &self,
-        client: &tokio_postgres::Client,
-        template_db: &DbName,
-    ) -> Result<Settings, String> {
-        let cached = self
-            .template_settings
-            .lock()
-            .ok()
-            .and_then(|cache| cache.get(template_db).cloned());
-        if let Some(settings) = cached {
-            return Ok(settings);
-        }
-        let rows = client
-            .query(
-                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s \
-                 JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1 AND s.setrole = 0",
-                &[&template_db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        let settings: Settings = Arc::new(
-            rows.iter()
-                .filter_map(|row| {
-                    let setting: String = row.get(0);
-                    setting
-                        .split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                })
-                .collect(),
-        );
-        if let Ok(mut cache) = self.template_settings.lock() {
-            cache.insert(template_db.clone(), settings.clone());
-        }
-        Ok(settings)
     }
 
     /// The SCRAM verifier stored for `password` under the configured iteration count (at

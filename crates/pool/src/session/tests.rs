@@ -199,3 +199,90 @@ async fn recycle_leaves_no_session_of_the_old_holder() {
     drop(session);
     server.stop().await;
 }
+
+/// The clone's database-level settings, as postgres stores them.
+async fn stored_settings(admin: &tokio_postgres::Client, db: &DbName) -> Vec<String> {
+    admin
+        .query_opt(
+            "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase \
+             WHERE d.datname = $1 AND s.setrole = 0",
+            &[&db.as_str()],
+        )
+        .await
+        .expect("read pg_db_role_setting")
+        .map(|row| row.get(0))
+        .unwrap_or_default()
+}
+
+/// `current_setting` of each name, in a session opened with `config`.
+async fn current_settings(config: &tokio_postgres::Config, names: &[&str]) -> Vec<String> {
+    let client = connect(config).await.expect("connect");
+    let mut values = Vec::new();
+    for name in names {
+        let row = client
+            .query_one("SELECT current_setting($1)", &[name])
+            .await
+            .expect("current_setting");
+        values.push(row.get(0));
+    }
+    values
+}
+
+/// `CREATE DATABASE` copies no `ALTER DATABASE … SET`, so a clone gets its template's
+/// again. They used to be re-applied as one quoted literal each, which turns a list such
+/// as `search_path = app, public` into the single schema `"app, public"`.
+#[tokio::test]
+async fn a_clone_gets_its_template_database_settings_exactly() {
+    let server = Server::start().await;
+    let session = server.open().await;
+    let admin = server.superuser().await;
+    let template = make_template(&session, "settings").await;
+    session
+        .execute(&format!(
+            "ALTER DATABASE {db} SET search_path = app, \"My Schema\", \"it's\", \"we\"\"ird, one\", public; \
+             ALTER DATABASE {db} SET work_mem = '64MB'; \
+             ALTER DATABASE {db} SET datestyle = 'ISO, DMY'; \
+             ALTER DATABASE {db} SET app.greeting = 'it''s \"quoted\", here'; \
+             ALTER DATABASE {db} SET statement_timeout = 65000;",
+            db = template.quoted()
+        ))
+        .await
+        .expect("set the template's settings");
+    let expected = stored_settings(&admin, &template).await;
+    assert_eq!(expected.len(), 5, "{expected:?}");
+
+    let clone = DbName::from_server("pglease_settings_1".into());
+    let password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    assert_eq!(stored_settings(&admin, &clone).await, expected);
+
+    // A session in the clone sees what a session in the template sees.
+    let names = [
+        "search_path",
+        "work_mem",
+        "DateStyle",
+        "app.greeting",
+        "statement_timeout",
+    ];
+    let mut in_template = server.running.admin_config();
+    in_template.dbname(template.as_str());
+    let template_values = current_settings(&in_template, &names).await;
+    assert_eq!(
+        template_values[0],
+        "app, \"My Schema\", \"it's\", \"we\"\"ird, one\", public"
+    );
+    let clone_values = current_settings(&server.lease_config(&clone, &password), &names).await;
+    assert_eq!(clone_values, template_values);
+
+    // A second clone of the same version takes the cached statements.
+    let second = DbName::from_server("pglease_settings_2".into());
+    session
+        .clone_database(&template, &second, false)
+        .await
+        .expect("second clone");
+    assert_eq!(stored_settings(&admin, &second).await, expected);
+    drop(session);
+    server.stop().await;
+}
