@@ -17,6 +17,7 @@ use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
 use crate::{scram, template};
 
+mod lock;
 mod recycle;
 mod settings;
 
@@ -100,6 +101,8 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
+    /// The connection holding the server lock, shared by every clone of this session.
+    _lock: Arc<lock::ServerLock>,
     /// How each template version's database-level settings are re-applied (a cache of
     /// server facts shared by the workers, not pool state).
     template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
@@ -117,7 +120,8 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Connects, checks privileges, creates the owner role, reads the settings back and
+    /// Connects, checks privileges, takes the server lock (or fails with
+    /// [`StartError::ServerInUse`]), creates the owner role, reads the settings back and
     /// sweeps what earlier runs left.
     pub async fn open(params: SessionParams) -> Result<Session, StartError> {
         let target = describe_target(&params.admin_config);
@@ -161,6 +165,8 @@ impl Session {
                 "the role pglease connects as on {target} is not a superuser; pglease creates databases and roles"
             )));
         }
+        // Before anything is created or swept: the sweep would drop another daemon's clones.
+        let lock = lock::ServerLock::acquire(&params.admin_config).await?;
         let role = quote_ident(OWNER_ROLE);
         client
             .batch_execute(&format!(
@@ -206,6 +212,7 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
             lease_connections: params.lease_connections,
+            _lock: Arc::new(lock),
             template_settings: Arc::default(),
         };
         drop(client);

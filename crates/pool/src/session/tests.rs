@@ -286,3 +286,48 @@ async fn a_clone_gets_its_template_database_settings_exactly() {
     drop(session);
     server.stop().await;
 }
+
+/// A session holds the server lock while any clone of it lives: another daemon (here a
+/// connection named like one) makes `open` fail naming it, and this process's own earlier
+/// session (a reconnect whose last jobs still run) is waited for.
+#[tokio::test]
+async fn the_server_lock_keeps_a_second_session_out() {
+    let server = Server::start().await;
+    let mut foreign_config = server.running.admin_config();
+    foreign_config.application_name("pglease (pid 1 on elsewhere)");
+    let foreign = connect(&foreign_config).await.expect("connect");
+    foreign
+        .batch_execute("SELECT pg_advisory_lock(x'70676c6561736500'::bigint)")
+        .await
+        .expect("take the lock");
+    match Session::open(server.params()).await {
+        Err(StartError::ServerInUse { holder, .. }) => {
+            assert!(
+                holder.contains("\"pglease (pid 1 on elsewhere)\""),
+                "{holder}"
+            );
+            assert!(holder.contains("local socket"), "{holder}");
+        }
+        Err(other) => panic!("expected ServerInUse, got {other}"),
+        Ok(_) => panic!("a second session opened while another holds the lock"),
+    }
+    drop(foreign);
+
+    let first = server.open().await;
+    let still_running_job = first.clone();
+    drop(first);
+    let second = tokio::spawn(Session::open(server.params()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !second.is_finished(),
+        "the second session did not wait for the first"
+    );
+    drop(still_running_job);
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second session opens once the first is gone")
+        .expect("join");
+    let second = second.unwrap_or_else(|e| panic!("open: {e}"));
+    drop(second);
+    server.stop().await;
+}
