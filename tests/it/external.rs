@@ -60,6 +60,7 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     let status = daemon.status().await;
     assert_eq!(status["postgres"]["external"], true);
     assert_eq!(status["postgres"]["settings"]["fsync"], "on");
+    assert_eq!(status["postgres"]["admin_timeouts"], 0);
     assert!(
         daemon.log().contains("fsync=on"),
         "warns about fsync:\n{}",

@@ -46,7 +46,19 @@ impl Session {
     /// On error the role is left NOLOGIN or with the old password unusable; the caller
     /// drops a clone whose recycle failed.
     pub async fn recycle(&self, clone: &DbName, standard_scram: bool) -> Result<String, String> {
-        let client = self.client().await?;
+        self.bounded(
+            || format!("recycling {clone}"),
+            async |client| self.recycle_with(client, clone, standard_scram).await,
+        )
+        .await
+    }
+
+    async fn recycle_with(
+        &self,
+        client: &tokio_postgres::Client,
+        clone: &DbName,
+        standard_scram: bool,
+    ) -> Result<String, String> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         // One transaction. The password changes here, not at the end: a login that reads
@@ -61,7 +73,7 @@ impl Session {
             ))
             .await
             .map_err(|e| pg_message(&e))?;
-        end_sessions(&client, clone).await?;
+        end_sessions(client, clone).await?;
         client
             .batch_execute(&format!(
                 "ALTER ROLE {role} LOGIN CONNECTION LIMIT {}",

@@ -52,6 +52,7 @@ impl Server {
             lease_superuser: false,
             lease_connections: 80,
             build_timeout: Duration::from_secs(60),
+            admin_timeout: DEFAULT_ADMIN_TIMEOUT,
         }
     }
 
@@ -329,5 +330,97 @@ async fn the_server_lock_keeps_a_second_session_out() {
         .expect("join");
     let second = second.unwrap_or_else(|e| panic!("open: {e}"));
     drop(second);
+    server.stop().await;
+}
+
+/// A CREATE DATABASE that waits on a lock forever (here another superuser holds
+/// `pg_database` in SHARE mode) used to hold its clone slot and pooled connection for
+/// good. Under a short bound `clone_database` fails in time with "timed out after", the
+/// counter says so, the statement is cancelled on the server, and the session goes on.
+#[tokio::test]
+async fn a_hung_clone_times_out_and_is_counted() {
+    const BOUND: Duration = Duration::from_secs(2);
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.admin_timeout = BOUND;
+    let session = Session::open(params)
+        .await
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    let template = make_template(&session, "hang").await;
+    let blocker = server.superuser().await;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE pg_database IN SHARE MODE")
+        .await
+        .expect("lock pg_database");
+
+    let clone = DbName::from_server("pglease_hang_1".into());
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        BOUND + Duration::from_secs(10),
+        session.clone_database(&template, &clone, false),
+    )
+    .await
+    .expect("clone_database hung past its bound");
+    let elapsed = started.elapsed();
+    let error = match outcome {
+        Err(error) => error,
+        Ok(_) => panic!("the clone succeeded while pg_database was locked"),
+    };
+    assert!(
+        error.contains(&format!(
+            "cloning {template} into {clone} timed out after 2s"
+        )),
+        "{error}"
+    );
+    assert!(elapsed < BOUND + Duration::from_secs(1), "{elapsed:?}");
+    assert_eq!(session.admin_timeouts(), 1);
+
+    // The server was told to cancel the CREATE DATABASE: it no longer waits on the lock.
+    let admin = server.superuser().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CREATE DATABASE still waits for its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    blocker.batch_execute("ROLLBACK").await.expect("unlock");
+
+    // The session works on: the failed clone is dropped (its role was made) and a new
+    // clone succeeds, with no other timeout counted.
+    session
+        .drop_database(&clone)
+        .await
+        .expect("drop the failed clone");
+    let exists = admin
+        .query_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[&clone.as_str()],
+        )
+        .await
+        .expect("look up");
+    assert!(
+        exists.is_none(),
+        "the cancelled CREATE DATABASE made the clone after all"
+    );
+    let again = DbName::from_server("pglease_hang_2".into());
+    session
+        .clone_database(&template, &again, false)
+        .await
+        .expect("clone after the timeout");
+    assert_eq!(session.admin_timeouts(), 1);
+    drop(session);
     server.stop().await;
 }
