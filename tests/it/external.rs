@@ -1,8 +1,11 @@
 //! `--postgres-url`: attaching to a server pglease did not start. pglease creates and drops
-//! only its own (prefixed, marked) databases, warns about fsync, and reuses its templates
-//! across restarts.
+//! only its own (prefixed, marked) databases, warns about fsync, reuses its templates
+//! across restarts, and keeps a second daemon off a server it manages.
 
-use crate::support::{connect, scratch_dir, PlainPostgres, TestDaemon};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{self, connect, scratch_dir, PlainPostgres, TestDaemon};
 
 async fn database_names(client: &tokio_postgres::Client) -> Vec<String> {
     client
@@ -57,6 +60,7 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     let status = daemon.status().await;
     assert_eq!(status["postgres"]["external"], true);
     assert_eq!(status["postgres"]["settings"]["fsync"], "on");
+    assert_eq!(status["postgres"]["admin_timeouts"], 0);
     assert!(
         daemon.log().contains("fsync=on"),
         "warns about fsync:\n{}",
@@ -202,4 +206,84 @@ async fn ready_clones_survive_a_clean_restart_and_leased_ones_do_not() {
     assert_eq!(adopted, kept_sorted, "{}", second.log());
     assert!(second.log().contains("adopting a ready clone"));
     assert!(second.stop().await.success());
+}
+
+/// Runs `pglease serve ARGS` that should exit by itself; `None` (after killing it) when it
+/// still runs after `limit`. Returns its log.
+fn run_expecting_exit(args: &[String], limit: Duration) -> (Option<ExitStatus>, String) {
+    let log_path = scratch_dir("second-daemon").join("stderr");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = support::binary()
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn pglease");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status,
+        std::fs::read_to_string(&log_path).unwrap_or_default(),
+    )
+}
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_server_refuses_to_start() {
+    let server = PlainPostgres::start("two-daemons");
+    let args = vec![
+        "--postgres-url".to_owned(),
+        server.url(),
+        "--min-ready".to_owned(),
+        "1".to_owned(),
+    ];
+    let first = TestDaemon::builder().args(args.clone()).start().await;
+    let lease = first.lease_ok("default").await;
+    let held = connect(&lease).await.expect("connect to the lease");
+
+    let second_args = args.clone();
+    let (status, log) = tokio::task::spawn_blocking(move || {
+        run_expecting_exit(&second_args, Duration::from_secs(30))
+    })
+    .await
+    .expect("join");
+    let status = status.unwrap_or_else(|| {
+        panic!("the second daemon kept running next to the first. Its log:\n{log}")
+    });
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("another pglease already manages the postgres server"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("pglease (pid {} on ", first.pid())),
+        "names the holder: {log}"
+    );
+
+    // The first one's clone was not swept: the open session and new logins still work.
+    held.simple_query("SELECT 1")
+        .await
+        .expect("the leased clone's session survived");
+    connect(&lease)
+        .await
+        .expect("the leased clone still exists");
+    assert!(first.stop().await.success());
+
+    // Once the first is gone, another starts.
+    let next = TestDaemon::builder().args(args).start().await;
+    next.lease_ok("default").await;
+    assert!(next.stop().await.success());
 }

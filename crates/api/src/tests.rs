@@ -484,6 +484,7 @@ async fn status_renders_the_report_without_credentials() {
             ],
             restarts: 1,
             last_error: Some("postgres exited (signal 9)".into()),
+            admin_timeouts: 2,
         },
         templates: vec![
             TemplateStatus {
@@ -567,6 +568,7 @@ async fn status_renders_the_report_without_credentials() {
                 "settings": { "fsync": "off", "synchronous_commit": "off" },
                 "restarts": 1,
                 "last_error": "postgres exited (signal 9)",
+                "admin_timeouts": 2,
             },
             "templates": [
                 {

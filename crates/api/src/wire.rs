@@ -190,6 +190,9 @@ pub struct PostgresJson {
     pub restarts: u32,
     /// The last restart's reason or start error.
     pub last_error: Option<String>,
+    /// Admin operations (clone, recycle, drop, ...) that timed out since the server was
+    /// last (re)connected; each one's error says "timed out after …".
+    pub admin_timeouts: u64,
 }
 
 /// A template in `/status`.

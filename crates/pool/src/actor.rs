@@ -295,6 +295,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     lease_superuser: inputs.lease_superuser,
                     lease_connections: inputs.lease_connections,
                     build_timeout: inputs.build_timeout,
+                    admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -324,6 +325,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 lease_superuser: inputs.lease_superuser,
                 lease_connections: inputs.lease_connections,
                 build_timeout: inputs.build_timeout,
+                admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,
@@ -1139,6 +1141,7 @@ impl Actor {
                 settings: session.map(|s| s.settings.clone()).unwrap_or_default(),
                 restarts: self.restarts,
                 last_error: self.last_error.clone(),
+                admin_timeouts: session.map_or(0, Session::admin_timeouts),
             },
             templates: self.state.template_status(),
             leases: self

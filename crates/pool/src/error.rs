@@ -155,6 +155,19 @@ pub enum StartError {
         /// The driver's error.
         source: tokio_postgres::Error,
     },
+    /// Another pglease holds the server lock: two daemons on one server would each sweep
+    /// the other's databases as leftovers.
+    #[error(
+        "another pglease already manages the postgres server at {target}: {holder} holds its \
+         lock; two daemons on one server would drop each other's databases, so stop that one \
+         or give this one a server of its own"
+    )]
+    ServerInUse {
+        /// Host/port or socket.
+        target: String,
+        /// Who holds the lock: its application_name, backend pid and client address.
+        holder: String,
+    },
     /// SQL run while setting up the server failed.
     #[error("{context}: {source}")]
     Sql {

@@ -1,11 +1,14 @@
 //! A session with one running server: the admin connection pool, the lease role, the sweep
 //! of databases an earlier run left behind, the settings read back for `/status`, and the
-//! SQL the pool's workers run (clone, drop).
+//! SQL the pool's workers run (clone, drop). Beside it: `recycle` readies a clone for its
+//! next holder, `settings` re-applies a template's database-level settings, `lock` keeps
+//! a second pglease off the server, `bounded` puts a time bound on each admin operation.
 //!
 //! A new `Session` is opened every time postgres (re)starts or is reconnected; it does not
 //! decide what to clone or drop, it only carries it out.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,13 +20,17 @@ use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
 use crate::{scram, template};
 
+mod bounded;
+mod lock;
+mod recycle;
+mod settings;
+
+pub use bounded::DEFAULT_ADMIN_TIMEOUT;
+
 /// The NOLOGIN role that owns what migrations create. Every lease role is a member, so a
 /// test may alter, truncate and drop the template's objects in its own clone; it owns no
 /// database, so membership gives nothing outside that clone.
 pub const OWNER_ROLE: &str = "pglease_owner";
-
-/// Database-level settings (name, value) of a template version.
-type Settings = Arc<Vec<(String, String)>>;
 
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[
@@ -40,6 +47,8 @@ const SHOWN_SETTINGS: &[&str] = &[
 
 /// How many times a clone is retried while stray sessions leave its template.
 const CLONE_BUSY_RETRIES: u32 = 40;
+/// How long an operation waits for a free admin connection before it fails.
+const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// What opening a session needs to know.
 #[derive(Debug, Clone)]
@@ -66,6 +75,10 @@ pub struct SessionParams {
     pub lease_connections: u32,
     /// How long SQL migrations may take to build a template.
     pub build_timeout: Duration,
+    /// How long one admin operation of the workers (clone, recycle, drop, connection
+    /// limit, counting sessions) may take; [`DEFAULT_ADMIN_TIMEOUT`] unless a test needs
+    /// a short one.
+    pub admin_timeout: Duration,
 }
 
 /// An open session with the server. Cheap to clone: the pool is shared.
@@ -100,9 +113,15 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
-    /// Database-level settings of each template version (a cache of server facts shared by
-    /// the workers, not pool state).
-    template_settings: Arc<std::sync::Mutex<HashMap<DbName, Settings>>>,
+    /// The bound on each admin operation.
+    admin_timeout: Duration,
+    /// Admin operations that timed out (shown in `/status`).
+    admin_timeouts: Arc<AtomicU64>,
+    /// The connection holding the server lock, shared by every clone of this session.
+    _lock: Arc<lock::ServerLock>,
+    /// How each template version's database-level settings are re-applied (a cache of
+    /// server facts shared by the workers, not pool state).
+    template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -117,12 +136,14 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// Connects, checks privileges, creates the owner role, reads the settings back and
+    /// Connects, checks privileges, takes the server lock (or fails with
+    /// [`StartError::ServerInUse`]), creates the owner role, reads the settings back and
     /// sweeps what earlier runs left.
     pub async fn open(params: SessionParams) -> Result<Session, StartError> {
         let target = describe_target(&params.admin_config);
+        let admin_config = bounded::with_connect_timeout(&params.admin_config);
         let manager = Manager::from_config(
-            params.admin_config.clone(),
+            bounded::pool_config(&admin_config, params.admin_timeout),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -130,7 +151,8 @@ impl Session {
         );
         let pool = Pool::builder(manager)
             .max_size(params.pool_size.max(2))
-            .wait_timeout(Some(Duration::from_secs(30)))
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(bounded::create_bound(&admin_config)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StartError::BadUrl(e.to_string()))?;
@@ -161,6 +183,8 @@ impl Session {
                 "the role pglease connects as on {target} is not a superuser; pglease creates databases and roles"
             )));
         }
+        // Before anything is created or swept: the sweep would drop another daemon's clones.
+        let lock = lock::ServerLock::acquire(&admin_config).await?;
         let role = quote_ident(OWNER_ROLE);
         client
             .batch_execute(&format!(
@@ -191,7 +215,7 @@ impl Session {
         }
         let session = Session {
             pool,
-            admin_config: params.admin_config,
+            admin_config,
             pg_major: (version_num / 10000) as u32,
             version,
             lease_host: params.lease_host,
@@ -206,6 +230,9 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
             lease_connections: params.lease_connections,
+            admin_timeout: params.admin_timeout,
+            admin_timeouts: Arc::default(),
+            _lock: Arc::new(lock),
             template_settings: Arc::default(),
         };
         drop(client);
@@ -336,40 +363,46 @@ impl Session {
         Ok(())
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, String> {
-        self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(error) => pg_message(&error),
-            other => other.to_string(),
-        })
-    }
-
     /// Runs one statement outside a transaction (CREATE/DROP DATABASE need that).
     pub async fn execute(&self, sql: &str) -> Result<(), String> {
-        let client = self.client().await?;
-        client.batch_execute(sql).await.map_err(|e| pg_message(&e))
+        self.bounded(
+            || format!("`{sql}`"),
+            async |client| client.batch_execute(sql).await.map_err(|e| pg_message(&e)),
+        )
+        .await
     }
 
     /// `pg_database_size(db)` in bytes.
     pub async fn database_size(&self, db: &DbName) -> Result<i64, String> {
-        let client = self.client().await?;
-        let row = client
-            .query_one("SELECT pg_database_size($1::text::name)", &[&db.as_str()])
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(row.get(0))
+        self.bounded(
+            || format!("sizing {db}"),
+            async |client| {
+                let row = client
+                    .query_one("SELECT pg_database_size($1::text::name)", &[&db.as_str()])
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(row.get(0))
+            },
+        )
+        .await
     }
 
     /// True when `db` exists, is marked a template and refuses connections: a finished build.
     pub async fn is_complete_template(&self, db: &DbName) -> Result<bool, String> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT datistemplate AND NOT datallowconn FROM pg_database WHERE datname = $1",
-                &[&db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+        self.bounded(
+            || format!("looking up {db}"),
+            async |client| {
+                let row = client
+                    .query_opt(
+                        "SELECT datistemplate AND NOT datallowconn FROM pg_database WHERE datname = $1",
+                        &[&db.as_str()],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+            },
+        )
+        .await
     }
 
     /// Waits until no session is connected to `db` (a build's connection may take a moment
@@ -406,28 +439,38 @@ impl Session {
 
     /// Sessions connected to `db` (other than this one).
     pub async fn sessions_on(&self, db: &DbName) -> Result<i64, String> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-                &[&db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(row.get(0))
+        self.bounded(
+            || format!("counting the sessions on {db}"),
+            async |client| {
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                        &[&db.as_str()],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(row.get(0))
+            },
+        )
+        .await
     }
 
     /// Ends every session connected to `db`.
     pub async fn terminate_sessions(&self, db: &DbName) -> Result<(), String> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-                &[&db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(())
+        self.bounded(
+            || format!("ending the sessions on {db}"),
+            async |client| {
+                client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                        &[&db.as_str()],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(())
+            },
+        )
+        .await
     }
 
     /// Makes a clone ready to lease: its own LOGIN role (named like the database, a member
@@ -443,7 +486,23 @@ impl Session {
         clone: &DbName,
         standard_scram: bool,
     ) -> Result<String, String> {
-        let client = self.client().await?;
+        self.bounded(
+            || format!("cloning {template_db} into {clone}"),
+            async |client| {
+                self.clone_with(client, template_db, clone, standard_scram)
+                    .await
+            },
+        )
+        .await
+    }
+
+    async fn clone_with(
+        &self,
+        client: &tokio_postgres::Client,
+        template_db: &DbName,
+        clone: &DbName,
+        standard_scram: bool,
+    ) -> Result<String, String> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         let superuser = if self.lease_superuser {
@@ -490,99 +549,31 @@ impl Session {
             }
         }
         // CREATE DATABASE does not copy database-level grants or settings.
-        let mut sql = format!(
-            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;",
-            clone.quoted()
+        let settings = self.template_settings(client, template_db).await?;
+        let sql = format!(
+            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;{}",
+            clone.quoted(),
+            settings.sql_for(clone)
         );
-        for (name, value) in self.template_settings(&client, template_db).await?.iter() {
-            sql.push_str(&format!(
-                " ALTER DATABASE {} SET {} TO {};",
-                clone.quoted(),
-                quote_ident(name),
-                quote_literal(value)
-            ));
-        }
         client
             .batch_execute(&sql)
             .await
             .map_err(|e| pg_message(&e))?;
+        settings.verify(self, client, template_db, clone).await?;
         Ok(password)
     }
 
     /// Sets the connection limit of a clone's role (for a lease that asked for its own).
     pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), String> {
-        self.execute(&format!(
+        let sql = format!(
             "ALTER ROLE {} CONNECTION LIMIT {limit}",
             quote_ident(clone.as_str())
-        ))
-        .await
-    }
-
-    /// The database-level settings of a template version, read once and then cached: a
-    /// version never changes after its build.
-    async fn template_settings(
-        &self,
-        client: &tokio_postgres::Client,
-        template_db: &DbName,
-    ) -> Result<Settings, String> {
-        let cached = self
-            .template_settings
-            .lock()
-            .ok()
-            .and_then(|cache| cache.get(template_db).cloned());
-        if let Some(settings) = cached {
-            return Ok(settings);
-        }
-        let rows = client
-            .query(
-                "SELECT unnest(s.setconfig) FROM pg_db_role_setting s \
-                 JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1 AND s.setrole = 0",
-                &[&template_db.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        let settings: Settings = Arc::new(
-            rows.iter()
-                .filter_map(|row| {
-                    let setting: String = row.get(0);
-                    setting
-                        .split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                })
-                .collect(),
         );
-        if let Ok(mut cache) = self.template_settings.lock() {
-            cache.insert(template_db.clone(), settings.clone());
-        }
-        Ok(settings)
-    }
-
-    /// Gets a clone ready to lease again — after a `reuse` release, or adopted from an
-    /// earlier run: a new password and the default connection limit first (and the plain
-    /// marker), then every session of the previous holder ended. Returns the new password.
-    pub async fn recycle(&self, clone: &DbName, standard_scram: bool) -> Result<String, String> {
-        let client = self.client().await?;
-        let password = scram::random_password();
-        client
-            .batch_execute(&format!(
-                // The plain marker again: an adopted clone must not stay "ready" for a
-                // later run while someone holds it.
-                "ALTER ROLE {} CONNECTION LIMIT {} PASSWORD {}; COMMENT ON DATABASE {} IS NULL;",
-                quote_ident(clone.as_str()),
-                self.lease_connections,
-                quote_literal(&self.verifier(&password, standard_scram)),
-                clone.quoted(),
-            ))
-            .await
-            .map_err(|e| pg_message(&e))?;
-        client
-            .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
-                &[&clone.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
-        Ok(password)
+        self.bounded(
+            || format!("setting the connection limit of {clone}"),
+            async |client| client.batch_execute(&sql).await.map_err(|e| pg_message(&e)),
+        )
+        .await
     }
 
     /// The SCRAM verifier stored for `password` under the configured iteration count (at
@@ -602,7 +593,14 @@ impl Session {
     /// Drops `db` if it exists, ending its sessions, and the role named like it; a template
     /// is unmarked first. A clone takes two statements and no look-ups (the hot path).
     pub async fn drop_database(&self, db: &DbName) -> Result<(), String> {
-        let client = self.client().await?;
+        self.bounded(
+            || format!("dropping {db}"),
+            async |client| Self::drop_with(client, db).await,
+        )
+        .await
+    }
+
+    async fn drop_with(client: &tokio_postgres::Client, db: &DbName) -> Result<(), String> {
         if !db.is_template() {
             client
                 .batch_execute(&format!(
@@ -625,7 +623,7 @@ impl Session {
             .map_err(|e| pg_message(&e))?;
         let Some(row) = row else {
             // A clone whose CREATE DATABASE failed may still have its role.
-            return Self::drop_role(&client, db).await;
+            return Self::drop_role(client, db).await;
         };
         if row.get::<_, bool>(0) {
             client
@@ -643,7 +641,7 @@ impl Session {
             ))
             .await
             .map_err(|e| pg_message(&e))?;
-        Self::drop_role(&client, db).await
+        Self::drop_role(client, db).await
     }
 
     /// Drops the lease role named like `db`, if there is one (templates have none).
@@ -777,3 +775,6 @@ pub fn describe_target(config: &tokio_postgres::Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     format!("{host}:{port}")
 }
+
+#[cfg(test)]
+mod tests;

@@ -160,6 +160,9 @@ pub struct PostgresStatus {
     pub restarts: u32,
     /// Why the last restart happened, or the last start error.
     pub last_error: Option<String>,
+    /// Admin operations (clone, recycle, drop, ...) that hit their time bound since the
+    /// server was last (re)connected.
+    pub admin_timeouts: u64,
 }
 
 /// A template's side of a status report.

@@ -42,6 +42,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
                 .collect(),
             restarts: postgres.restarts,
             last_error: postgres.last_error,
+            admin_timeouts: postgres.admin_timeouts,
         },
         templates: report.templates.into_iter().map(template_json).collect(),
         leases: report

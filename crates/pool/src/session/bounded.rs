@@ -1,0 +1,139 @@
+//! Time bounds on the admin SQL the pool's workers run. A CREATE or DROP that hangs (on a
+//! lock someone else holds, or on a server that stopped answering) would otherwise hold a
+//! clone slot and a pooled connection forever. It does not decide what happens to an
+//! operation that timed out: the caller sees an error, as for any other failure.
+//!
+//! Each operation runs under [`Session::admin_timeout`] on a pooled connection; when the
+//! bound passes, the connection leaves the pool (a later operation would queue behind its
+//! statement), the server is asked to cancel the statement, and the error says "timed out
+//! after …". The pool's connections also carry a `statement_timeout` a little longer than
+//! the bound, so a statement whose cancel request got lost still ends.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, PoolError, TimeoutType};
+use tokio_postgres::NoTls;
+
+use super::{pg_message, Session};
+
+/// Default bound on one admin operation. Generous on purpose: cloning or dropping a big
+/// template database legitimately takes minutes on a slow disk, and the bound is there for
+/// what hangs, not for what is slow.
+pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Bound on opening one connection when the configuration names none: a server that
+/// answers at all answers within seconds.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much longer than the bound the server's own `statement_timeout` is: the bound
+/// always fires first, and the server's cancels only what our cancel request missed.
+const STATEMENT_MARGIN: Duration = Duration::from_secs(10);
+/// How long the cancel request of a timed-out operation may take.
+const CANCEL_LIMIT: Duration = Duration::from_secs(10);
+
+/// The admin pool's connection settings: the superuser's, plus a connect timeout when they
+/// have none and a `statement_timeout` just past `bound`.
+pub(super) fn pool_config(
+    admin_config: &tokio_postgres::Config,
+    bound: Duration,
+) -> tokio_postgres::Config {
+    let mut config = admin_config.clone();
+    let statement_ms = (bound + STATEMENT_MARGIN).as_millis();
+    let ours = format!("-c statement_timeout={statement_ms}");
+    // After the URL's own options, so ours win.
+    let options = match admin_config.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
+        _ => ours,
+    };
+    config.options(options);
+    config
+}
+
+/// How long opening a pooled connection may take in all (the socket, then the startup
+/// and authentication exchange): the configured connect timeout, at least
+/// [`CONNECT_TIMEOUT`].
+pub(super) fn create_bound(admin_config: &tokio_postgres::Config) -> Duration {
+    admin_config
+        .get_connect_timeout()
+        .map_or(CONNECT_TIMEOUT, |configured| {
+            (*configured).max(CONNECT_TIMEOUT)
+        })
+}
+
+/// The superuser's settings with a connect timeout when they name none.
+pub(super) fn with_connect_timeout(
+    admin_config: &tokio_postgres::Config,
+) -> tokio_postgres::Config {
+    let mut config = admin_config.clone();
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    config
+}
+
+impl Session {
+    /// A pooled connection. Waiting for one, or opening one, that takes too long counts as
+    /// an admin timeout.
+    pub(super) async fn client(&self) -> Result<Object, String> {
+        self.pool.get().await.map_err(|e| match e {
+            PoolError::Backend(error) => pg_message(&error),
+            PoolError::Timeout(kind) => {
+                self.admin_timeouts.fetch_add(1, Ordering::Relaxed);
+                let (what, bound) = match kind {
+                    TimeoutType::Wait => ("waiting for a free admin connection", super::POOL_WAIT),
+                    _ => (
+                        "opening an admin connection",
+                        create_bound(&self.admin_config),
+                    ),
+                };
+                format!("{what} timed out after {bound:?}")
+            }
+            other => other.to_string(),
+        })
+    }
+
+    /// Runs `operation` on a pooled connection within [`Session::admin_timeout`]; `what`
+    /// names it in the error ("cloning x" → "cloning x timed out after 300s").
+    pub(super) async fn bounded<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        operation: impl AsyncFnOnce(&Object) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let client = self.client().await?;
+        match tokio::time::timeout(self.admin_timeout, operation(&client)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.admin_timeouts.fetch_add(1, Ordering::Relaxed);
+                abandon(client);
+                let message = format!("{} timed out after {:?}", what(), self.admin_timeout);
+                tracing::warn!(error = %message, "admin operation timed out");
+                Err(message)
+            }
+        }
+    }
+
+    /// Admin operations that timed out since this session opened.
+    pub fn admin_timeouts(&self) -> u64 {
+        self.admin_timeouts.load(Ordering::Relaxed)
+    }
+}
+
+/// Takes a connection whose statement may still run out of the pool, so that no later
+/// operation queues behind that statement, and asks the server to cancel it (the
+/// connection closes once its answer comes).
+fn abandon(client: Object) {
+    let cancel = client.cancel_token();
+    drop(Object::take(client));
+    tokio::spawn(async move {
+        match tokio::time::timeout(CANCEL_LIMIT, cancel.cancel_query(NoTls)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %pg_message(&error), "could not cancel a timed-out statement; statement_timeout will end it");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "cancelling a timed-out statement timed out; statement_timeout will end it"
+                );
+            }
+        }
+    });
+}

@@ -1,0 +1,426 @@
+//! `Session` against a real embedded postgres: what the workers' SQL leaves behind when
+//! others race it. Each test starts its own server (the initdb result is cached in the
+//! system temp dir); the bin dir comes from `PGLEASE_PG_BIN_DIR`, else the usual discovery.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+
+use super::*;
+use crate::config::PoolLimits;
+use crate::postgres::{Embedded, RunningPostgres};
+use crate::EmbeddedConfig;
+
+/// A private embedded server for one test, stopped by [`Server::stop`] (or, after a
+/// failed assertion, killed by `RunningPostgres`'s drop and swept by a later start).
+struct Server {
+    embedded: Embedded,
+    running: RunningPostgres,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let mut config = EmbeddedConfig::for_limits(&PoolLimits::default(), 1);
+        config.bin_dir = std::env::var_os("PGLEASE_PG_BIN_DIR").map(PathBuf::from);
+        config.cache_dir = Some(std::env::temp_dir().join("pglease-session-tests-cache"));
+        config.shared_buffers = "16MB".into();
+        config.max_connections = 100;
+        let mut embedded = Embedded::prepare(&config).await.unwrap_or_else(|e| {
+            panic!("prepare failed: {e} (set PGLEASE_PG_BIN_DIR if postgres was not found)")
+        });
+        let running = embedded
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("start failed: {e}"));
+        Server { embedded, running }
+    }
+
+    /// What the actor passes for an embedded server.
+    fn params(&self) -> SessionParams {
+        SessionParams {
+            admin_config: self.running.admin_config(),
+            lease_host: self.running.host.clone(),
+            lease_port: self.running.port,
+            pool_size: 4,
+            clone_strategy: CloneStrategy::FileCopy,
+            templates: Vec::new(),
+            external: false,
+            lease_auth: LeaseAuth::default(),
+            lease_superuser: false,
+            lease_connections: 80,
+            build_timeout: Duration::from_secs(60),
+            admin_timeout: DEFAULT_ADMIN_TIMEOUT,
+        }
+    }
+
+    async fn open(&self) -> Session {
+        Session::open(self.params())
+            .await
+            .unwrap_or_else(|e| panic!("open a session: {e}"))
+    }
+
+    /// A superuser connection of the test's own.
+    async fn superuser(&self) -> tokio_postgres::Client {
+        connect(&self.running.admin_config())
+            .await
+            .expect("superuser connection")
+    }
+
+    /// How a lease holder reaches `clone` (over TCP, with the role's password).
+    fn lease_config(&self, clone: &DbName, password: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.running.host)
+            .port(self.running.port)
+            .user(clone.as_str())
+            .dbname(clone.as_str())
+            .password(password)
+            .connect_timeout(Duration::from_secs(10));
+        config
+    }
+
+    async fn stop(self) {
+        self.running.shutdown(Duration::from_secs(10)).await;
+        self.embedded.cleanup();
+    }
+}
+
+/// Connects and spawns the connection's task.
+async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A template database with a table in it, as a build would leave it.
+async fn make_template(session: &Session, name: &str) -> DbName {
+    let template = DbName::from_server(format!("pglease_tpl_{name}"));
+    session
+        .execute(&format!("CREATE DATABASE {}", template.quoted()))
+        .await
+        .expect("create the template");
+    template
+}
+
+/// Sessions of `role` the server still lists.
+async fn sessions_of(admin: &tokio_postgres::Client, role: &DbName) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+            &[&role.as_str()],
+        )
+        .await
+        .expect("count sessions")
+        .get(0)
+}
+
+/// A recycle must leave the previous holder nothing: while it runs, tasks keep logging in
+/// with the old password and hold every session they get. A login that read the old
+/// verifier just before the password changed used to finish after the single
+/// `pg_terminate_backend` and stay connected; each round checks that no session opened
+/// with the old password is alive afterwards and that the old password is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recycle_leaves_no_session_of_the_old_holder() {
+    const ROUNDS: usize = 25;
+    const HAMMERS: usize = 4;
+    let server = Server::start().await;
+    let session = server.open().await;
+    let admin = server.superuser().await;
+    let template = make_template(&session, "recycle").await;
+    let clone = DbName::from_server("pglease_recycle_1".into());
+    let mut password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    for round in 0..ROUNDS {
+        let stop = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let hammers: Vec<_> = (0..HAMMERS)
+            .map(|_| {
+                let config = server.lease_config(&clone, &password);
+                let (stop, held) = (Arc::clone(&stop), Arc::clone(&held));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        // Refusals (new password, NOLOGIN) are expected; keep trying.
+                        if let Ok(client) = connect(&config).await {
+                            held.lock().expect("held").push(client);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Let the hammers get going, so some login is always in flight.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let new_password = session
+            .recycle(&clone, false)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: recycle failed: {e}"));
+        stop.store(true, Ordering::Relaxed);
+        for hammer in hammers {
+            hammer.await.expect("hammer task");
+        }
+        let held = std::mem::take(&mut *held.lock().expect("held"));
+        let mut survivors = 0;
+        for client in &held {
+            if client.simple_query("SELECT 1").await.is_ok() {
+                survivors += 1;
+            }
+        }
+        assert_eq!(
+            survivors,
+            0,
+            "round {round}: {survivors} of {} sessions opened with the old password outlived the recycle",
+            held.len()
+        );
+        drop(held);
+        assert_eq!(
+            sessions_of(&admin, &clone).await,
+            0,
+            "round {round}: the role still has sessions"
+        );
+        assert!(
+            connect(&server.lease_config(&clone, &password))
+                .await
+                .is_err(),
+            "round {round}: the old password still works"
+        );
+        let fresh = connect(&server.lease_config(&clone, &new_password))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the new password fails: {e}"));
+        drop(fresh);
+        password = new_password;
+    }
+    drop(session);
+    server.stop().await;
+}
+
+/// The clone's database-level settings, as postgres stores them.
+async fn stored_settings(admin: &tokio_postgres::Client, db: &DbName) -> Vec<String> {
+    admin
+        .query_opt(
+            "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase \
+             WHERE d.datname = $1 AND s.setrole = 0",
+            &[&db.as_str()],
+        )
+        .await
+        .expect("read pg_db_role_setting")
+        .map(|row| row.get(0))
+        .unwrap_or_default()
+}
+
+/// `current_setting` of each name, in a session opened with `config`.
+async fn current_settings(config: &tokio_postgres::Config, names: &[&str]) -> Vec<String> {
+    let client = connect(config).await.expect("connect");
+    let mut values = Vec::new();
+    for name in names {
+        let row = client
+            .query_one("SELECT current_setting($1)", &[name])
+            .await
+            .expect("current_setting");
+        values.push(row.get(0));
+    }
+    values
+}
+
+/// `CREATE DATABASE` copies no `ALTER DATABASE … SET`, so a clone gets its template's
+/// again. They used to be re-applied as one quoted literal each, which turns a list such
+/// as `search_path = app, public` into the single schema `"app, public"`.
+#[tokio::test]
+async fn a_clone_gets_its_template_database_settings_exactly() {
+    let server = Server::start().await;
+    let session = server.open().await;
+    let admin = server.superuser().await;
+    let template = make_template(&session, "settings").await;
+    session
+        .execute(&format!(
+            "ALTER DATABASE {db} SET search_path = app, \"My Schema\", \"it's\", \"we\"\"ird, one\", public; \
+             ALTER DATABASE {db} SET work_mem = '64MB'; \
+             ALTER DATABASE {db} SET datestyle = 'ISO, DMY'; \
+             ALTER DATABASE {db} SET app.greeting = 'it''s \"quoted\", here'; \
+             ALTER DATABASE {db} SET statement_timeout = 65000;",
+            db = template.quoted()
+        ))
+        .await
+        .expect("set the template's settings");
+    let expected = stored_settings(&admin, &template).await;
+    assert_eq!(expected.len(), 5, "{expected:?}");
+
+    let clone = DbName::from_server("pglease_settings_1".into());
+    let password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    assert_eq!(stored_settings(&admin, &clone).await, expected);
+
+    // A session in the clone sees what a session in the template sees.
+    let names = [
+        "search_path",
+        "work_mem",
+        "DateStyle",
+        "app.greeting",
+        "statement_timeout",
+    ];
+    let mut in_template = server.running.admin_config();
+    in_template.dbname(template.as_str());
+    let template_values = current_settings(&in_template, &names).await;
+    assert_eq!(
+        template_values[0],
+        "app, \"My Schema\", \"it's\", \"we\"\"ird, one\", public"
+    );
+    let clone_values = current_settings(&server.lease_config(&clone, &password), &names).await;
+    assert_eq!(clone_values, template_values);
+
+    // A second clone of the same version takes the cached statements.
+    let second = DbName::from_server("pglease_settings_2".into());
+    session
+        .clone_database(&template, &second, false)
+        .await
+        .expect("second clone");
+    assert_eq!(stored_settings(&admin, &second).await, expected);
+    drop(session);
+    server.stop().await;
+}
+
+/// A session holds the server lock while any clone of it lives: another daemon (here a
+/// connection named like one) makes `open` fail naming it, and this process's own earlier
+/// session (a reconnect whose last jobs still run) is waited for.
+#[tokio::test]
+async fn the_server_lock_keeps_a_second_session_out() {
+    let server = Server::start().await;
+    let mut foreign_config = server.running.admin_config();
+    foreign_config.application_name("pglease (pid 1 on elsewhere)");
+    let foreign = connect(&foreign_config).await.expect("connect");
+    foreign
+        .batch_execute("SELECT pg_advisory_lock(x'70676c6561736500'::bigint)")
+        .await
+        .expect("take the lock");
+    match Session::open(server.params()).await {
+        Err(StartError::ServerInUse { holder, .. }) => {
+            assert!(
+                holder.contains("\"pglease (pid 1 on elsewhere)\""),
+                "{holder}"
+            );
+            assert!(holder.contains("local socket"), "{holder}");
+        }
+        Err(other) => panic!("expected ServerInUse, got {other}"),
+        Ok(_) => panic!("a second session opened while another holds the lock"),
+    }
+    drop(foreign);
+
+    let first = server.open().await;
+    let still_running_job = first.clone();
+    drop(first);
+    let second = tokio::spawn(Session::open(server.params()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !second.is_finished(),
+        "the second session did not wait for the first"
+    );
+    drop(still_running_job);
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second session opens once the first is gone")
+        .expect("join");
+    let second = second.unwrap_or_else(|e| panic!("open: {e}"));
+    drop(second);
+    server.stop().await;
+}
+
+/// A CREATE DATABASE that waits on a lock forever (here another superuser holds
+/// `pg_database` in SHARE mode) used to hold its clone slot and pooled connection for
+/// good. Under a short bound `clone_database` fails in time with "timed out after", the
+/// counter says so, the statement is cancelled on the server, and the session goes on.
+#[tokio::test]
+async fn a_hung_clone_times_out_and_is_counted() {
+    const BOUND: Duration = Duration::from_secs(2);
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.admin_timeout = BOUND;
+    let session = Session::open(params)
+        .await
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    let template = make_template(&session, "hang").await;
+    let blocker = server.superuser().await;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE pg_database IN SHARE MODE")
+        .await
+        .expect("lock pg_database");
+
+    let clone = DbName::from_server("pglease_hang_1".into());
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        BOUND + Duration::from_secs(10),
+        session.clone_database(&template, &clone, false),
+    )
+    .await
+    .expect("clone_database hung past its bound");
+    let elapsed = started.elapsed();
+    let error = match outcome {
+        Err(error) => error,
+        Ok(_) => panic!("the clone succeeded while pg_database was locked"),
+    };
+    assert!(
+        error.contains(&format!(
+            "cloning {template} into {clone} timed out after 2s"
+        )),
+        "{error}"
+    );
+    assert!(elapsed < BOUND + Duration::from_secs(1), "{elapsed:?}");
+    assert_eq!(session.admin_timeouts(), 1);
+
+    // The server was told to cancel the CREATE DATABASE: it no longer waits on the lock.
+    let admin = server.superuser().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CREATE DATABASE still waits for its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    blocker.batch_execute("ROLLBACK").await.expect("unlock");
+
+    // The session works on: the failed clone is dropped (its role was made) and a new
+    // clone succeeds, with no other timeout counted.
+    session
+        .drop_database(&clone)
+        .await
+        .expect("drop the failed clone");
+    let exists = admin
+        .query_opt(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[&clone.as_str()],
+        )
+        .await
+        .expect("look up");
+    assert!(
+        exists.is_none(),
+        "the cancelled CREATE DATABASE made the clone after all"
+    );
+    let again = DbName::from_server("pglease_hang_2".into());
+    session
+        .clone_database(&template, &again, false)
+        .await
+        .expect("clone after the timeout");
+    assert_eq!(session.admin_timeouts(), 1);
+    drop(session);
+    server.stop().await;
+}
