@@ -50,6 +50,12 @@ pub enum Command {
     /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
     Ready(ReadyArgs),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
+    ///
+    /// Exits with the command's exit status, or with 128+N when signal N killed it (as
+    /// shells report it: 143 for SIGTERM, 137 for SIGKILL). SIGTERM and SIGINT sent to
+    /// `pglease run` are passed on to the command (a Ctrl-C typed in the terminal reaches it
+    /// directly and is not sent twice); a command still running 10 s after such a signal is
+    /// killed with SIGKILL. The lease is released in every case.
     Run(RunArgs),
 }
 
