@@ -50,13 +50,20 @@ pub enum Command {
     /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
     Ready(ReadyArgs),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
+    ///
+    /// Exits with the command's exit status, or with 128+N when signal N killed it (as
+    /// shells report it: 143 for SIGTERM, 137 for SIGKILL). SIGTERM and SIGINT sent to
+    /// `pglease run` are passed on to the command (a Ctrl-C typed in the terminal reaches it
+    /// directly and is not sent twice); a command still running 10 s after such a signal is
+    /// killed with SIGKILL. The lease is released in every case.
     Run(RunArgs),
 }
 
 /// Options of `pglease serve`. Flags override the config file.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (see README: Configuration).
+    /// TOML config file (see README: Configuration). Flags override it; an on/off option it
+    /// turns on is turned off by --no-NAME (see --help).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:5480]. Any address but loopback needs --token.
@@ -111,8 +118,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS")]
     pub default_ttl: Option<u64>,
     /// Build every template at start instead of on first lease.
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_prebuild")]
     pub prebuild: bool,
+    /// Overrides prebuild = true in the config file.
+    #[arg(long, overrides_with = "prebuild", hide_short_help = true)]
+    pub no_prebuild: bool,
     /// How lease roles log in: scram (a low-iteration SCRAM verifier) or trust [default: scram].
     #[arg(long, value_enum)]
     pub lease_auth: Option<LeaseAuthArg>,
@@ -120,16 +130,22 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub scram_iterations: Option<u32>,
     /// Make lease roles superusers (for suites that need it; they can then reach every database).
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_lease_superuser")]
     pub lease_superuser: bool,
+    /// Overrides lease_superuser = true in the config file.
+    #[arg(long, overrides_with = "lease_superuser", hide_short_help = true)]
+    pub no_lease_superuser: bool,
     /// Let `PUT /templates/{name}` register `command` sources. Those commands run as the
     /// daemon's OS user: only for a daemon whose every API client you trust.
     #[arg(long)]
     pub allow_http_commands: bool,
     /// Build every template from scratch once per run, even when a template with the same
     /// fingerprint exists (for CI: a stale template cannot hide a broken migration).
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_verify_templates")]
     pub verify_templates: bool,
+    /// Overrides verify_templates = true in the config file.
+    #[arg(long, overrides_with = "verify_templates", hide_short_help = true)]
+    pub no_verify_templates: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
         long,
@@ -153,8 +169,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     pub tmpfs_size: Option<String>,
     /// Allow fsync=off on a data directory that is not tmpfs/ramfs.
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_allow_unsafe_on_disk")]
     pub allow_unsafe_on_disk: bool,
+    /// Overrides allow_unsafe_on_disk = true in the config file's [postgres].
+    #[arg(long, overrides_with = "allow_unsafe_on_disk", hide_short_help = true)]
+    pub no_allow_unsafe_on_disk: bool,
     /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
     #[arg(long, value_name = "USER")]
     pub pg_user: Option<String>,
@@ -180,8 +199,11 @@ pub struct ServeArgs {
     #[arg(long, env = "PGLEASE_ADVERTISE_HOST", value_name = "HOST")]
     pub advertise_host: Option<String>,
     /// Keep the data directory at exit.
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_keep_data")]
     pub keep_data: bool,
+    /// Overrides keep_data = true in the config file's [postgres].
+    #[arg(long, overrides_with = "keep_data", hide_short_help = true)]
+    pub no_keep_data: bool,
 }
 
 /// `--clone-strategy`.
@@ -499,8 +521,11 @@ impl ServeArgs {
                     .or(postgres.tmpfs_size)
                     .map(|s| parse_size(&s))
                     .transpose()?;
-                embedded.allow_unsafe_on_disk =
-                    self.allow_unsafe_on_disk || postgres.allow_unsafe_on_disk.unwrap_or(false);
+                embedded.allow_unsafe_on_disk = switch(
+                    self.allow_unsafe_on_disk,
+                    self.no_allow_unsafe_on_disk,
+                    postgres.allow_unsafe_on_disk,
+                );
                 embedded.pg_user = self.pg_user.or(postgres.user);
                 embedded.cache_dir = self.cache_dir.or(postgres.cache_dir);
                 embedded.listen_host = self
@@ -514,7 +539,7 @@ impl ServeArgs {
                     .encoding
                     .or(postgres.encoding)
                     .unwrap_or(embedded.encoding);
-                embedded.keep_data = self.keep_data || postgres.keep_data.unwrap_or(false);
+                embedded.keep_data = switch(self.keep_data, self.no_keep_data, postgres.keep_data);
                 for (key, value) in postgres.settings {
                     let value = match value {
                         toml::Value::String(s) => s,
@@ -583,12 +608,30 @@ impl ServeArgs {
                 templates,
                 limits,
                 clone_strategy: strategy,
-                prebuild: self.prebuild || file.prebuild.unwrap_or(false),
+                prebuild: switch(self.prebuild, self.no_prebuild, file.prebuild),
                 lease_auth,
-                lease_superuser: self.lease_superuser || file.lease_superuser.unwrap_or(false),
-                verify_templates: self.verify_templates || file.verify_templates.unwrap_or(false),
+                lease_superuser: switch(
+                    self.lease_superuser,
+                    self.no_lease_superuser,
+                    file.lease_superuser,
+                ),
+                verify_templates: switch(
+                    self.verify_templates,
+                    self.no_verify_templates,
+                    file.verify_templates,
+                ),
             },
         })
+    }
+}
+
+/// An on/off option: `--x` or `--no-x` if given (clap keeps only the last of the two, so
+/// `on` and `off` are never both set), else the config file's value, else off.
+fn switch(on: bool, off: bool, file: Option<bool>) -> bool {
+    if on || off {
+        on
+    } else {
+        file.unwrap_or(false)
     }
 }
 

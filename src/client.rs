@@ -13,6 +13,7 @@ pub struct ClientError(pub String);
 
 type Result<T> = std::result::Result<T, ClientError>;
 
+#[derive(Clone)]
 struct Client {
     http: reqwest::Client,
     base: String,
@@ -167,16 +168,36 @@ pub async fn status(args: ClientArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long a command may take to exit after a passed-on SIGTERM/SIGINT before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Bounds on the renewals and the final release, so a daemon that hangs cannot hold
+/// `pglease run` after its command has exited.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the lease is renewed while the command runs.
+const RENEW_EVERY: Duration = Duration::from_secs(60);
+
 /// `pglease run`: lease, run the command with the database in its environment, release,
-/// and exit with the command's status. The lease is renewed while the command runs.
+/// and exit with the command's status (128+N when signal N killed it, as shells report it).
+/// The lease is renewed while the command runs. SIGTERM and SIGINT are passed on to the
+/// command, which is SIGKILLed if it has not exited `STOP_GRACE` later; the lease is
+/// released in every case.
 pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let client = Client::new(&args.client)?;
-    let lease = client.lease(&args.template, None, None).await?;
-    let field = |name: &str| lease[name].as_str().unwrap_or_default().to_owned();
-    let id = field("id");
     let Some((program, rest)) = args.command.split_first() else {
         return Err(ClientError("no command given after --".into()));
     };
+    // Installed before leasing: from here on these signals cannot kill us between taking
+    // the lease and releasing it.
+    let mut signals = crate::signal::ShutdownSignal::install()
+        .map_err(|e| ClientError(format!("cannot install signal handlers: {e}")))?;
+    let lease = tokio::select! {
+        lease = client.lease(&args.template, None, None) => lease?,
+        // Dropping the request is enough: the daemon hands back a database whose requester
+        // has gone.
+        signal = signals.next() => return Ok(exit_code(128 + signal as i32)),
+    };
+    let field = |name: &str| lease[name].as_str().unwrap_or_default().to_owned();
+    let id = field("id");
     let mut command = tokio::process::Command::new(program);
     command
         .args(rest)
@@ -186,27 +207,24 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .env("PGUSER", field("user"))
         .env("PGPASSWORD", field("password"))
         .env("PGDATABASE", field("database"));
-    // Ctrl-C reaches the child through the terminal; we stay alive to release the lease.
-    let _interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
     let outcome = match command.spawn() {
-        Ok(mut child) => {
-            let mut renew = tokio::time::interval(Duration::from_secs(60));
-            renew.tick().await;
-            loop {
-                tokio::select! {
-                    status = child.wait() => break status.map_err(|e| format!("waiting for {program}: {e}")),
-                    _ = renew.tick() => {
-                        if let Err(ClientError(message)) = client.renew(&id, None).await {
-                            eprintln!("pglease: could not renew lease {id}: {message}");
-                        }
-                    }
-                }
-            }
+        Ok(child) => {
+            let renewer = tokio::spawn(keep_renewing(client.clone(), id.clone()));
+            let status = supervise(child, program, &mut signals).await;
+            renewer.abort();
+            status
         }
         Err(e) => Err(format!("cannot run {program}: {e}")),
     };
-    if let Err(ClientError(message)) = client.release(&id, false).await {
-        eprintln!("pglease: could not release lease {id}: {message}");
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.release(&id, false)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(ClientError(message))) => {
+            eprintln!("pglease: could not release lease {id}: {message}");
+        }
+        Err(_) => eprintln!(
+            "pglease: could not release lease {id}: no answer within {} s; it ends at its expiry",
+            REQUEST_TIMEOUT.as_secs()
+        ),
     }
     let status = outcome.map_err(ClientError)?;
     let code = match (
@@ -217,5 +235,73 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         (None, Some(signal)) => 128 + signal,
         (None, None) => 1,
     };
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+    Ok(exit_code(code))
+}
+
+/// Waits for the command, passing SIGTERM and SIGINT on to it, and SIGKILLs it when it is
+/// still running `STOP_GRACE` after the first of them. Only the command is signalled, not
+/// its process group: it shares ours (so it can use the terminal), and a group signal would
+/// reach `pglease run` itself and whatever else runs in that group (`pglease run … | tee`).
+async fn supervise(
+    mut child: tokio::process::Child,
+    program: &str,
+    signals: &mut crate::signal::ShutdownSignal,
+) -> std::result::Result<std::process::ExitStatus, String> {
+    // The pid stays ours until `wait` below has reaped the child, so it cannot be reused.
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(nix::unistd::Pid::from_raw);
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            status = child.wait() => return status.map_err(|e| format!("waiting for {program}: {e}")),
+            signal = signals.next() => {
+                let Some(pid) = pid else { continue };
+                if signal == nix::sys::signal::Signal::SIGINT
+                    && crate::signal::terminal_already_interrupted(pid)
+                {
+                    // Ctrl-C: the command has it already and decides for itself (psql, for
+                    // one, only cancels its query).
+                    continue;
+                }
+                // A command that exited but is not reaped yet takes the signal harmlessly.
+                let _ = nix::sys::signal::kill(pid, signal);
+                kill_at.get_or_insert_with(|| tokio::time::Instant::now() + STOP_GRACE);
+            }
+            () = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                eprintln!(
+                    "pglease: {program} is still running {} s after the signal; killing it",
+                    STOP_GRACE.as_secs()
+                );
+                kill_at = None;
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
+/// Renews the lease every `RENEW_EVERY` until aborted.
+async fn keep_renewing(client: Client, id: String) {
+    let mut renew = tokio::time::interval(RENEW_EVERY);
+    // The first tick is immediate, and the lease is fresh.
+    renew.tick().await;
+    loop {
+        renew.tick().await;
+        match tokio::time::timeout(REQUEST_TIMEOUT, client.renew(&id, None)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(ClientError(message))) => {
+                eprintln!("pglease: could not renew lease {id}: {message}");
+            }
+            Err(_) => eprintln!(
+                "pglease: could not renew lease {id}: no answer within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            ),
+        }
+    }
+}
+
+/// An exit code from a status number; numbers beyond 255 become 1.
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
@@ -192,4 +192,133 @@ fn limits_are_checked() {
     assert!(serve_args(&["--pg-setting", "bad key=1"])
         .into_config()
         .is_err());
+}
+
+/// The on/off options the config file can set, as (flag, top-level key or `postgres.` key).
+const SWITCHES: [(&str, &str); 5] = [
+    ("prebuild", "prebuild"),
+    ("lease-superuser", "lease_superuser"),
+    ("verify-templates", "verify_templates"),
+    ("allow-unsafe-on-disk", "postgres.allow_unsafe_on_disk"),
+    ("keep-data", "postgres.keep_data"),
+];
+
+/// Writes a config file setting every switch to `value`; returns its path.
+fn switches_file(name: &str, value: bool) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pglease-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    let mut top = String::new();
+    let mut postgres = String::from("[postgres]\n");
+    for (_, key) in SWITCHES {
+        match key.strip_prefix("postgres.") {
+            Some(key) => postgres.push_str(&format!("{key} = {value}\n")),
+            None => top.push_str(&format!("{key} = {value}\n")),
+        }
+    }
+    std::fs::write(&file, top + &postgres).expect("write");
+    file
+}
+
+/// The five switches of a valid configuration, in `SWITCHES` order.
+fn switches(config: &ServeConfig) -> [bool; 5] {
+    let embedded = embedded(config);
+    [
+        config.pool.prebuild,
+        config.pool.lease_superuser,
+        config.pool.verify_templates,
+        embedded.allow_unsafe_on_disk,
+        embedded.keep_data,
+    ]
+}
+
+fn switches_with(file: Option<&Path>, flags: &[String]) -> [bool; 5] {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(file) = file {
+        args.extend(["--config", file.to_str().expect("utf8")]);
+    }
+    args.extend(flags.iter().map(String::as_str));
+    switches(&serve_args(&args).into_config().expect("valid"))
+}
+
+#[test]
+fn a_no_flag_turns_off_what_the_config_file_turns_on() {
+    let file = switches_file("switches-on", true);
+    assert_eq!(
+        switches_with(Some(&file), &[]),
+        [true; 5],
+        "the file counts"
+    );
+    for (index, (flag, _)) in SWITCHES.iter().enumerate() {
+        let mut expected = [true; 5];
+        expected[index] = false;
+        assert_eq!(
+            switches_with(Some(&file), &[format!("--no-{flag}")]),
+            expected,
+            "--no-{flag} beats the file"
+        );
+    }
+    let _ = std::fs::remove_dir_all(file.parent().expect("dir"));
+}
+
+#[test]
+fn a_flag_turns_on_what_the_config_file_turns_off() {
+    let file = switches_file("switches-off", false);
+    assert_eq!(switches_with(Some(&file), &[]), [false; 5]);
+    for (index, (flag, _)) in SWITCHES.iter().enumerate() {
+        let mut expected = [false; 5];
+        expected[index] = true;
+        assert_eq!(
+            switches_with(Some(&file), &[format!("--{flag}")]),
+            expected,
+            "--{flag} beats the file"
+        );
+    }
+    let _ = std::fs::remove_dir_all(file.parent().expect("dir"));
+}
+
+#[test]
+fn the_last_of_a_flag_and_its_no_form_wins() {
+    let on = switches_file("switches-last-on", true);
+    let off = switches_file("switches-last-off", false);
+    for file in [None, Some(on.as_path()), Some(off.as_path())] {
+        for (flag, _) in SWITCHES {
+            let yes = format!("--{flag}");
+            let no = format!("--no-{flag}");
+            let last_on = switches_with(file, &[no.clone(), yes.clone()]);
+            let last_off = switches_with(file, &[yes.clone(), no.clone()]);
+            let repeated = switches_with(file, &[yes.clone(), no.clone(), yes.clone()]);
+            let index = SWITCHES
+                .iter()
+                .position(|(f, _)| *f == flag)
+                .expect("known");
+            assert!(last_on[index], "{no} {yes} with {file:?}");
+            assert!(!last_off[index], "{yes} {no} with {file:?}");
+            assert!(repeated[index], "{yes} {no} {yes} with {file:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(on.parent().expect("dir"));
+    let _ = std::fs::remove_dir_all(off.parent().expect("dir"));
+}
+
+#[test]
+fn the_no_flags_are_explained_in_long_help_only() {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let serve = command.find_subcommand_mut("serve").expect("serve");
+    let short = serve.render_help().to_string();
+    let long = serve.render_long_help().to_string();
+    for (flag, key) in SWITCHES {
+        let key = key.trim_start_matches("postgres.");
+        assert!(short.contains(&format!("--{flag}")), "-h lists --{flag}");
+        assert!(!short.contains(&format!("--no-{flag}")), "-h stays short");
+        assert!(
+            long.contains(&format!("--no-{flag}")),
+            "--help lists --no-{flag}"
+        );
+        assert!(
+            long.contains(&format!("Overrides {key} = true in the config file")),
+            "--help explains --no-{flag}"
+        );
+    }
 }

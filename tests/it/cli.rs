@@ -1,10 +1,14 @@
 //! The client commands against a real daemon: `lease` prints a URL, `run` sets the
-//! environment and passes the exit status through, `ready` waits for a daemon still starting,
-//! and a missing daemon is explained.
+//! environment, passes the exit status through and passes SIGTERM/SIGINT on to its command,
+//! `ready` waits for a daemon still starting, and a missing daemon is explained.
 
+use std::path::Path;
 use std::process::Stdio;
+use std::time::{Duration, Instant};
 
-use crate::support::{binary, connect, poll_until, TestDaemon};
+use nix::sys::signal::Signal;
+
+use crate::support::{binary, connect, poll_until, scratch_dir, TestDaemon};
 
 fn output(args: &[&str], server: &str) -> std::process::Output {
     binary()
@@ -86,6 +90,182 @@ async fn run_sets_the_environment_releases_and_passes_the_exit_status() {
         },
     )
     .await;
+}
+
+/// Starts `pglease run -- sh -c SCRIPT` against `daemon` and waits until the script has
+/// written `ready` (its signal traps are set by then). The script then loops while its
+/// parent lives: a `pglease run` that died without stopping it must not leave it running
+/// (holding the test harness' output open) after a failed test.
+async fn run_until_ready(daemon: &TestDaemon, dir: &Path, script: &str) -> tokio::process::Child {
+    let ready = dir.join("ready");
+    let script = format!("{script}; echo ready > '{}'", ready.display());
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_pglease"))
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            "{script}; while kill -0 $PPID 2>/dev/null; do sleep 0.1; done"
+        ))
+        .env("PGLEASE_URL", &daemon.base)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run pglease run");
+    poll_until(Duration::from_secs(30), "the command to start", || async {
+        ready.exists().then_some(())
+    })
+    .await;
+    run
+}
+
+async fn leases(daemon: &TestDaemon) -> usize {
+    daemon.status().await["leases"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+fn signal(run: &tokio::process::Child, signal: Signal) {
+    let pid = nix::unistd::Pid::from_raw(run.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, signal).expect("signal pglease run");
+}
+
+#[tokio::test]
+async fn run_passes_sigterm_and_sigint_on_to_its_command_and_releases_the_lease() {
+    let daemon = TestDaemon::start().await;
+    for (sent, code) in [(Signal::SIGTERM, 3), (Signal::SIGINT, 4)] {
+        let dir = scratch_dir(&format!("run-{}", sent.as_str()));
+        let got = dir.join("got");
+        let script = format!(
+            "trap 'echo got > \"{}\"; exit {code}' {}",
+            got.display(),
+            &sent.as_str()[3..]
+        );
+        let mut run = run_until_ready(&daemon, &dir, &script).await;
+        assert_eq!(leases(&daemon).await, 1, "the lease is open while it runs");
+        signal(&run, sent);
+        let status = tokio::time::timeout(Duration::from_secs(20), run.wait())
+            .await
+            .expect("pglease run exits after the command")
+            .expect("wait");
+        assert!(got.exists(), "the command got {sent}");
+        assert_eq!(
+            status.code(),
+            Some(code),
+            "the command's status: {status:?}"
+        );
+        poll_until(
+            Duration::from_secs(10),
+            "the run's lease to be released",
+            || async { (leases(&daemon).await == 0).then_some(()) },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn run_kills_a_command_that_ignores_sigterm_after_its_grace_period() {
+    let daemon = TestDaemon::start().await;
+    let dir = scratch_dir("run-ignores-sigterm");
+    let mut run = run_until_ready(&daemon, &dir, "trap '' TERM").await;
+    let signalled = Instant::now();
+    signal(&run, Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), run.wait())
+        .await
+        .expect("pglease run exits once the grace period is over")
+        .expect("wait");
+    assert_eq!(status.code(), Some(128 + 9), "killed: {status:?}");
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(10),
+        "it had its grace period"
+    );
+    poll_until(
+        Duration::from_secs(10),
+        "the run's lease to be released",
+        || async { (leases(&daemon).await == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn run_leaves_a_ctrl_c_typed_in_the_terminal_to_its_command() {
+    if !crate::support::tool_available(
+        "script",
+        "run_leaves_a_ctrl_c_typed_in_the_terminal_to_its_command",
+        "apt-get install bsdutils",
+    ) {
+        return;
+    }
+    let daemon = TestDaemon::start().await;
+    let dir = scratch_dir("run-ctrl-c");
+    let (ints, ready) = (dir.join("ints"), dir.join("ready"));
+    // The command notes each SIGINT and goes on; it exits 5 on SIGTERM and says who its
+    // parent is.
+    let inner = format!(
+        "trap 'echo int >> \"{}\"' INT; trap 'exit 5' TERM; echo $PPID > \"{}\"; \
+         while kill -0 $PPID 2>/dev/null; do sleep 0.1; done",
+        ints.display(),
+        ready.display()
+    );
+    // `script` runs `pglease run` on a new pseudo-terminal, in its foreground process group,
+    // and copies our input to it: a ^C there is the terminal's own SIGINT to that group.
+    let mut terminal = tokio::process::Command::new("script")
+        .args([
+            "-q",
+            "-e",
+            "-c",
+            "exec \"$PGLEASE\" run -- sh -c \"$INNER\"",
+            "/dev/null",
+        ])
+        .env("PGLEASE", env!("CARGO_BIN_EXE_pglease"))
+        .env("INNER", &inner)
+        .env("SHELL", "/bin/sh")
+        .env("PGLEASE_URL", &daemon.base)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run script");
+    let run_pid: i32 = poll_until(Duration::from_secs(30), "the command to start", || async {
+        std::fs::read_to_string(&ready)
+            .ok()
+            .and_then(|pid| pid.trim().parse().ok())
+    })
+    .await;
+    let count = || {
+        std::fs::read_to_string(&ints)
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
+    };
+    let mut keyboard = terminal.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut keyboard, b"\x03")
+        .await
+        .expect("type ^C");
+    poll_until(
+        Duration::from_secs(10),
+        "the command to get SIGINT",
+        || async { (count() > 0).then_some(()) },
+    )
+    .await;
+    // A SIGINT passed on by `pglease run` would mostly merge with the terminal's (signals do
+    // not queue), but it would also start the grace period: the command must outlive it.
+    let outlived = tokio::time::timeout(Duration::from_secs(12), terminal.wait()).await;
+    assert!(
+        outlived.is_err(),
+        "a Ctrl-C is the command's business, yet pglease run ended: {outlived:?}"
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(run_pid), Signal::SIGTERM)
+        .expect("signal pglease run");
+    let status = tokio::time::timeout(Duration::from_secs(20), terminal.wait())
+        .await
+        .expect("pglease run exits after the command")
+        .expect("wait");
+    assert_eq!(status.code(), Some(5), "{status:?}");
+    assert_eq!(count(), 1, "the command got the Ctrl-C once");
+    poll_until(
+        Duration::from_secs(10),
+        "the run's lease to be released",
+        || async { (leases(&daemon).await == 0).then_some(()) },
+    )
+    .await;
+    drop(keyboard);
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Templates built by a migration command: a shell script running psql, a real migration
-//! tool (dbmate), a failing command's output in the error, and a command that hangs.
+//! tool (dbmate), a failing command's output in the error, a command that hangs, and one
+//! still running when the daemon stops.
 
 use std::fs;
 use std::path::Path;
@@ -154,6 +155,101 @@ async fn a_command_that_hangs_is_killed_at_its_timeout() {
         template_databases(&ok).await.len(),
         1,
         "the half-built template was dropped"
+    );
+}
+
+/// Live processes (zombies excepted): pid, process group and command line.
+fn live_processes() -> Vec<(u32, i32, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| process_alive(pid))
+        .filter_map(|pid| {
+            // The group is field 5 of stat, the third after the parenthesised name.
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let group = stat.rsplit_once(") ")?.1.split(' ').nth(2)?.parse().ok()?;
+            let line = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((
+                pid,
+                group,
+                String::from_utf8_lossy(&line).replace('\0', " "),
+            ))
+        })
+        .collect()
+}
+
+/// The groups of the live processes whose command line contains `marker`.
+fn groups_with(marker: &str) -> Vec<i32> {
+    live_processes()
+        .into_iter()
+        .filter(|(_, _, line)| line.contains(marker))
+        .map(|(_, group, _)| group)
+        .collect()
+}
+
+/// Kills what a failed run of the test below left behind, and only that.
+struct Leftovers(String);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for group in groups_with(&self.0) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(group),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_command_still_running_at_shutdown_is_killed_with_what_it_started() {
+    let dir = scratch_dir("command-shutdown");
+    // The command starts a grandchild, found by the script's absolute path in its command
+    // line (the command's own line has `$PWD` unexpanded), and waits.
+    let script = dir.join("grandchild.sh");
+    fs::write(&script, "sleep 600\n").expect("write");
+    let marker = script.to_str().expect("utf8").to_owned();
+    let _leftovers = Leftovers(marker.clone());
+    let config = write_config(
+        &dir,
+        "[templates.slow]\ncommand = \"sh \\\"$PWD/grandchild.sh\\\" & sleep 600\"\ntimeout_secs = 3600\n",
+    );
+    let daemon = TestDaemon::builder()
+        .args(["--config", &config])
+        .start()
+        .await;
+    // The request waits for the build; it ends with the daemon, whatever it gets.
+    let request = daemon
+        .http
+        .post(format!("{}/lease", daemon.base))
+        .json(&json!({ "template": "slow" }))
+        .send();
+    tokio::spawn(async move {
+        let _ = request.await;
+    });
+    let group = poll_until(
+        std::time::Duration::from_secs(30),
+        "the command's grandchild to start",
+        || async { groups_with(&marker).first().copied() },
+    )
+    .await;
+    let exit = daemon.stop().await;
+    assert!(exit.success(), "clean exit: {exit:?}");
+    poll_until(
+        std::time::Duration::from_secs(5),
+        "the command's grandchild to be gone",
+        || async { groups_with(&marker).is_empty().then_some(()) },
+    )
+    .await;
+    let group_left: Vec<(u32, i32, String)> = live_processes()
+        .into_iter()
+        .filter(|&(_, other, _)| other == group)
+        .collect();
+    assert!(
+        group_left.is_empty(),
+        "processes of the command's group {group} outlived the daemon: {group_left:?}"
     );
 }
 

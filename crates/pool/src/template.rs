@@ -489,40 +489,40 @@ async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> 
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        // Its own process group, so a timeout kills the tool and everything it started.
+        // Its own process group, so a timeout or a shutdown kills the tool and everything it
+        // started (`CommandGroup`).
         .process_group(0)
         .kill_on_drop(true);
     tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), "running the migration command");
     let started = std::time::Instant::now();
-    let mut child = command.spawn().map_err(|e| {
+    let mut child = CommandGroup(command.spawn().map_err(|e| {
         format!(
             "cannot run `{}` in {}: {e}",
             source.command,
             source.workdir.display()
         )
-    })?;
+    })?);
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
     let readers = [
         child
+            .0
             .stdout
             .take()
             .map(|out| tokio::spawn(keep_tail(out, tail.clone()))),
         child
+            .0
             .stderr
             .take()
             .map(|err| tokio::spawn(keep_tail(err, tail.clone()))),
     ];
-    let waited = tokio::time::timeout(source.timeout, child.wait()).await;
+    let waited = tokio::time::timeout(source.timeout, child.0.wait()).await;
     let outcome = match waited {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(format!("`{}` failed ({status})", source.command)),
         Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
         Err(_) => {
-            if let Some(pid) = child.id() {
-                let group = nix::unistd::Pid::from_raw(pid as i32);
-                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-            }
-            let _ = child.wait().await;
+            child.kill();
+            let _ = child.0.wait().await;
             Err(format!(
                 "`{}` did not finish within {} s and was killed",
                 source.command,
@@ -549,6 +549,29 @@ async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> 
                 lines.join("\n")
             ))
         }
+    }
+}
+
+/// A migration command leading its own process group (`process_group(0)`). Dropped while
+/// the command runs — the build's future is dropped when the daemon shuts down — it
+/// SIGKILLs the whole group, where `kill_on_drop` reaches only the `sh` running the command
+/// and leaves the tools it started running.
+struct CommandGroup(tokio::process::Child);
+
+impl CommandGroup {
+    /// SIGKILLs the group, if the command has not been reaped yet. Until it is, its pid, which
+    /// is the group's id, cannot be reused: the signal cannot reach a stranger's group.
+    fn kill(&mut self) {
+        if let Some(pid) = self.0.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let group = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for CommandGroup {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
