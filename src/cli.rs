@@ -344,6 +344,10 @@ struct TemplateFile {
     watch: Vec<PathBuf>,
     /// For `command`: seconds before it is killed.
     timeout_secs: Option<u64>,
+    /// Apply the source as postgres' superuser (an untrusted extension needs it); without
+    /// it, a template runs as a role that can do what its objects' owner can, no more.
+    #[serde(default)]
+    superuser: bool,
 }
 
 /// The config file.
@@ -469,7 +473,7 @@ impl ServeArgs {
                     "template {name:?}: workdir, watch and timeout_secs go with command"
                 ));
             }
-            let source = match (&source.migrations, &source.sql, &source.command) {
+            let plain = match (&source.migrations, &source.sql, &source.command) {
                 (Some(dir), None, None) => {
                     TemplateSource::Migrations(absolute(&file_dir.join(dir))?)
                 }
@@ -498,6 +502,11 @@ impl ServeArgs {
                         "template {name:?}: give one of migrations, sql or command"
                     ))
                 }
+            };
+            let source = if source.superuser {
+                TemplateSource::Superuser(Box::new(plain))
+            } else {
+                plain
             };
             push_template(&mut templates, name, source)?;
         }

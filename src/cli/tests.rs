@@ -322,3 +322,32 @@ fn the_no_flags_are_explained_in_long_help_only() {
         );
     }
 }
+
+#[test]
+fn superuser_templates_come_from_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("pglease-superuser-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    std::fs::write(
+        &file,
+        "[templates.ext]\nsql = \"ext.sql\"\nsuperuser = true\n\n[templates.app]\nsql = \"app.sql\"\n",
+    )
+    .expect("write");
+    let config = serve_args(&["--config", file.to_str().expect("utf8")])
+        .into_config()
+        .expect("valid");
+    let source = |name: &str| {
+        config
+            .pool
+            .templates
+            .iter()
+            .find(|t| t.name.as_str() == name)
+            .map(|t| t.source.clone())
+            .expect("template")
+    };
+    assert_eq!(
+        source("ext"),
+        TemplateSource::Superuser(Box::new(TemplateSource::SqlFile(dir.join("ext.sql"))))
+    );
+    assert_eq!(source("app"), TemplateSource::SqlFile(dir.join("app.sql")));
+}

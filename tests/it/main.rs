@@ -16,6 +16,7 @@ mod full_tmpfs;
 mod fuzz;
 mod integresql;
 mod leases;
+mod privileges;
 mod register;
 mod security;
 mod support;

@@ -40,6 +40,10 @@ pub struct TemplateBody {
     /// The command's timeout.
     #[schema(minimum = 1, maximum = 86400)]
     pub timeout_secs: Option<u64>,
+    /// Apply the source as postgres' superuser (needs `--allow-http-commands`: a superuser
+    /// can run programs as the server's OS user).
+    #[serde(default)]
+    pub superuser: bool,
 }
 
 /// `POST /leases/{id}/renew` body.

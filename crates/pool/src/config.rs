@@ -144,6 +144,11 @@ pub enum TemplateSource {
     /// database with a login role, migrates it itself and finalizes it. The template's name
     /// is the client's hash, which is also its fingerprint; pglease cannot rebuild it.
     Client,
+    /// Another source applied as postgres' superuser instead of a non-superuser role: for
+    /// templates that truly need it (an untrusted extension). Only the operator can ask for
+    /// it: `superuser = true` in the configuration file, or over HTTP when the daemon runs
+    /// with `--allow-http-commands`.
+    Superuser(Box<TemplateSource>),
 }
 
 impl TemplateSource {

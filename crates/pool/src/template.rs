@@ -24,6 +24,9 @@ pub struct SourceStamp(Vec<(PathBuf, u64, Option<SystemTime>)>);
 
 /// Takes the stamp of a source. Unreadable paths enter as such, so their repair shows.
 pub fn stamp(source: &TemplateSource) -> SourceStamp {
+    if let TemplateSource::Superuser(inner) = source {
+        return stamp(inner);
+    }
     let mut entries = Vec::new();
     let mut add = |path: &Path| {
         let meta = std::fs::metadata(path).ok();
@@ -44,7 +47,7 @@ pub fn stamp(source: &TemplateSource) -> SourceStamp {
             }
         }
         // The client's hash stands for its sources; there is nothing to stat.
-        TemplateSource::Client => {}
+        TemplateSource::Client | TemplateSource::Superuser(_) => {}
         TemplateSource::Command(command) => {
             for root in &command.watch {
                 add(root);
@@ -87,6 +90,11 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
     match source {
         TemplateSource::Client => {
             return Err("a client-built template's fingerprint is its client's hash".into())
+        }
+        // Applied with other rights, it is another version.
+        TemplateSource::Superuser(inner) => {
+            hasher.update(b"superuser\0");
+            hasher.update(fingerprint(inner, pg_major)?.as_bytes());
         }
         TemplateSource::Empty => hasher.update(b"empty\0"),
         TemplateSource::SqlFile(path) => {
@@ -290,9 +298,13 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
 
 /// Hands whatever the temporary login role `db` made as itself (a tool may reset its role)
 /// to the owner role, and drops the login role.
-async fn retire_build_role(session: &Session, db: &DbName) -> Result<(), String> {
+///
+/// A superuser build may have made objects only a superuser may own (a foreign-data
+/// wrapper): then everything it made goes to the daemon's superuser instead, with a
+/// warning — lease roles can use those objects but not alter them.
+async fn retire_build_role(session: &Session, db: &DbName, superuser: bool) -> Result<(), String> {
     let role = quote_ident(db.as_str());
-    run_in(
+    let to_owner = run_in(
         session,
         db,
         &format!(
@@ -300,8 +312,25 @@ async fn retire_build_role(session: &Session, db: &DbName) -> Result<(), String>
             owner = quote_ident(OWNER_ROLE)
         ),
     )
-    .await
-    .map_err(|e| format!("handing the objects of {db} to {OWNER_ROLE}: {e}"))?;
+    .await;
+    match to_owner {
+        Ok(()) => {}
+        Err(error) if superuser => {
+            tracing::warn!(database = %db, %error, "a superuser template made objects only a superuser may own; they stay the superuser's (lease roles can use, not alter them)");
+            run_in(
+                session,
+                db,
+                &format!("REASSIGN OWNED BY {role} TO CURRENT_USER; DROP OWNED BY {role};"),
+            )
+            .await
+            .map_err(|e| format!("handing the objects of {db} to the superuser: {e}"))?;
+        }
+        Err(error) => {
+            return Err(format!(
+                "handing the objects of {db} to {OWNER_ROLE}: {error}"
+            ))
+        }
+    }
     session
         .execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await
@@ -317,7 +346,7 @@ pub async fn open_client_template(
     db: &DbName,
 ) -> Result<String, String> {
     create_template_database(session, db, &client_template_marker(name)).await?;
-    create_build_role(session, db).await
+    create_build_role(session, db, false).await
 }
 
 /// Makes the database a client migrated a template: its login role is locked out and its
@@ -334,7 +363,7 @@ pub async fn finalize_client_template(
         .execute(&format!("ALTER ROLE {role} NOLOGIN"))
         .await?;
     session.terminate_sessions(db).await?;
-    retire_build_role(session, db).await?;
+    retire_build_role(session, db, false).await?;
     seal_template(session, db).await?;
     let size_bytes = session.database_size(db).await?;
     tracing::info!(template = %name, database = %db, size_bytes, "client-built template finalized");
@@ -359,15 +388,25 @@ pub fn parse_client_template_marker(comment: &str) -> Option<TemplateName> {
     TemplateName::new(name).ok()
 }
 
-/// Applies the source to the template database: SQL files run as the owner role, so that
-/// role owns every object and the lease roles (its members) can alter, truncate and drop
-/// them; a command runs as a temporary login role whose sessions act as the owner role.
+/// Applies the source to the template database as a temporary LOGIN role named like the
+/// database, which is not a superuser: its sessions act as the owner role, and no
+/// statement of the source (`RESET ROLE` included) reaches more than the owner role can.
+/// A [`TemplateSource::Superuser`] source, which only the operator can configure, runs as
+/// a temporary superuser role instead. Either way what the role made is handed to the owner
+/// role afterwards, so the lease roles (its members) can alter, truncate and drop it.
 async fn apply_source(
     session: &Session,
     source: &TemplateSource,
     db: &DbName,
 ) -> Result<(), String> {
-    let files = match source {
+    let (inner, superuser) = match source {
+        TemplateSource::Superuser(inner) => {
+            tracing::warn!(database = %db, "applying a template source as the superuser (superuser = true in the configuration)");
+            (&**inner, true)
+        }
+        other => (other, false),
+    };
+    let files = match inner {
         TemplateSource::Empty => return Ok(()),
         TemplateSource::SqlFile(path) => vec![path.clone()],
         TemplateSource::Migrations(dir) => {
@@ -377,14 +416,31 @@ async fn apply_source(
                 .map_err(|e| format!("listing migrations failed: {e}"))??
         }
         TemplateSource::Command(command) => {
-            run_command(session, command, db).await?;
-            return retire_build_role(session, db).await;
+            run_command(session, command, db, superuser).await?;
+            return retire_build_role(session, db, superuser).await;
         }
-        // Built by its client, never here.
-        TemplateSource::Client => return Ok(()),
+        // Built by its client, never here; a superuser source wraps one plain source.
+        TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),
     };
+    let password = create_build_role(session, db, superuser).await?;
     let mut config = session.admin_config.clone();
-    config.dbname(db.as_str());
+    // The same way in as the daemon (the private socket of the embedded server, or the
+    // external server's host), as the build role.
+    config
+        .user(db.as_str())
+        .password(password.as_str())
+        .dbname(db.as_str());
+    let applied = apply_files(config, &files, db).await;
+    let retired = retire_build_role(session, db, superuser).await;
+    applied.and(retired)
+}
+
+/// Runs each file in its own transaction on one connection made with `config`.
+async fn apply_files(
+    config: tokio_postgres::Config,
+    files: &[PathBuf],
+    db: &DbName,
+) -> Result<(), String> {
     let (mut client, connection) = config.connect(NoTls).await.map_err(|e| {
         format!(
             "cannot connect to template database {db}: {}",
@@ -393,13 +449,8 @@ async fn apply_source(
     })?;
     let connection = tokio::spawn(connection);
     let result = async {
-        let owner = quote_ident(OWNER_ROLE);
-        client
-            .batch_execute(&format!("SET ROLE {owner}"))
-            .await
-            .map_err(|e| format!("preparing the template database: {}", pg_message(&e)))?;
         for path in files {
-            let sql = tokio::fs::read_to_string(&path)
+            let sql = tokio::fs::read_to_string(path)
                 .await
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let transaction = client
@@ -407,12 +458,12 @@ async fn apply_source(
                 .await
                 .map_err(|e| format!("{}: {}", path.display(), pg_message(&e)))?;
             if let Err(error) = transaction.batch_execute(&sql).await {
-                return Err(describe_sql_error(&path, &sql, &error));
+                return Err(describe_sql_error(path, &sql, &error));
             }
             transaction
                 .commit()
                 .await
-                .map_err(|e| describe_sql_error(&path, &sql, &e))?;
+                .map_err(|e| describe_sql_error(path, &sql, &e))?;
             tracing::debug!(database = %db, file = %path.display(), "migration applied");
         }
         Ok(())
@@ -434,13 +485,30 @@ const OUTPUT_TAIL_LINES: usize = 40;
 /// Creates the temporary login role of a build: named like the template database `db`
 /// (so the `sameuser` rule admits it there only), its sessions acting as the owner role.
 /// Returns its password.
-async fn create_build_role(session: &Session, db: &DbName) -> Result<String, String> {
+async fn create_build_role(
+    session: &Session,
+    db: &DbName,
+    superuser: bool,
+) -> Result<String, String> {
     let role = quote_ident(db.as_str());
     let password = crate::scram::random_password();
+    // A superuser role keeps its own identity (acting as the owner role would drop the
+    // superuser's rights); what it makes is handed to the owner role when it retires.
+    let (attribute, act_as_owner) = if superuser {
+        ("SUPERUSER", String::new())
+    } else {
+        (
+            "NOSUPERUSER",
+            format!(
+                "ALTER ROLE {role} SET role = {};",
+                quote_literal(OWNER_ROLE)
+            ),
+        )
+    };
     session
         .execute(&format!(
-            "CREATE ROLE {role} LOGIN NOSUPERUSER PASSWORD {verifier} IN ROLE {owner}; \
-             ALTER ROLE {role} SET role = {owner_literal}; \
+            "CREATE ROLE {role} LOGIN {attribute} PASSWORD {verifier} IN ROLE {owner}; \
+             {act_as_owner} \
              COMMENT ON ROLE {role} IS {marker};",
             // Postgres' standard count, not the lease roles' low one: some drivers (Go's
             // lib/pq, used by dbmate and others) refuse fewer than 4096 iterations, and a
@@ -450,7 +518,6 @@ async fn create_build_role(session: &Session, db: &DbName) -> Result<String, Str
                 STANDARD_SCRAM_ITERATIONS
             )),
             owner = quote_ident(OWNER_ROLE),
-            owner_literal = quote_literal(OWNER_ROLE),
             marker = quote_literal(MARKER),
         ))
         .await?;
@@ -460,8 +527,13 @@ async fn create_build_role(session: &Session, db: &DbName) -> Result<String, Str
 /// Runs a migration command against the template database `db` as a temporary login role
 /// named like the database (so the `sameuser` rule admits it) whose sessions act as the
 /// owner role. Fails with the exit status (or the timeout) and the tail of its output.
-async fn run_command(session: &Session, source: &CommandSource, db: &DbName) -> Result<(), String> {
-    let password = create_build_role(session, db).await?;
+async fn run_command(
+    session: &Session,
+    source: &CommandSource,
+    db: &DbName,
+    superuser: bool,
+) -> Result<(), String> {
+    let password = create_build_role(session, db, superuser).await?;
     let host = session.lease_host.clone();
     let port = session.lease_port.to_string();
     // The embedded server has no TLS; some drivers (lib/pq) insist on it unless told.

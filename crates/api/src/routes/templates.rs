@@ -126,6 +126,21 @@ pub async fn register(
 /// Checks a source sent over HTTP: exactly one kind, absolute paths without `..`, and
 /// commands only where the operator allowed them.
 fn template_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, ApiError> {
+    if !body.superuser {
+        return plain_source(state, body);
+    }
+    if !state.config.allow_http_commands {
+        return Err(ApiError::forbidden(
+            "superuser templates run SQL as postgres' superuser, which can run programs as the server's OS user; this daemon was not started with --allow-http-commands (or set superuser = true in its configuration file)",
+        ));
+    }
+    Ok(TemplateSource::Superuser(Box::new(plain_source(
+        state, body,
+    )?)))
+}
+
+/// [`template_source`] without the superuser flag.
+fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, ApiError> {
     let is_command = body.command.is_some();
     if !is_command
         && (body.workdir.is_some() || !body.watch.is_empty() || body.timeout_secs.is_some())
