@@ -78,6 +78,11 @@ pub struct ServeArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// A file whose content is the bearer token (surrounding white space ignored), so that
+    /// the token shows neither in `ps` nor in the environment: systemd's LoadCredential=,
+    /// a container secret. Instead of --token.
+    #[arg(long, env = "PGLEASE_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Also serve the IntegreSQL v1 API (its client libraries work unchanged) on this
     /// address, e.g. 127.0.0.1:5000, IntegreSQL's port. The main port serves it too, under
     /// /api/v1. Its clients send no token: a non-loopback address needs
@@ -95,6 +100,10 @@ pub struct ServeArgs {
     /// timeout_secs [default: 300].
     #[arg(long, value_name = "SECS")]
     pub build_timeout: Option<u64>,
+    /// Seconds an IntegreSQL client may take from initializing a template to finalizing it;
+    /// past that the template is discarded as abandoned [default: 900].
+    #[arg(long, value_name = "SECS")]
+    pub initialize_timeout: Option<u64>,
     /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty. Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
@@ -364,6 +373,7 @@ struct ConfigFile {
     max_bytes: Option<String>,
     max_waiting: Option<usize>,
     build_timeout_secs: Option<u64>,
+    initialize_timeout_secs: Option<u64>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -437,7 +447,15 @@ impl ServeArgs {
                     command_timeout(Some(secs)).map_err(|e| format!("--build-timeout: {e}"))?
                 }
             },
-            initialize_timeout: defaults.initialize_timeout,
+            initialize_timeout: match self.initialize_timeout.or(file.initialize_timeout_secs) {
+                None => defaults.initialize_timeout,
+                Some(secs @ 1..=86_400) => Duration::from_secs(secs),
+                Some(secs) => {
+                    return Err(format!(
+                        "--initialize-timeout must be between 1 and 86400 seconds, got {secs}"
+                    ))
+                }
+            },
             max_bytes: self
                 .max_bytes
                 .or(file.max_bytes)
@@ -586,12 +604,19 @@ impl ServeArgs {
                 .parse()
                 .map_err(|e| format!("default listen address: {e}"))?,
         };
-        let token = match self.token {
+        let token = match (self.token, &self.token_file) {
+            (Some(_), Some(_)) => {
+                return Err("give the token with --token (PGLEASE_TOKEN) or --token-file (PGLEASE_TOKEN_FILE), not both".into())
+            }
+            (None, Some(path)) => Some(read_token_file(path)?),
+            (token, None) => token,
+        };
+        let token = match token {
             Some(token) if token.trim().is_empty() => return Err("--token is empty".into()),
             Some(token) => Some(Token::new(token)),
             None if !listen.ip().is_loopback() => {
                 return Err(format!(
-                    "--listen {listen} is not a loopback address: give a --token (or PGLEASE_TOKEN) that clients must send"
+                    "--listen {listen} is not a loopback address: give a --token or --token-file (or PGLEASE_TOKEN / PGLEASE_TOKEN_FILE) that clients must send"
                 ))
             }
             None => None,
@@ -739,6 +764,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .checked_mul(multiplier)
         .filter(|&bytes| bytes >= 16 << 20)
         .ok_or_else(|| format!("size {text:?}: must be at least 16M"))
+}
+
+/// The token in `path`: its content without surrounding white space (a trailing newline,
+/// as `echo` writes). An unreadable or empty file is a configuration error.
+fn read_token_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("--token-file {} is empty", path.display()));
+    }
+    Ok(token.to_owned())
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ RUN set -eux; export DEBIAN_FRONTEND=noninteractive; \\
 COPY pglease /usr/local/bin/pglease
 COPY pglease.service /etc/systemd/system/pglease.service
 COPY pglease.toml /etc/pglease/pglease.toml
+RUN printf 'boot-test-token\\n' > /etc/pglease/token && chmod 600 /etc/pglease/token
 STOPSIGNAL SIGRTMIN+3
 CMD ["/lib/systemd/systemd"]
 EOF
@@ -82,7 +83,11 @@ pid=$(in_box systemctl show -p MainPID --value pglease)
 echo "main pid $pid, user $(in_box ps -o user= -p "$pid") (unit User=$user, DynamicUser=yes)"
 
 echo "==> a lease through the unit's daemon"
-lease=$(in_box curl -sf -X POST http://127.0.0.1:5480/lease)
+# The unit reads the token from its credential: without it the API answers 401.
+code=$(in_box curl -s -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:5480/lease)
+[ "$code" = 401 ] || { echo "a lease without the token got HTTP $code, not 401" >&2; exit 1; }
+auth='Authorization: Bearer boot-test-token'
+lease=$(in_box curl -sf -X POST -H "$auth" http://127.0.0.1:5480/lease)
 url=$(printf '%s' "$lease" | python3 -c 'import json, sys; print(json.load(sys.stdin)["url"])')
 in_box psql "$url" -v ON_ERROR_STOP=1 -tAc "CREATE TABLE t (x int); INSERT INTO t VALUES (1); SELECT current_user || ' ' || count(*) FROM t"
 postgres_user=$(in_box ps -o user= -C postgres | sort -u | tr '\n' ' ')
@@ -91,9 +96,9 @@ case "$postgres_user" in *root*) echo "postgres runs as root" >&2; exit 1 ;; esa
 
 echo "==> a template whose SQL fails: the daemon answers and logs a warning"
 in_box sh -c 'printf "CREATE TABLE broken (;\n" > /opt/broken.sql && chmod 644 /opt/broken.sql'
-in_box curl -sf -X PUT -H 'Content-Type: application/json' -d '{"sql": "/opt/broken.sql"}' \
+in_box curl -sf -X PUT -H "$auth" -H 'Content-Type: application/json' -d '{"sql": "/opt/broken.sql"}' \
   http://127.0.0.1:5480/templates/broken >/dev/null
-code=$(in_box curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+code=$(in_box curl -s -o /dev/null -w '%{http_code}' -X POST -H "$auth" -H 'Content-Type: application/json' \
   -d '{"template": "broken", "wait_ms": 20000}' http://127.0.0.1:5480/lease)
 echo "lease from it: HTTP $code"
 case "$code" in 2*) echo "a broken template gave a lease" >&2; exit 1 ;; esac

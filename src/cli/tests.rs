@@ -324,6 +324,27 @@ fn the_no_flags_are_explained_in_long_help_only() {
 }
 
 #[test]
+fn the_token_can_come_from_a_file_and_only_from_one_place() {
+    let dir = std::env::temp_dir().join(format!("pglease-token-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cret\n").expect("write");
+    let path = file.to_str().expect("utf8");
+    let config = serve_args(&["--listen", "0.0.0.0:5480", "--token-file", path])
+        .into_config()
+        .expect("a token file stands for --token");
+    assert!(config.api.token.is_some());
+    let both = serve_args(&["--token", "x", "--token-file", path]).into_config();
+    assert!(both.is_err_and(|e| e.contains("not both")));
+    std::fs::write(&file, " \n").expect("write");
+    let empty = serve_args(&["--token-file", path]).into_config();
+    assert!(empty.is_err_and(|e| e.contains("is empty")));
+    let missing = dir.join("nope");
+    let missing = serve_args(&["--token-file", missing.to_str().expect("utf8")]).into_config();
+    assert!(missing.is_err_and(|e| e.contains("nope")));
+}
+
+#[test]
 fn superuser_templates_come_from_the_config_file() {
     let dir = std::env::temp_dir().join(format!("pglease-superuser-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -350,4 +371,18 @@ fn superuser_templates_come_from_the_config_file() {
         TemplateSource::Superuser(Box::new(TemplateSource::SqlFile(dir.join("ext.sql"))))
     );
     assert_eq!(source("app"), TemplateSource::SqlFile(dir.join("app.sql")));
+}
+
+#[test]
+fn the_initialize_timeout_is_a_flag() {
+    let config = serve_args(&["--initialize-timeout", "5"])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        config.pool.limits.initialize_timeout,
+        Duration::from_secs(5)
+    );
+    assert!(serve_args(&["--initialize-timeout", "0"])
+        .into_config()
+        .is_err());
 }

@@ -132,3 +132,26 @@ async fn too_many_waiting_requests_get_429() {
         "the waiting one still times out normally"
     );
 }
+
+#[tokio::test]
+async fn the_token_can_come_from_a_file() {
+    let file = crate::support::scratch_dir("token-file").join("token");
+    std::fs::write(&file, "from-a-file\n").expect("write");
+    let daemon = TestDaemon::builder()
+        .args(["--token-file", file.to_str().expect("utf8")])
+        .start()
+        .await;
+    let (status, _) = daemon.lease(json!({})).await;
+    assert_eq!(status, 401);
+    let request = daemon
+        .http
+        .post(format!("{}/lease", daemon.base))
+        .header("authorization", "Bearer from-a-file")
+        .json(&json!({}));
+    let (status, body) = daemon.send(request).await;
+    assert_eq!(
+        status, 201,
+        "the file's content, without its newline: {body}"
+    );
+    assert!(daemon.stop().await.success());
+}
