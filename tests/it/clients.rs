@@ -105,3 +105,41 @@ async fn the_python_integresql_client_runs_its_flow_unchanged() {
     assert_eq!(counts["tests"], 10, "{counts}");
     assert!(!daemon.log().contains(" ERROR "), "{}", daemon.log());
 }
+
+/// The shape of a real suite that stalled (issue 18): 12 packages with a template each, 25
+/// tests per package that take a test database and never give it back — 300 databases, far
+/// more than the connection budget holds — against default options. No request may fail.
+#[tokio::test]
+async fn a_suite_that_never_gives_databases_back_runs_without_a_timeout() {
+    let test = "a_suite_that_never_gives_databases_back_runs_without_a_timeout";
+    let js = clients_dir().join("js");
+    let hint = "cd tests/clients/js && npm ci";
+    if !tool_available("node", test, "install Node.js")
+        || !installed(
+            "@devoxa/integresql-client",
+            js.join("node_modules/@devoxa/integresql-client").is_dir(),
+            test,
+            hint,
+        )
+    {
+        return;
+    }
+    let (daemon, address) = daemon().await;
+    let mut command = std::process::Command::new("node");
+    command
+        .args(["suite.mjs", "12", "25"])
+        .current_dir(&js)
+        .env("PGLEASE_INTEGRESQL_URL", format!("http://{address}/"));
+    let out = run(command).await;
+    let counts: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("the suite prints one JSON line");
+    assert_eq!(counts["passed"], 300, "{counts}");
+    assert_eq!(counts["migrations"], 12, "{counts}");
+    let limits = daemon.status().await["limits"].clone();
+    assert!(
+        limits["reclaimed"].as_u64().is_some_and(|n| n > 0),
+        "past the connection budget, test databases were recreated: {limits}"
+    );
+    assert_eq!(limits["refused"]["connection_budget"], 0, "{limits}");
+    assert!(daemon.stop().await.success());
+}
