@@ -542,3 +542,84 @@ async fn a_getter_waiting_when_the_daemon_stops_gets_503() {
     assert_eq!(status, 503, "{body}");
     assert!(body["message"].is_string(), "{body}");
 }
+
+/// Clients that load a dump into the template with `psql` (integresql-client-go's dump
+/// helper) set the PG* variables from the initialize answer: its credentials are the
+/// template owner's and reach the template database over TCP. A `pg_dump --no-owner
+/// --no-privileges` dump loads as it is.
+#[tokio::test]
+async fn a_dump_loads_into_the_template_with_psql_and_the_initialize_answer() {
+    let test = "a_dump_loads_into_the_template_with_psql_and_the_initialize_answer";
+    if !crate::support::tool_available("psql", test, "install postgresql-client") {
+        return;
+    }
+    let daemon = TestDaemon::start().await;
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize("d0d0").await;
+    assert_eq!(status, 200, "{template}");
+    let dump = crate::support::scratch_dir("psql-dump").join("dump.sql");
+    // What pg_dump --no-owner --no-privileges writes, trimmed.
+    std::fs::write(
+        &dump,
+        "SET statement_timeout = 0;\nSET client_encoding = 'UTF8';\n\
+         SET standard_conforming_strings = on;\n\
+         SELECT pg_catalog.set_config('search_path', '', false);\n\
+         SET default_table_access_method = heap;\n\
+         CREATE TABLE public.users (id integer NOT NULL, name text);\n\
+         CREATE SEQUENCE public.users_id_seq AS integer START WITH 1 INCREMENT BY 1 NO MINVALUE NO MAXVALUE CACHE 1;\n\
+         ALTER SEQUENCE public.users_id_seq OWNED BY public.users.id;\n\
+         ALTER TABLE ONLY public.users ALTER COLUMN id SET DEFAULT nextval('public.users_id_seq'::regclass);\n\
+         COPY public.users (id, name) FROM stdin;\n1\tada\n2\tgrace\n\\.\n\n\
+         SELECT pg_catalog.setval('public.users_id_seq', 2, true);\n\
+         ALTER TABLE ONLY public.users ADD CONSTRAINT users_pkey PRIMARY KEY (id);\n",
+    )
+    .expect("write the dump");
+    let config = template["database"]["config"].clone();
+    let value = |key: &str| match &config[key] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let output = tokio::task::spawn_blocking({
+        let (host, port, user, password, database) = (
+            value("host"),
+            value("port"),
+            value("username"),
+            value("password"),
+            value("database"),
+        );
+        move || {
+            std::process::Command::new("psql")
+                .args(["-v", "ON_ERROR_STOP=1", "-q", "-f"])
+                .arg(&dump)
+                .env("PGHOST", host)
+                .env("PGPORT", port)
+                .env("PGUSER", user)
+                .env("PGPASSWORD", password)
+                .env("PGDATABASE", database)
+                .env("PGSSLMODE", "disable")
+                .output()
+                .expect("run psql")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(
+        output.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(compat.finalize("d0d0").await, 204);
+    let (status, test_db) = compat.test_database("d0d0").await;
+    assert_eq!(status, 200, "{test_db}");
+    let client = connect(&test_db).await.expect("connect");
+    let row = client
+        .query_one("SELECT count(*), max(id) FROM users", &[])
+        .await
+        .expect("the dump's rows");
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i32>(1)), (2, 2));
+    client
+        .batch_execute("INSERT INTO users (name) VALUES ('linus'); TRUNCATE users;")
+        .await
+        .expect("a test owns the dump's tables");
+    assert!(daemon.stop().await.success());
+}
