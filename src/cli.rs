@@ -180,7 +180,7 @@ pub struct ServeArgs {
     /// Allow fsync=off on a data directory that is not tmpfs/ramfs.
     #[arg(long, overrides_with = "no_allow_unsafe_on_disk")]
     pub allow_unsafe_on_disk: bool,
-    /// Overrides allow_unsafe_on_disk = true in the config file's [postgres].
+    /// Overrides allow_unsafe_on_disk = true in the config file's postgres table.
     #[arg(long, overrides_with = "allow_unsafe_on_disk", hide_short_help = true)]
     pub no_allow_unsafe_on_disk: bool,
     /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
@@ -210,7 +210,7 @@ pub struct ServeArgs {
     /// Keep the data directory at exit.
     #[arg(long, overrides_with = "no_keep_data")]
     pub keep_data: bool,
-    /// Overrides keep_data = true in the config file's [postgres].
+    /// Overrides keep_data = true in the config file's postgres table.
     #[arg(long, overrides_with = "keep_data", hide_short_help = true)]
     pub no_keep_data: bool,
 }
