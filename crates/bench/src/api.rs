@@ -39,6 +39,17 @@ pub struct Status {
     /// Each template.
     #[serde(default)]
     pub templates: Vec<TemplateStatus>,
+    /// The limits requests meet (absent in older daemons).
+    #[serde(default)]
+    pub limits: Option<LimitStatus>,
+}
+
+/// The limits in `/status`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LimitStatus {
+    /// IntegreSQL test databases recreated to make room.
+    #[serde(default)]
+    pub reclaimed: u64,
 }
 
 /// The server in `/status`.

@@ -17,7 +17,9 @@
 //! 6. the seeds' workloads (10,000 autocommit INSERTs, pgbench TPC-B) on a lease, on
 //!    stock postgres on disk (with an fsync-delay shim standing for slower disks) and on
 //!    hand-tuned tmpfs postgres;
-//! 7. the pool's scale.
+//! 7. the pool's scale;
+//! 8. an IntegreSQL client's suite with many templates and never-returned databases,
+//!    against pglease and (`PGLEASE_BENCH_INTEGRESQL_URL`) an IntegreSQL server.
 
 mod admin;
 mod api;
@@ -44,7 +46,7 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
 use crate::scenarios::{
-    ceiling, connect, latency, scale, seeds, startup, throughput, Ctx, FIXTURE,
+    ceiling, connect, integresql, latency, scale, seeds, startup, throughput, Ctx, FIXTURE,
 };
 
 /// Benchmarks of pglease: lease latency, test throughput against the create+drop
@@ -74,7 +76,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,6,7).
+    /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,6,7,8).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -221,6 +223,15 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s8 = if wanted(8) {
+        match integresql::run(&ctx).await {
+            Ok(Ok(result)) => Outcome::Done(result),
+            Ok(Err(reason)) => Outcome::skipped(reason),
+            Err(error) => outcome("8", Err(error)),
+        }
+    } else {
+        not_run()
+    };
     let _ = std::fs::remove_dir_all(&ctx.scratch_dir);
 
     if machine.postgres_version.is_empty() {
@@ -242,6 +253,7 @@ async fn run(cli: Cli) -> ExitCode {
         s6.done()
             .is_some_and(|r| r.targets.iter().any(|t| !t.errors.is_empty())),
         matches!(s7, Outcome::Failed { .. }),
+        matches!(s8, Outcome::Failed { .. }),
     ]
     .into_iter()
     .any(|failed| failed);
@@ -260,6 +272,7 @@ async fn run(cli: Cli) -> ExitCode {
             connection_cost: s5,
             seed_workloads: s6,
             pool_scale: s7,
+            integresql_suite: s8,
         },
         isolation_ok,
         total_secs: stats::round3(started.elapsed().as_secs_f64()),

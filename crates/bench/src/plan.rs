@@ -59,6 +59,8 @@ pub struct Plan {
     pub seeds_pgbench_clients: Vec<usize>,
     /// Scenario 6: `FSYNC_DELAY_US` values of the stock postgres, one restart each.
     pub seeds_fsync_delays_us: Vec<u64>,
+    /// Scenario 8: runs of the IntegreSQL suite per server.
+    pub integresql_runs: usize,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -93,6 +95,7 @@ impl Plan {
             seeds_pgbench_duration: Duration::from_secs(2),
             seeds_pgbench_clients: vec![1, 3],
             seeds_fsync_delays_us: vec![0, 1_000],
+            integresql_runs: 1,
         }
     }
 
@@ -123,6 +126,7 @@ impl Plan {
             seeds_pgbench_duration: Duration::from_secs(30),
             seeds_pgbench_clients: vec![1, 2, 3],
             seeds_fsync_delays_us: vec![0, 1_000, 5_000],
+            integresql_runs: 3,
         }
     }
 }
