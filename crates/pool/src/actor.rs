@@ -526,6 +526,18 @@ impl Actor {
     fn handle_job(&mut self, report: Report) {
         let now = Instant::now();
         let Report { generation, result } = report;
+        // Lease requests waiting on a check of their sources are not tied to a server.
+        if let JobResult::SourcesChecked {
+            template,
+            changed,
+            stamp,
+            fingerprint,
+        } = result
+        {
+            self.sources_checked(template, changed, stamp, fingerprint);
+            self.check_invariants();
+            return;
+        }
         if generation != self.generation {
             self.stale_report(result);
             return;
@@ -628,12 +640,8 @@ impl Actor {
                 self.sessions_counted(*give_back, outcome);
             }
             JobResult::Probed { outcome } => self.probed(outcome),
-            JobResult::SourcesChecked {
-                template,
-                changed,
-                stamp,
-                fingerprint,
-            } => self.sources_checked(template, changed, stamp, fingerprint),
+            // Handled above, whatever its generation.
+            JobResult::SourcesChecked { .. } => {}
         }
         self.check_invariants();
     }
@@ -647,13 +655,6 @@ impl Actor {
                 *give_back,
                 Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             ),
-            // Lease requests waiting on a check are not tied to a server.
-            JobResult::SourcesChecked {
-                template,
-                changed,
-                stamp,
-                fingerprint,
-            } => self.sources_checked(template, changed, stamp, fingerprint),
             JobResult::Probed { .. } => self.probing = false,
             // Callers waiting on client-built templates and grants were told when the
             // server went (`PoolState::server_lost`, `fail_client_work`).
@@ -662,7 +663,8 @@ impl Actor {
             | JobResult::Dropped { .. }
             | JobResult::LimitSet { .. }
             | JobResult::Opened { .. }
-            | JobResult::Finalized { .. } => {}
+            | JobResult::Finalized { .. }
+            | JobResult::SourcesChecked { .. } => {}
         }
     }
 

@@ -263,28 +263,30 @@ impl Dbs {
 
     /// The front of `template`'s ready queue.
     pub fn ready_front(&self, template: &TemplateName) -> Option<DbName> {
-        self.map
-            .iter()
-            .filter(|(_, db)| db.template.as_ref() == Some(template))
-            .filter_map(|(name, db)| match db.phase {
-                Phase::Ready { order } => Some((order, name)),
-                _ => None,
-            })
+        self.ready_of(template)
             .min_by_key(|(order, _)| *order)
             .map(|(_, name)| name.clone())
     }
 
     /// The back of `template`'s ready queue (evicted first).
     pub fn ready_back(&self, template: &TemplateName) -> Option<DbName> {
+        self.ready_of(template)
+            .max_by_key(|(order, _)| *order)
+            .map(|(_, name)| name.clone())
+    }
+
+    /// `template`'s ready clones with their places in the queue.
+    fn ready_of<'a>(
+        &'a self,
+        template: &'a TemplateName,
+    ) -> impl Iterator<Item = (i64, &'a DbName)> + 'a {
         self.map
             .iter()
-            .filter(|(_, db)| db.template.as_ref() == Some(template))
+            .filter(move |(_, db)| db.template.as_ref() == Some(template))
             .filter_map(|(name, db)| match db.phase {
                 Phase::Ready { order } => Some((order, name)),
                 _ => None,
             })
-            .max_by_key(|(order, _)| *order)
-            .map(|(_, name)| name.clone())
     }
 
     /// The databases of `template` in a phase `select` picks.

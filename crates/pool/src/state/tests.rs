@@ -78,6 +78,11 @@ struct Driver {
 
 impl Driver {
     fn new(state: PoolState) -> Self {
+        Self::with_budget(state, 1000)
+    }
+
+    /// A driver whose server has room for `budget` lease connections.
+    fn with_budget(state: PoolState, budget: u32) -> Self {
         let mut driver = Driver {
             state,
             now: Instant::now(),
@@ -89,7 +94,7 @@ impl Driver {
             builds: 0,
             clone_duration: Duration::ZERO,
         };
-        let actions = driver.state.server_up(1000);
+        let actions = driver.state.server_up(budget);
         driver.pending.extend(actions);
         driver
     }
@@ -1126,19 +1131,7 @@ fn a_grant_held_for_its_limit_is_answered_after_its_template_is_discarded_and_re
 
 /// A pool with room for three default leases' connections in all.
 fn small_budget_driver() -> Driver {
-    let mut driver = Driver {
-        state: pool(1, 8),
-        now: Instant::now(),
-        next_waiter: 1,
-        grants: Vec::new(),
-        failures: Vec::new(),
-        drops: Vec::new(),
-        pending: Vec::new(),
-        builds: 0,
-        clone_duration: Duration::ZERO,
-    };
-    let actions = driver.state.server_up(30);
-    driver.pending.extend(actions);
+    let mut driver = Driver::with_budget(pool(1, 8), 30);
     driver.settle();
     driver
 }
