@@ -33,6 +33,19 @@ fn installed(what: &str, found: bool, test: &str, hint: &str) -> bool {
     found
 }
 
+/// tests/clients/js, if node and the npm client are installed (see [`installed`]).
+fn npm_client(test: &str) -> Option<PathBuf> {
+    let js = clients_dir().join("js");
+    let found = tool_available("node", test, "install Node.js")
+        && installed(
+            "@devoxa/integresql-client",
+            js.join("node_modules/@devoxa/integresql-client").is_dir(),
+            test,
+            "cd tests/clients/js && npm ci",
+        );
+    found.then_some(js)
+}
+
 async fn run(mut command: std::process::Command) -> String {
     let output = tokio::task::spawn_blocking(move || command.output())
         .await
@@ -51,18 +64,9 @@ async fn run(mut command: std::process::Command) -> String {
 #[tokio::test]
 async fn the_npm_integresql_client_runs_its_flow_unchanged() {
     let test = "the_npm_integresql_client_runs_its_flow_unchanged";
-    let js = clients_dir().join("js");
-    let hint = "cd tests/clients/js && npm ci";
-    if !tool_available("node", test, "install Node.js")
-        || !installed(
-            "@devoxa/integresql-client",
-            js.join("node_modules/@devoxa/integresql-client").is_dir(),
-            test,
-            hint,
-        )
-    {
+    let Some(js) = npm_client(test) else {
         return;
-    }
+    };
     let (daemon, address) = daemon().await;
     let mut command = std::process::Command::new("node");
     command
@@ -112,18 +116,9 @@ async fn the_python_integresql_client_runs_its_flow_unchanged() {
 #[tokio::test]
 async fn a_suite_that_never_gives_databases_back_runs_without_a_timeout() {
     let test = "a_suite_that_never_gives_databases_back_runs_without_a_timeout";
-    let js = clients_dir().join("js");
-    let hint = "cd tests/clients/js && npm ci";
-    if !tool_available("node", test, "install Node.js")
-        || !installed(
-            "@devoxa/integresql-client",
-            js.join("node_modules/@devoxa/integresql-client").is_dir(),
-            test,
-            hint,
-        )
-    {
+    let Some(js) = npm_client(test) else {
         return;
-    }
+    };
     let (daemon, address) = daemon().await;
     let mut command = std::process::Command::new("node");
     command

@@ -8,27 +8,16 @@
 use std::fs;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support::{connect, scratch_dir, TestDaemon};
-
-async fn put(daemon: &TestDaemon, name: &str, body: Value) -> (u16, Value) {
-    daemon
-        .send(
-            daemon
-                .http
-                .put(format!("{}/templates/{name}", daemon.base))
-                .json(&body),
-        )
-        .await
-}
 
 /// Registers `sql` as template `name` over HTTP and asks for a lease of it: the build must
 /// fail with postgres' permission error.
 async fn refused(daemon: &TestDaemon, dir: &Path, name: &str, sql: &str) -> String {
     let file = dir.join(format!("{name}.sql"));
     fs::write(&file, sql).expect("write");
-    let (status, body) = put(daemon, name, json!({ "sql": file })).await;
+    let (status, body) = daemon.put_template(name, json!({ "sql": file })).await;
     assert_eq!(status, 201, "{body}");
     let (status, body) = daemon
         .lease(json!({ "template": name, "wait_ms": 30000 }))
@@ -113,12 +102,9 @@ async fn a_template_cannot_reach_the_superuser() {
         ),
     )
     .expect("write");
-    let (status, body) = put(
-        &daemon,
-        "evil-migrations",
-        json!({ "migrations": migrations }),
-    )
-    .await;
+    let (status, body) = daemon
+        .put_template("evil-migrations", json!({ "migrations": migrations }))
+        .await;
     assert_eq!(status, 201, "{body}");
     let (status, body) = daemon
         .lease(json!({ "template": "evil-migrations", "wait_ms": 30000 }))
@@ -132,7 +118,7 @@ async fn a_template_cannot_reach_the_superuser() {
         "CREATE EXTENSION pgcrypto; CREATE TABLE items (id uuid DEFAULT gen_random_uuid());",
     )
     .expect("write");
-    let (status, _) = put(&daemon, "good", json!({ "sql": good })).await;
+    let (status, _) = daemon.put_template("good", json!({ "sql": good })).await;
     assert_eq!(status, 201);
     let lease = daemon.lease_ok("good").await;
     let client = connect(&lease).await.expect("connect");
@@ -172,7 +158,9 @@ async fn only_the_operator_can_give_a_template_the_superuser() {
         .expect("query");
     assert_eq!(row.get::<_, i64>(0), 1, "the configured template got it");
     // Over HTTP the flag needs the operator's consent.
-    let (status, body) = put(&daemon, "ext2", json!({ "sql": ext, "superuser": true })).await;
+    let (status, body) = daemon
+        .put_template("ext2", json!({ "sql": ext, "superuser": true }))
+        .await;
     assert_eq!(status, 403, "{body}");
     assert!(
         body["error"]["message"]

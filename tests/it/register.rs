@@ -3,20 +3,9 @@
 
 use std::fs;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::support::{connect, scratch_dir, TestDaemon};
-
-async fn put(daemon: &TestDaemon, name: &str, body: Value) -> (u16, Value) {
-    daemon
-        .send(
-            daemon
-                .http
-                .put(format!("{}/templates/{name}", daemon.base))
-                .json(&body),
-        )
-        .await
-}
 
 #[tokio::test]
 async fn a_template_registered_over_http_is_leased_and_can_be_replaced() {
@@ -27,7 +16,9 @@ async fn a_template_registered_over_http_is_leased_and_can_be_replaced() {
     fs::write(dir.join("v2/001.sql"), "CREATE TABLE two (id int);").expect("write");
     let daemon = TestDaemon::start().await;
 
-    let (status, body) = put(&daemon, "ci-job", json!({ "migrations": dir.join("v1") })).await;
+    let (status, body) = daemon
+        .put_template("ci-job", json!({ "migrations": dir.join("v1") }))
+        .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["name"], "ci-job");
     let lease = daemon.lease_ok("ci-job").await;
@@ -38,9 +29,13 @@ async fn a_template_registered_over_http_is_leased_and_can_be_replaced() {
         .await
         .expect("v1");
 
-    let (status, _) = put(&daemon, "ci-job", json!({ "migrations": dir.join("v1") })).await;
+    let (status, _) = daemon
+        .put_template("ci-job", json!({ "migrations": dir.join("v1") }))
+        .await;
     assert_eq!(status, 200, "the same source again changes nothing");
-    let (status, _) = put(&daemon, "ci-job", json!({ "migrations": dir.join("v2") })).await;
+    let (status, _) = daemon
+        .put_template("ci-job", json!({ "migrations": dir.join("v2") }))
+        .await;
     assert_eq!(status, 200);
     let newer = daemon.lease_ok("ci-job").await;
     assert_ne!(newer["fingerprint"], lease["fingerprint"]);
@@ -97,7 +92,7 @@ async fn hostile_or_unsafe_sources_are_refused() {
         ("Bad%20Name", json!({}), 422, "invalid_value"),
     ];
     for (name, body, expected, code) in cases {
-        let (status, answer) = put(&daemon, name, body.clone()).await;
+        let (status, answer) = daemon.put_template(name, body.clone()).await;
         assert_eq!(status, expected, "{name} {body}: {answer}");
         assert_eq!(answer["error"]["code"], code, "{name}: {answer}");
     }
@@ -120,8 +115,7 @@ async fn commands_over_http_need_the_operators_consent() {
         .args(["--allow-http-commands"])
         .start()
         .await;
-    let (status, body) = put(
-        &daemon,
+    let (status, body) = daemon.put_template(
         "cmd",
         json!({ "command": "psql -v ON_ERROR_STOP=1 -qc 'CREATE TABLE made (id int)'", "workdir": dir, "timeout_secs": 30 }),
     )

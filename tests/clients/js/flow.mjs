@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { IntegreSQLClient, IntegreSQLApiClientError } from '@devoxa/integresql-client'
-import pg from 'pg'
+import { withDb } from './db.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const url = process.env.PGLEASE_INTEGRESQL_URL
@@ -16,22 +16,6 @@ const client = new IntegreSQLClient({ url })
 
 function check(condition, message) {
   if (!condition) throw new Error(`check failed: ${message}`)
-}
-
-async function withDb(config, work) {
-  const db = new pg.Client({
-    host: config.host,
-    port: config.port,
-    user: config.username,
-    password: config.password,
-    database: config.database,
-  })
-  await db.connect()
-  try {
-    return await work(db)
-  } finally {
-    await db.end()
-  }
 }
 
 // Giving a database back right after disconnecting can race the server noticing the

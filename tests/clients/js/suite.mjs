@@ -8,7 +8,7 @@
 // Prints one JSON line of counts; exits non-zero on any failure.
 import { createHash } from 'node:crypto'
 import { IntegreSQLClient } from '@devoxa/integresql-client'
-import pg from 'pg'
+import { withDb } from './db.mjs'
 
 const url = process.env.PGLEASE_INTEGRESQL_URL
 if (!url) throw new Error('set PGLEASE_INTEGRESQL_URL, e.g. http://127.0.0.1:5000/')
@@ -18,22 +18,6 @@ const testsPerPackage = Number(process.argv[3] ?? 25)
 const packagesAtOnce = 4
 const testsAtOnce = 8
 const client = new IntegreSQLClient({ url })
-
-async function withDb(config, work) {
-  const db = new pg.Client({
-    host: config.host,
-    port: config.port,
-    user: config.username,
-    password: config.password,
-    database: config.database,
-  })
-  await db.connect()
-  try {
-    return await work(db)
-  } finally {
-    await db.end()
-  }
-}
 
 /** Runs `work` on each item, at most `limit` at once. */
 async function pool(items, limit, work) {

@@ -221,6 +221,16 @@ impl TestDaemon {
         .await;
     }
 
+    /// `PUT /templates/{name}` with a JSON body.
+    pub async fn put_template(&self, name: &str, body: Value) -> (u16, Value) {
+        self.send(
+            self.http
+                .put(format!("{}/templates/{name}", self.base))
+                .json(&body),
+        )
+        .await
+    }
+
     /// `DELETE /leases/{id}`.
     pub async fn release(&self, id: &str, reuse: bool) -> (u16, Value) {
         let url = format!("{}/leases/{id}?reuse={reuse}", self.base);
