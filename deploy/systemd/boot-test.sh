@@ -30,6 +30,11 @@ fi
 context=$(mktemp -d /var/tmp/pglease-systemd-boot.XXXXXX)
 cleanup() {
   local status=$?
+  if [ "$status" -ne 0 ]; then
+    # What the unit said, before the container goes.
+    "$docker" exec "$name" systemctl status --no-pager pglease 2>&1 | tail -n 20 || true
+    "$docker" exec "$name" journalctl -u pglease --no-pager -o cat 2>&1 | tail -n 40 || true
+  fi
   "$docker" rm -f "$name" >/dev/null 2>&1 || true
   rm -rf "$context"
   if [ "$status" -eq 0 ]; then echo "boot-test: passed"; else echo "boot-test: FAILED" >&2; fi

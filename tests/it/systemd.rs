@@ -79,17 +79,12 @@ fn the_units_exec_start_runs_as_a_non_root_user_and_talks_to_systemd() {
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).expect("mkdir");
     std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let (runtime, cache, config, credentials) = (
-        base.join("run"),
-        base.join("cache"),
-        base.join("etc"),
-        base.join("credentials"),
-    );
-    for dir in [&runtime, &cache, &config, &credentials] {
+    let (runtime, cache, config) = (base.join("run"), base.join("cache"), base.join("etc"));
+    for dir in [&runtime, &cache, &config] {
         owned_dir(dir, owner);
     }
-    // LoadCredential= puts the token in the credentials directory.
-    std::fs::write(credentials.join("token"), "unit-token\n").expect("token");
+    // The unit's ExecStartPre puts the token in the runtime directory.
+    std::fs::write(runtime.join("token"), "unit-token\n").expect("token");
     std::fs::copy(CONFIG, config.join("pglease.toml")).expect("config");
     // The notify socket systemd would provide; the daemon's user must be able to send to it.
     let notify_path = base.join("notify");
@@ -102,11 +97,7 @@ fn the_units_exec_start_runs_as_a_non_root_user_and_talks_to_systemd() {
     let line = exec_start()
         .replace("${CONFIGURATION_DIRECTORY}", config.to_str().expect("utf8"))
         .replace("${RUNTIME_DIRECTORY}", runtime.to_str().expect("utf8"))
-        .replace("${CACHE_DIRECTORY}", cache.to_str().expect("utf8"))
-        .replace(
-            "${CREDENTIALS_DIRECTORY}",
-            credentials.to_str().expect("utf8"),
-        );
+        .replace("${CACHE_DIRECTORY}", cache.to_str().expect("utf8"));
     let mut words = line.split_whitespace();
     assert_eq!(words.next(), Some("/usr/local/bin/pglease"));
     let mut command = binary();

@@ -821,7 +821,10 @@ impl Report {
         ));
         let mut t = Table::new(&["server", "run", "seconds", "passed", "failed"]);
         for (i, run) in r.runs.iter().enumerate() {
-            let nth = r.runs[..=i].iter().filter(|o| o.server == run.server).count();
+            let nth = r.runs[..=i]
+                .iter()
+                .filter(|o| o.server == run.server)
+                .count();
             t.row(vec![
                 run.server.to_string(),
                 nth.to_string(),
