@@ -6,11 +6,20 @@
 //! with its rights, and a client building its own template (IntegreSQL API) gets no more.
 
 use std::fs;
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use crate::support::{connect, scratch_dir, TestDaemon};
+use crate::support::{connect, scratch_dir, PlainPostgres, TestDaemon};
+
+/// A scratch directory anyone may write to: a program a trap makes postgres run must be able
+/// to leave its mark there, or a sprung trap would go unseen.
+fn open_dir(name: &str) -> PathBuf {
+    let dir = scratch_dir(name);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod");
+    dir
+}
 
 /// Registers `sql` as template `name` over HTTP and asks for a lease of it: the build must
 /// fail with postgres' permission error.
@@ -36,7 +45,7 @@ async fn refused(daemon: &TestDaemon, dir: &Path, name: &str, sql: &str) -> Stri
 
 #[tokio::test]
 async fn a_template_cannot_reach_the_superuser() {
-    let dir = scratch_dir("privileges");
+    let dir = open_dir("privileges");
     let marker = dir.join("ran-as-postgres");
     let daemon = TestDaemon::start().await;
     // The reproduction: undo the role switch, then run a program on the server.
@@ -83,6 +92,16 @@ async fn a_template_cannot_reach_the_superuser() {
     )
     .await;
     refused(&daemon, &dir, "evil-role", "SET ROLE postgres;").await;
+    refused(
+        &daemon,
+        &dir,
+        "evil-none",
+        &format!(
+            "SET ROLE NONE; COPY (SELECT 1) TO PROGRAM 'touch {}';",
+            marker.display()
+        ),
+    )
+    .await;
     refused(
         &daemon,
         &dir,
@@ -133,7 +152,12 @@ async fn a_template_cannot_reach_the_superuser() {
 async fn only_the_operator_can_give_a_template_the_superuser() {
     let dir = scratch_dir("privileges-operator");
     let ext = dir.join("ext.sql");
-    fs::write(&ext, "CREATE EXTENSION file_fdw;").expect("write");
+    // Its sessions act as pglease_owner until the SQL says SET ROLE NONE.
+    fs::write(
+        &ext,
+        "SET ROLE NONE; CREATE EXTENSION file_fdw; SET ROLE pglease_owner; CREATE TABLE items (id int);",
+    )
+    .expect("write");
     let config = dir.join("pglease.toml");
     fs::write(
         &config,
@@ -157,6 +181,22 @@ async fn only_the_operator_can_give_a_template_the_superuser() {
         .await
         .expect("query");
     assert_eq!(row.get::<_, i64>(0), 1, "the configured template got it");
+    client
+        .batch_execute("INSERT INTO items VALUES (1); TRUNCATE items;")
+        .await
+        .expect("what it made as the owner role, a lease owns");
+    let owner = client
+        .query_one(
+            "SELECT pg_get_userbyid(fdwowner) FROM pg_foreign_data_wrapper WHERE fdwname = 'file_fdw'",
+            &[],
+        )
+        .await
+        .expect("query");
+    assert_eq!(
+        owner.get::<_, String>(0),
+        "postgres",
+        "what it made as the superuser stays the superuser's"
+    );
     // Over HTTP the flag needs the operator's consent.
     let (status, body) = daemon
         .put_template("ext2", json!({ "sql": ext, "superuser": true }))
@@ -173,7 +213,7 @@ async fn only_the_operator_can_give_a_template_the_superuser() {
 
 #[tokio::test]
 async fn a_lease_holder_cannot_plant_sql_for_the_daemon() {
-    let dir = scratch_dir("privileges-traps");
+    let dir = open_dir("privileges-traps");
     let marker = dir.join("trap-sprung");
     let daemon = TestDaemon::builder()
         .args(["--min-ready", "1", "--max-total", "2"])
@@ -272,5 +312,60 @@ async fn a_client_built_template_gets_no_superuser_either() {
             "{sql}: {error:?}"
         );
     }
+    assert!(daemon.stop().await.success());
+}
+
+/// On an external server whose `postgres` database anyone may create in (clusters from
+/// before PostgreSQL 15), a lease holder plants a function shadowing one the daemon's sweep
+/// calls as the superuser at the next start; the daemon's pinned search_path never finds it.
+#[tokio::test]
+async fn a_trap_in_an_external_servers_admin_database_is_not_run_by_the_sweep() {
+    let dir = open_dir("privileges-admin-trap");
+    let server = PlainPostgres::start("admin-trap");
+    server
+        .connect()
+        .await
+        .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .await
+        .expect("grant");
+    let args = ["--postgres-url".to_owned(), server.url()];
+    let daemon = TestDaemon::builder().args(args.clone()).start().await;
+    let lease = daemon.lease_ok("default").await;
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(lease["host"].as_str().expect("host"))
+        .port(server.port)
+        .user(lease["user"].as_str().expect("user"))
+        .password(lease["password"].as_str().expect("password"))
+        .dbname("postgres");
+    let (holder, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("the lease role opens postgres on this server");
+    tokio::spawn(connection);
+    // A better match than the catalog's shobj_description(oid, name) for a text literal.
+    holder
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.shobj_description(oid, text) RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN
+               BEGIN
+                 EXECUTE 'COPY (SELECT 1) TO PROGRAM ''touch {}/sprung''';
+               EXCEPTION WHEN insufficient_privilege THEN NULL;
+               END;
+               RETURN NULL;
+             END $$;",
+            dir.display()
+        ))
+        .await
+        .expect("plant the trap");
+    drop(holder);
+    assert!(daemon.stop().await.success());
+    // The next start sweeps what the last one left, reading comments as the superuser.
+    let daemon = TestDaemon::builder().args(args).start().await;
+    daemon.lease_ok("default").await;
+    assert!(
+        !dir.join("sprung").exists(),
+        "the sweep ran the holder's function as the superuser"
+    );
     assert!(daemon.stop().await.success());
 }

@@ -280,9 +280,15 @@ async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
         .await
 }
 
-/// Runs `sql` in database `db` as the superuser, on a connection of its own.
+/// Runs `sql` in database `db` as the superuser, on a connection of its own, with
+/// `search_path` pinned to `pg_catalog`: a build role may have created anything in `public`.
 async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String> {
     let mut config = session.admin_config.clone();
+    let pin = "-c search_path=pg_catalog";
+    match session.admin_config.get_options() {
+        Some(theirs) if !theirs.trim().is_empty() => config.options(format!("{theirs} {pin}")),
+        _ => config.options(pin),
+    };
     config.dbname(db.as_str());
     let (client, connection) = config
         .connect(NoTls)
@@ -299,38 +305,24 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
 /// Hands whatever the temporary login role `db` made as itself (a tool may reset its role)
 /// to the owner role, and drops the login role.
 ///
-/// A superuser build may have made objects only a superuser may own (a foreign-data
-/// wrapper): then everything it made goes to the daemon's superuser instead, with a
-/// warning — lease roles can use those objects but not alter them.
+/// A superuser build's own objects — what its SQL made after `SET ROLE NONE`: an untrusted
+/// extension's functions, a foreign-data wrapper — go to the daemon's superuser instead.
+/// Handed to the owner role, they would make every lease role their owner, with rights the
+/// extension withholds from everyone (adminpack's `pg_file_write`, for one).
 async fn retire_build_role(session: &Session, db: &DbName, superuser: bool) -> Result<(), String> {
     let role = quote_ident(db.as_str());
-    let to_owner = run_in(
+    let (heir, whose) = if superuser {
+        ("CURRENT_USER".to_owned(), "the superuser")
+    } else {
+        (quote_ident(OWNER_ROLE), OWNER_ROLE)
+    };
+    run_in(
         session,
         db,
-        &format!(
-            "REASSIGN OWNED BY {role} TO {owner}; DROP OWNED BY {role};",
-            owner = quote_ident(OWNER_ROLE)
-        ),
+        &format!("REASSIGN OWNED BY {role} TO {heir}; DROP OWNED BY {role};"),
     )
-    .await;
-    match to_owner {
-        Ok(()) => {}
-        Err(error) if superuser => {
-            tracing::warn!(database = %db, %error, "a superuser template made objects only a superuser may own; they stay the superuser's (lease roles can use, not alter them)");
-            run_in(
-                session,
-                db,
-                &format!("REASSIGN OWNED BY {role} TO CURRENT_USER; DROP OWNED BY {role};"),
-            )
-            .await
-            .map_err(|e| format!("handing the objects of {db} to the superuser: {e}"))?;
-        }
-        Err(error) => {
-            return Err(format!(
-                "handing the objects of {db} to {OWNER_ROLE}: {error}"
-            ))
-        }
-    }
+    .await
+    .map_err(|e| format!("handing the objects of {db} to {whose}: {e}"))?;
     session
         .execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await
@@ -492,23 +484,19 @@ async fn create_build_role(
 ) -> Result<String, String> {
     let role = quote_ident(db.as_str());
     let password = crate::scram::random_password();
-    // A superuser role keeps its own identity (acting as the owner role would drop the
-    // superuser's rights); what it makes is handed to the owner role when it retires.
-    let (attribute, act_as_owner) = if superuser {
-        ("SUPERUSER", String::new())
+    // Either way its sessions start acting as the owner role (`RESET ROLE` returns to that
+    // default); a superuser one regains its rights only with an explicit `SET ROLE NONE`
+    // (see `retire_build_role` for what it then makes).
+    let attribute = if superuser {
+        "SUPERUSER"
     } else {
-        (
-            "NOSUPERUSER",
-            format!(
-                "ALTER ROLE {role} SET role = {};",
-                quote_literal(OWNER_ROLE)
-            ),
-        )
+        "NOSUPERUSER"
     };
     session
         .execute(&format!(
-            "CREATE ROLE {role} LOGIN {attribute} PASSWORD {verifier} IN ROLE {owner}; \
-             {act_as_owner} \
+            "CREATE ROLE {role} LOGIN {attribute} NOCREATEDB NOCREATEROLE NOREPLICATION \
+               PASSWORD {verifier} IN ROLE {owner}; \
+             ALTER ROLE {role} SET role = {owner_literal}; \
              COMMENT ON ROLE {role} IS {marker};",
             // Postgres' standard count, not the lease roles' low one: some drivers (Go's
             // lib/pq, used by dbmate and others) refuse fewer than 4096 iterations, and a
@@ -518,6 +506,7 @@ async fn create_build_role(
                 STANDARD_SCRAM_ITERATIONS
             )),
             owner = quote_ident(OWNER_ROLE),
+            owner_literal = quote_literal(OWNER_ROLE),
             marker = quote_literal(MARKER),
         ))
         .await?;

@@ -31,14 +31,19 @@ const STATEMENT_MARGIN: Duration = Duration::from_secs(10);
 const CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
 /// The admin pool's connection settings: the superuser's, plus a connect timeout when they
-/// have none and a `statement_timeout` just past `bound`.
+/// have none, a `statement_timeout` just past `bound` and `search_path` pinned to
+/// `pg_catalog`.
 pub(super) fn pool_config(
     admin_config: &tokio_postgres::Config,
     bound: Duration,
 ) -> tokio_postgres::Config {
     let mut config = admin_config.clone();
     let statement_ms = (bound + STATEMENT_MARGIN).as_millis();
-    let ours = format!("-c statement_timeout={statement_ms}");
+    // search_path pinned: the daemon names catalog functions unqualified, and in a database
+    // where others may create objects (an external server's `postgres` from before 15, where
+    // PUBLIC may create in `public`) a `public.shobj_description(oid, text)` would match a
+    // text literal better than the catalog's and run as the superuser.
+    let ours = format!("-c statement_timeout={statement_ms} -c search_path=pg_catalog");
     // After the URL's own options, so ours win.
     let options = match admin_config.get_options() {
         Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),

@@ -51,7 +51,7 @@ impl ServerLock {
         // idle_session_timeout) would refuse.
         client
             .batch_execute(
-                "SELECT set_config(name, '0', false) FROM pg_settings \
+                "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
                  WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout', \
                                 'statement_timeout')",
             )
@@ -60,7 +60,7 @@ impl ServerLock {
         let started = Instant::now();
         loop {
             let taken: bool = client
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&LOCK_KEY])
+                .query_one("SELECT pg_catalog.pg_try_advisory_lock($1)", &[&LOCK_KEY])
                 .await
                 .map_err(sql_error("taking the server lock"))?
                 .get(0);
