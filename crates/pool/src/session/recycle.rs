@@ -5,7 +5,16 @@
 //! Rotating the password alone is not enough: a login that read the old verifier just
 //! before the change finishes after it, and a single `pg_terminate_backend` sent at once
 //! misses it. Postgres checks `rolcanlogin` after authentication, so the role is made
-//! NOLOGIN first, and LOGIN comes back only once no session has been seen for a while.
+//! NOLOGIN first, and LOGIN comes back only once no backend that could have passed that
+//! check before it is left.
+//!
+//! Which backends could have: a backend opens a transaction (and so holds a `virtualxid`
+//! lock, shown in `pg_locks`) before it authenticates and checks its role, and appears in
+//! `pg_stat_activity` before it closes that transaction. So once NOLOGIN is committed, every
+//! backend that may still become the previous holder's is either in `pg_stat_activity`
+//! already, or holds a `virtualxid` lock without being there yet ("starting"). The recycle
+//! terminates the first kind and waits for the starting ones of that moment to show up (and
+//! be terminated if they are the holder's) or go — milliseconds, with no fixed pause.
 
 use std::time::Duration;
 
@@ -15,27 +24,57 @@ use super::{pg_message, Session};
 use crate::names::{quote_ident, quote_literal, DbName};
 use crate::scram;
 
-/// How long no session of the role may be seen before it may log in again. A backend that
-/// passed the login check just before NOLOGIN committed shows up in `pg_locks` (its lock on
-/// the database) or `pg_stat_activity` a moment later; this covers that moment with a wide
-/// margin on a loaded machine.
-const QUIET: Duration = Duration::from_millis(50);
 /// How often sessions are looked for (and terminated) while waiting.
-const POLL: Duration = Duration::from_millis(10);
+const POLL: Duration = Duration::from_millis(2);
 /// How long the previous holder's sessions may take to end. Terminated backends exit in
 /// milliseconds; one that does not within this is stuck, and the clone is better dropped.
 const END_LIMIT: Duration = Duration::from_secs(10);
 
-/// Terminates every other backend in the clone or logged in as its role, or starting up
-/// in the clone (holding the lock a new backend takes on its database before it appears
-/// in `pg_stat_activity`), and counts them.
-const TERMINATE_SQL: &str = "\
-    SELECT count(pg_terminate_backend(pid)) FROM ( \
-      SELECT pid FROM pg_stat_activity WHERE datname = $1 OR usename = $1 \
-      UNION \
-      SELECT pid FROM pg_locks WHERE locktype = 'object' AND classid = 'pg_database'::regclass \
-        AND objid = (SELECT oid FROM pg_database WHERE datname = $1) \
-    ) holder WHERE pid <> pg_backend_pid()";
+/// The backends of the previous holder: in the clone or logged in as its role (`$1`), or
+/// starting up in the clone (holding the lock a new backend takes on its database before it
+/// appears in `pg_stat_activity`).
+macro_rules! holders {
+    () => {
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 OR usename = $1 \
+         UNION \
+         SELECT pid FROM pg_locks WHERE locktype = 'object' AND classid = 'pg_database'::regclass \
+           AND objid = (SELECT oid FROM pg_database WHERE datname = $1)"
+    };
+}
+
+/// Backends that hold a transaction's `virtualxid` lock but do not show in
+/// `pg_stat_activity` as a client backend with its user yet: starting up, before or past
+/// their role check (PostgreSQL 17 and later list them early, without a user).
+macro_rules! starting {
+    () => {
+        "SELECT pid FROM pg_locks WHERE locktype = 'virtualxid' AND pid IS NOT NULL \
+         EXCEPT SELECT pid FROM pg_stat_activity \
+           WHERE usename IS NOT NULL OR backend_type <> 'client backend'"
+    };
+}
+
+/// Terminates the previous holder's backends and counts them.
+const TERMINATE_SQL: &str = concat!(
+    "SELECT count(pg_terminate_backend(pid)) FROM (",
+    holders!(),
+    ") holder WHERE pid <> pg_backend_pid()"
+);
+
+/// Which of the backends in `$1` are still starting.
+const STARTING_SQL: &str = concat!(
+    "SELECT coalesce(array_agg(pid), '{}') FROM (",
+    starting!(),
+    ") starting WHERE pid = ANY($1)"
+);
+
+/// [`TERMINATE_SQL`], and every backend starting now, in one round trip.
+const FIRST_PASS_SQL: &str = concat!(
+    "SELECT (SELECT count(pg_terminate_backend(pid)) FROM (",
+    holders!(),
+    ") holder WHERE pid <> pg_backend_pid()), (SELECT coalesce(array_agg(pid), '{}') FROM (",
+    starting!(),
+    ") starting WHERE pid <> pg_backend_pid())"
+);
 
 impl Session {
     /// Gets a clone ready to lease again and returns the new password: the role is made
@@ -85,21 +124,27 @@ impl Session {
     }
 }
 
-/// Terminates the sessions of `clone` and its role until none has been seen for
-/// [`QUIET`], giving up after [`END_LIMIT`].
+/// Terminates the sessions of `clone` and its role until none is left and every backend
+/// that was starting when NOLOGIN committed has shown up (and was terminated if it is the
+/// holder's) or gone, giving up after [`END_LIMIT`].
 async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result<(), String> {
     let started = Instant::now();
-    let mut quiet_since: Option<Instant> = None;
-    loop {
-        let found: i64 = client
-            .query_one(TERMINATE_SQL, &[&clone.as_str()])
+    let starting = |of: Vec<i32>| async move {
+        client
+            .query_one(STARTING_SQL, &[&of])
             .await
-            .map_err(|e| pg_message(&e))?
-            .get(0);
-        let now = Instant::now();
-        if found > 0 {
-            quiet_since = None;
-        } else if now.duration_since(*quiet_since.get_or_insert(now)) >= QUIET {
+            .map(|row| row.get::<_, Vec<i32>>(0))
+            .map_err(|e| pg_message(&e))
+    };
+    // Taken after NOLOGIN committed (any later backend fails its role check), in the same
+    // round trip as the first pass: the usual recycle takes no other.
+    let first = client
+        .query_one(FIRST_PASS_SQL, &[&clone.as_str()])
+        .await
+        .map_err(|e| pg_message(&e))?;
+    let (mut found, mut waiting_for): (i64, Vec<i32>) = (first.get(0), first.get(1));
+    loop {
+        if found == 0 && waiting_for.is_empty() {
             return Ok(());
         }
         if started.elapsed() > END_LIMIT {
@@ -108,5 +153,14 @@ async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result
             ));
         }
         tokio::time::sleep(POLL).await;
+        if !waiting_for.is_empty() {
+            // Those that showed up are in pg_stat_activity now: the next pass sees them.
+            waiting_for = starting(waiting_for).await?;
+        }
+        found = client
+            .query_one(TERMINATE_SQL, &[&clone.as_str()])
+            .await
+            .map_err(|e| pg_message(&e))?
+            .get(0);
     }
 }
