@@ -183,3 +183,66 @@ async fn lease_superuser_gives_superuser_roles() {
         .get(0);
     assert!(is_super);
 }
+
+/// A login of the previous holder that stalls in authentication (it read the old verifier
+/// and waits) would pass the role check once the recycled role may log in again. The recycle
+/// ends such starting backends after a short grace instead of waiting for them (or failing):
+/// the stalled login's connection is closed and the database comes back ready.
+#[tokio::test]
+async fn a_login_stalled_in_authentication_is_ended_by_the_recycle() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "1", "--max-total", "1"])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("default").await;
+    let (user, database) = (
+        lease["user"].as_str().expect("user"),
+        lease["database"].as_str().expect("database"),
+    );
+    let address = format!(
+        "{}:{}",
+        lease["host"].as_str().expect("host"),
+        lease["port"]
+    );
+    // A startup packet (protocol 3.0), then silence once the server asks for SCRAM.
+    let mut body = 196_608_i32.to_be_bytes().to_vec();
+    for (key, value) in [("user", user), ("database", database)] {
+        for text in [key, value] {
+            body.extend_from_slice(text.as_bytes());
+            body.push(0);
+        }
+    }
+    body.push(0);
+    let mut packet = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&body);
+    let mut stalled = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect to postgres");
+    stalled.write_all(&packet).await.expect("startup packet");
+    let mut reply = [0u8; 64];
+    let read = stalled.read(&mut reply).await.expect("the server answers");
+    assert!(read > 0 && reply[0] == b'R', "an authentication request");
+
+    let (status, _) = daemon.release(&id_of(&lease), true).await;
+    assert_eq!(status, 204);
+    // The stalled backend is ended (the socket closes) well before authentication_timeout.
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            match stalled.read(&mut reply).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the stalled login is still open");
+    // And the database is back, with its new password, for the next lease.
+    let again = daemon.lease_ok("default").await;
+    assert_eq!(
+        again["database"], lease["database"],
+        "recycled, not replaced"
+    );
+    assert_ne!(again["password"], lease["password"]);
+    assert!(daemon.stop().await.success());
+}

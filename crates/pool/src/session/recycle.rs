@@ -14,7 +14,9 @@
 //! backend that may still become the previous holder's is either in `pg_stat_activity`
 //! already, or holds a `virtualxid` lock without being there yet ("starting"). The recycle
 //! terminates the first kind and waits for the starting ones of that moment to show up (and
-//! be terminated if they are the holder's) or go — milliseconds, with no fixed pause.
+//! be terminated if they are the holder's) or go — milliseconds, with no fixed pause. One
+//! still starting after [`STARTING_GRACE`] is stuck in authentication (it may be the holder,
+//! holding the old verifier) and is terminated where it stands.
 
 use std::time::Duration;
 
@@ -26,6 +28,12 @@ use crate::scram;
 
 /// How often sessions are looked for (and terminated) while waiting.
 const POLL: Duration = Duration::from_millis(2);
+/// How long a backend that was starting at NOLOGIN's commit may take to show up before it
+/// is terminated where it stands. One past its role check shows within milliseconds (it
+/// waits for nothing after that); one still starting after this is stuck in authentication,
+/// waiting for its client — possibly the old holder, with a verifier read before the change,
+/// who would pass the role check once LOGIN is back. Ending it costs that client a retry.
+const STARTING_GRACE: Duration = Duration::from_millis(500);
 /// How long the previous holder's sessions may take to end. Terminated backends exit in
 /// milliseconds; one that does not within this is stuck, and the clone is better dropped.
 const END_LIMIT: Duration = Duration::from_secs(10);
@@ -60,11 +68,11 @@ const TERMINATE_SQL: &str = concat!(
     ") holder WHERE pid <> pg_backend_pid()"
 );
 
-/// Which of the backends in `$1` are still starting.
+/// Which of the backends in `$1` are still starting; with `$2`, they are terminated too.
 const STARTING_SQL: &str = concat!(
     "SELECT coalesce(array_agg(pid), '{}') FROM (",
     starting!(),
-    ") starting WHERE pid = ANY($1)"
+    ") starting WHERE pid = ANY($1) AND (NOT $2 OR pg_terminate_backend(pid))"
 );
 
 /// [`TERMINATE_SQL`], and every backend starting now, in one round trip.
@@ -129,9 +137,9 @@ impl Session {
 /// holder's) or gone, giving up after [`END_LIMIT`].
 async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result<(), String> {
     let started = Instant::now();
-    let starting = |of: Vec<i32>| async move {
+    let starting = |of: Vec<i32>, terminate: bool| async move {
         client
-            .query_one(STARTING_SQL, &[&of])
+            .query_one(STARTING_SQL, &[&of, &terminate])
             .await
             .map(|row| row.get::<_, Vec<i32>>(0))
             .map_err(|e| pg_message(&e))
@@ -155,7 +163,8 @@ async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result
         tokio::time::sleep(POLL).await;
         if !waiting_for.is_empty() {
             // Those that showed up are in pg_stat_activity now: the next pass sees them.
-            waiting_for = starting(waiting_for).await?;
+            let stuck = started.elapsed() > STARTING_GRACE;
+            waiting_for = starting(waiting_for, stuck).await?;
         }
         found = client
             .query_one(TERMINATE_SQL, &[&clone.as_str()])
