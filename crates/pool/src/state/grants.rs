@@ -268,14 +268,14 @@ impl PoolState {
                 self.dispatch(now, &mut actions);
             }
             Ok(()) => {
+                // Its time to live starts when it is handed over, not when it was set aside.
+                record.expires_at = now + waiter.ttl;
                 let grant = Grant {
                     lease_id: record.id.clone(),
                     template: template.clone().unwrap_or_else(TemplateName::default_name),
                     fingerprint: record.fingerprint.clone(),
                     database: database.clone(),
-                    ttl: record
-                        .expires_at
-                        .saturating_duration_since(record.granted_at),
+                    ttl: waiter.ttl,
                     connections: record.connections,
                     number: record.number,
                 };

@@ -1235,3 +1235,34 @@ fn an_initialization_nobody_finalizes_is_discarded_after_the_initialize_timeout(
     // A client may initialize it again.
     initialize(&mut driver, "abc123").expect("initialize again");
 }
+
+#[test]
+fn a_lease_held_back_for_its_connection_limit_lives_its_whole_ttl_from_handover() {
+    let mut driver = Driver::new(pool(1, 4));
+    driver.settle();
+    let request = LeaseRequest {
+        connections: Some(20),
+        ..request("default", 1000)
+    };
+    let actions = driver
+        .state
+        .request_lease(1, LeaseId::random(), &request, driver.now);
+    let lease_id = actions
+        .iter()
+        .find_map(|a| match a {
+            Action::SetLimit { lease_id, .. } => Some(lease_id.clone()),
+            _ => None,
+        })
+        .expect("the limit is set first");
+    // The limit job takes a while (a loaded server).
+    driver.now += Duration::from_secs(30);
+    let actions = driver.state.limit_set(&lease_id, Ok(()), driver.now);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Grant { grant, .. } if grant.ttl == Duration::from_secs(60))));
+    assert_eq!(
+        driver.state.next_deadline(),
+        Some(driver.now + Duration::from_secs(60)),
+        "the ttl counts from the handover"
+    );
+}
