@@ -151,13 +151,18 @@ async fn run_passes_sigterm_and_sigint_on_to_its_command_and_releases_the_lease(
             Some(code),
             "the command's status: {status:?}"
         );
-        poll_until(
-            Duration::from_secs(10),
-            "the run's lease to be released",
-            || async { (leases(&daemon).await == 0).then_some(()) },
-        )
-        .await;
+        released(&daemon).await;
     }
+}
+
+/// Waits until the daemon has no open lease (`pglease run` released its own).
+async fn released(daemon: &TestDaemon) {
+    poll_until(
+        Duration::from_secs(10),
+        "the run's lease to be released",
+        || async { (leases(daemon).await == 0).then_some(()) },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -176,12 +181,7 @@ async fn run_kills_a_command_that_ignores_sigterm_after_its_grace_period() {
         signalled.elapsed() >= Duration::from_secs(10),
         "it had its grace period"
     );
-    poll_until(
-        Duration::from_secs(10),
-        "the run's lease to be released",
-        || async { (leases(&daemon).await == 0).then_some(()) },
-    )
-    .await;
+    released(&daemon).await;
 }
 
 #[tokio::test]
@@ -259,12 +259,7 @@ async fn run_leaves_a_ctrl_c_typed_in_the_terminal_to_its_command() {
         .expect("wait");
     assert_eq!(status.code(), Some(5), "{status:?}");
     assert_eq!(count(), 1, "the command got the Ctrl-C once");
-    poll_until(
-        Duration::from_secs(10),
-        "the run's lease to be released",
-        || async { (leases(&daemon).await == 0).then_some(()) },
-    )
-    .await;
+    released(&daemon).await;
     drop(keyboard);
 }
 
