@@ -21,6 +21,7 @@ use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PRE
 use crate::{scram, template};
 
 mod bounded;
+pub(crate) use bounded::{add_options, PINNED_SEARCH_PATH};
 mod lock;
 mod recycle;
 mod settings;

@@ -284,11 +284,7 @@ async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
 /// `search_path` pinned to `pg_catalog`: a build role may have created anything in `public`.
 async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String> {
     let mut config = session.admin_config.clone();
-    let pin = "-c search_path=pg_catalog";
-    match session.admin_config.get_options() {
-        Some(theirs) if !theirs.trim().is_empty() => config.options(format!("{theirs} {pin}")),
-        _ => config.options(pin),
-    };
+    crate::session::add_options(&mut config, crate::session::PINNED_SEARCH_PATH);
     config.dbname(db.as_str());
     let (client, connection) = config
         .connect(NoTls)

@@ -43,14 +43,23 @@ pub(super) fn pool_config(
     // where others may create objects (an external server's `postgres` from before 15, where
     // PUBLIC may create in `public`) a `public.shobj_description(oid, text)` would match a
     // text literal better than the catalog's and run as the superuser.
-    let ours = format!("-c statement_timeout={statement_ms} -c search_path=pg_catalog");
-    // After the URL's own options, so ours win.
-    let options = match admin_config.get_options() {
+    add_options(
+        &mut config,
+        &format!("-c statement_timeout={statement_ms} {PINNED_SEARCH_PATH}"),
+    );
+    config
+}
+
+/// The daemon's own `search_path` (see [`pool_config`]).
+pub(crate) const PINNED_SEARCH_PATH: &str = "-c search_path=pg_catalog";
+
+/// Adds startup options after those the operator's URL gave, so that ours win.
+pub(crate) fn add_options(config: &mut tokio_postgres::Config, ours: &str) {
+    let options = match config.get_options() {
         Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
-        _ => ours,
+        _ => ours.to_owned(),
     };
     config.options(options);
-    config
 }
 
 /// How long opening a pooled connection may take in all (the socket, then the startup
