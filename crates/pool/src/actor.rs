@@ -354,14 +354,20 @@ async fn connect_monitor(
     admin_config: &tokio_postgres::Config,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut config = admin_config.clone();
-    config
-        .application_name("pglease monitor")
-        .options("-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0");
+    config.application_name("pglease monitor");
     let (monitor, connection) = config.connect(NoTls).await?;
     tokio::spawn(async move {
         // Ends when the server goes; the actor sees `is_closed`.
         let _ = connection.await;
     });
+    // Set after connecting, not as startup options, which servers before 14 (without
+    // idle_session_timeout) would refuse.
+    monitor
+        .batch_execute(
+            "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
+             WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')",
+        )
+        .await?;
     Ok(monitor)
 }
 
