@@ -15,8 +15,11 @@
 //! already, or holds a `virtualxid` lock without being there yet ("starting"). The recycle
 //! terminates the first kind and waits for the starting ones of that moment to show up (and
 //! be terminated if they are the holder's) or go — milliseconds, with no fixed pause. One
-//! still starting after [`STARTING_GRACE`] is stuck in authentication (it may be the holder,
-//! holding the old verifier) and is terminated where it stands.
+//! still starting after [`STARTING_GRACE`] is stuck in authentication: it may be the holder,
+//! holding the old verifier, or anyone else's login to any database of the server, and
+//! nothing tells which. It is left alone (ending it could break another tenant's connect)
+//! and the recycle fails instead: the caller drops the clone and its role, which no login
+//! can pass a role check for afterwards, and makes a new one.
 
 use std::time::Duration;
 
@@ -28,11 +31,11 @@ use crate::scram;
 
 /// How often sessions are looked for (and terminated) while waiting.
 const POLL: Duration = Duration::from_millis(2);
-/// How long a backend that was starting at NOLOGIN's commit may take to show up before it
-/// is terminated where it stands. One past its role check shows within milliseconds (it
-/// waits for nothing after that); one still starting after this is stuck in authentication,
-/// waiting for its client — possibly the old holder, with a verifier read before the change,
-/// who would pass the role check once LOGIN is back. Ending it costs that client a retry.
+/// How long a backend that was starting at NOLOGIN's commit may take to show up before the
+/// recycle gives up. One past its role check shows within milliseconds (it waits for
+/// nothing after that); one still starting after this is stuck in authentication, waiting
+/// for its client — possibly the old holder, with a verifier read before the change, who
+/// would pass the role check once LOGIN is back.
 const STARTING_GRACE: Duration = Duration::from_millis(500);
 /// How long the previous holder's sessions may take to end. Terminated backends exit in
 /// milliseconds; one that does not within this is stuck, and the clone is better dropped.
@@ -68,11 +71,11 @@ const TERMINATE_SQL: &str = concat!(
     ") holder WHERE pid <> pg_backend_pid()"
 );
 
-/// Which of the backends in `$1` are still starting; with `$2`, they are terminated too.
+/// Which of the backends in `$1` are still starting.
 const STARTING_SQL: &str = concat!(
     "SELECT coalesce(array_agg(pid), '{}') FROM (",
     starting!(),
-    ") starting WHERE pid = ANY($1) AND (NOT $2 OR pg_terminate_backend(pid))"
+    ") starting WHERE pid = ANY($1)"
 );
 
 /// [`TERMINATE_SQL`], and every backend starting now, in one round trip.
@@ -134,12 +137,13 @@ impl Session {
 
 /// Terminates the sessions of `clone` and its role until none is left and every backend
 /// that was starting when NOLOGIN committed has shown up (and was terminated if it is the
-/// holder's) or gone, giving up after [`END_LIMIT`].
+/// holder's) or gone, giving up after [`END_LIMIT`], or after [`STARTING_GRACE`] while one
+/// is still starting.
 async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result<(), String> {
     let started = Instant::now();
-    let starting = |of: Vec<i32>, terminate: bool| async move {
+    let starting = |of: Vec<i32>| async move {
         client
-            .query_one(STARTING_SQL, &[&of, &terminate])
+            .query_one(STARTING_SQL, &[&of])
             .await
             .map(|row| row.get::<_, Vec<i32>>(0))
             .map_err(|e| pg_message(&e))
@@ -163,8 +167,15 @@ async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result
         tokio::time::sleep(POLL).await;
         if !waiting_for.is_empty() {
             // Those that showed up are in pg_stat_activity now: the next pass sees them.
-            let stuck = started.elapsed() > STARTING_GRACE;
-            waiting_for = starting(waiting_for, stuck).await?;
+            waiting_for = starting(waiting_for).await?;
+            if !waiting_for.is_empty() && started.elapsed() > STARTING_GRACE {
+                return Err(format!(
+                    "a login to the server (backend pid {}) has been stuck in authentication \
+                     for over {STARTING_GRACE:?}; it may be the previous holder's, so {clone} \
+                     is replaced instead of reused",
+                    waiting_for[0]
+                ));
+            }
         }
         found = client
             .query_one(TERMINATE_SQL, &[&clone.as_str()])

@@ -38,7 +38,8 @@ pub(super) struct Db {
 pub(super) enum Phase {
     /// A ready clone an earlier run left, waiting for its template's build of `fingerprint`.
     Adoptable { fingerprint: String },
-    /// A clone job or a recycle job is running (`started` is set for clones, to time them).
+    /// A clone job or a recycle job is running: `started` is set for clones (to time them)
+    /// and only for them, which is how a finished job tells a clone from a recycle.
     Making { started: Option<Instant> },
     /// In its template's ready queue; the lowest `order` is handed out first.
     Ready { order: i64 },

@@ -107,9 +107,9 @@ impl PoolState {
     }
 
     /// A clone (or a recycle) ended. On success it joins the ready queue (or goes straight
-    /// to a waiter) if it is of its template's current version; otherwise it is dropped. On
-    /// failure the template's waiters get the error and its clones pause briefly, so a full
-    /// disk does not turn into a busy loop.
+    /// to a waiter) if it is of its template's current version; otherwise it is dropped. When
+    /// a clone fails the template's waiters get the error and its clones pause briefly, so a
+    /// full disk does not turn into a busy loop; a failed recycle only replaces its database.
     pub fn clone_finished(
         &mut self,
         template: &TemplateName,
@@ -148,6 +148,10 @@ impl PoolState {
                 }
                 self.serve_waiters(template, now, &mut actions);
             }
+            // A recycle (of a reused or adopted clone; they are not timed) that failed: the
+            // database is replaced like any dropped one. Nothing says the template cannot be
+            // cloned, so its waiters keep waiting for the replacement.
+            Err(_) if started.is_none() => self.dbs.queue_drop(clone, Some(template), 0),
             Err(message) => {
                 entry.clones_paused_until = Some(now + CLONE_RETRY_DELAY);
                 for waiter in entry.waiters.drain(..) {

@@ -1266,3 +1266,46 @@ fn a_lease_held_back_for_its_connection_limit_lives_its_whole_ttl_from_handover(
         "the ttl counts from the handover"
     );
 }
+
+#[test]
+fn a_failed_recycle_replaces_the_database_and_its_waiter_keeps_waiting() {
+    let mut driver = Driver::new(pool(0, 1));
+    driver.settle();
+    let first = driver.lease("default", 10_000);
+    driver.settle();
+    let first_id = driver.grant_of(first).expect("granted").lease_id.clone();
+    let waiting = driver.lease("default", 10_000);
+    driver.settle();
+    assert!(driver.grant_of(waiting).is_none(), "max_total 1 is taken");
+    let (result, actions) = driver.state.release(&first_id, true, driver.now);
+    assert!(result.is_ok());
+    // The recycle fails (say a login is stuck in authentication); the rest runs as usual.
+    let mut recycled = None;
+    for action in actions {
+        match action {
+            Action::Recycle {
+                template,
+                template_db,
+                clone,
+            } => {
+                let more = driver.state.clone_finished(
+                    &template,
+                    &template_db,
+                    clone.clone(),
+                    Err("a login is stuck in authentication".into()),
+                    driver.now,
+                );
+                driver.pending.extend(more);
+                recycled = Some(clone);
+            }
+            other => driver.pending.push(other),
+        }
+    }
+    let recycled = recycled.expect("a reuse release recycles");
+    driver.settle();
+    assert!(driver.drops.contains(&recycled), "the database is dropped");
+    assert!(driver.failures.is_empty(), "{:?}", driver.failures);
+    let grant = driver.grant_of(waiting).expect("served by the replacement");
+    assert_ne!(grant.database, recycled);
+    assert_eq!(default_status(&driver.state).last_error, None);
+}
