@@ -148,7 +148,7 @@ pub enum StartError {
     #[error("invalid --postgres-url: {0}")]
     BadUrl(String),
     /// Connecting to postgres failed.
-    #[error("cannot connect to postgres at {target}: {source}")]
+    #[error("cannot connect to postgres at {target}: {}", crate::session::pg_message(.source))]
     Connect {
         /// Host/port or socket.
         target: String,
@@ -169,7 +169,7 @@ pub enum StartError {
         holder: String,
     },
     /// SQL run while setting up the server failed.
-    #[error("{context}: {source}")]
+    #[error("{context}: {}", crate::session::pg_message(.source))]
     Sql {
         /// What the SQL was for.
         context: String,

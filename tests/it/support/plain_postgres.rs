@@ -52,6 +52,11 @@ fn run_as() -> Option<(u32, u32)> {
 impl PlainPostgres {
     /// initdb and start; returns once it accepts TCP connections.
     pub fn start(name: &str) -> PlainPostgres {
+        Self::start_with(name, &[])
+    }
+
+    /// initdb and start with extra `-c name=value` settings.
+    pub fn start_with(name: &str, settings: &[&str]) -> PlainPostgres {
         let dir = PathBuf::from(format!(
             "/dev/shm/pglease-test-plain-{name}-{}",
             std::process::id()
@@ -93,6 +98,7 @@ impl PlainPostgres {
             .arg("-k")
             .arg(&dir)
             .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .args(settings.iter().flat_map(|setting| ["-c", setting]))
             .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(log);
@@ -145,6 +151,16 @@ impl Drop for PlainPostgres {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            // The test failed: what the server said is often why.
+            let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "last lines of the plain postgres' log:\n{}",
+                tail.join("\n")
+            );
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
