@@ -287,3 +287,49 @@ async fn a_second_daemon_on_the_same_server_refuses_to_start() {
     next.lease_ok("default").await;
     assert!(next.stop().await.success());
 }
+
+#[tokio::test]
+async fn a_server_out_of_connection_slots_is_waited_for_at_start() {
+    let server = PlainPostgres::start_with(
+        "slots",
+        &["max_connections=20", "superuser_reserved_connections=0"],
+    );
+    let mut taken = Vec::new();
+    for _ in 0..20 {
+        taken.push(server.connect().await);
+    }
+    let args = vec!["--postgres-url".to_owned(), server.url()];
+    let starting = tokio::spawn(TestDaemon::builder().args(args).start());
+    // Long enough for a few refused attempts, well inside the wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!starting.is_finished(), "pglease started without a slot");
+    drop(taken);
+    let daemon = starting.await.expect("join");
+    assert!(
+        daemon
+            .log()
+            .contains("postgres does not take connections yet")
+            && daemon.log().contains("too many clients"),
+        "the log names the wait and postgres' reason: {}",
+        daemon.log()
+    );
+    daemon.lease_ok("default").await;
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn an_unknown_role_in_the_url_stops_the_start_with_postgres_message() {
+    let server = PlainPostgres::start("no-role");
+    let url = server.url().replace("postgres@", "nosuchrole@");
+    let args = vec!["--postgres-url".to_owned(), url];
+    let (status, log) =
+        tokio::task::spawn_blocking(move || run_expecting_exit(&args, Duration::from_secs(30)))
+            .await
+            .expect("join");
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(
+        log.contains("cannot connect to postgres at")
+            && log.contains("role \"nosuchrole\" does not exist"),
+        "{log}"
+    );
+}

@@ -23,7 +23,7 @@ use crate::error::{LeaseError, StartError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
-use crate::session::{describe_target, mark_ready, Session, SessionParams};
+use crate::session::{describe_target, mark_ready, pg_message, Session, SessionParams};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
@@ -341,11 +341,36 @@ async fn open_session(
     params: SessionParams,
 ) -> Result<(Session, tokio_postgres::Client), StartError> {
     let target = describe_target(&params.admin_config);
-    let monitor = connect_monitor(&params.admin_config)
-        .await
-        .map_err(|source| StartError::Connect { target, source })?;
+    let started = Instant::now();
+    let monitor = loop {
+        match connect_monitor(&params.admin_config).await {
+            Ok(monitor) => break monitor,
+            // A server starting up, shutting down or recovering from a crash, or one whose
+            // connection slots are taken for a moment, is waited for; anything else fails.
+            Err(error) if is_transient(&error) && started.elapsed() < TRANSIENT_CONNECT_WAIT => {
+                tracing::warn!(target = %target, error = %pg_message(&error), "postgres does not take connections yet; retrying");
+                tokio::time::sleep(TRANSIENT_CONNECT_RETRY).await;
+            }
+            Err(source) => return Err(StartError::Connect { target, source }),
+        }
+    };
     let session = Session::open(params).await?;
     Ok((session, monitor))
+}
+
+/// How long a server that refuses connections for a moment ([`is_transient`]) is waited for.
+const TRANSIENT_CONNECT_WAIT: Duration = Duration::from_secs(30);
+/// Pause between those attempts.
+const TRANSIENT_CONNECT_RETRY: Duration = Duration::from_millis(500);
+
+/// Errors that say "not now" rather than "never": the server is starting, stopping or in
+/// crash recovery (57P03), or all its connection slots are taken (53300).
+fn is_transient(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        error.code(),
+        Some(&SqlState::CANNOT_CONNECT_NOW | &SqlState::TOO_MANY_CONNECTIONS)
+    )
 }
 
 /// A connection kept open only to notice when the server goes away (the actor polls
