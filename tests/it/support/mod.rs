@@ -113,7 +113,12 @@ impl DaemonBuilder {
             command.arg("--listen").arg("127.0.0.1:0");
         }
         command.arg("--cache-dir").arg(cache_dir());
-        if let Ok(bin_dir) = std::env::var(PG_BIN_ENV) {
+        // A test that picks its binaries itself keeps its choice.
+        let picks_binaries = self
+            .args
+            .iter()
+            .any(|a| a == "--pg-bin-dir" || a == "--postgres-version");
+        if let (Ok(bin_dir), false) = (std::env::var(PG_BIN_ENV), picks_binaries) {
             command.arg("--pg-bin-dir").arg(bin_dir);
         }
         command

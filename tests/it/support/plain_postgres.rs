@@ -77,7 +77,6 @@ impl PlainPostgres {
                 "--auth=trust",
                 "--username=postgres",
                 "--nosync",
-                "--no-instructions",
             ])
             .current_dir(&dir)
             .stdout(Stdio::null());
