@@ -555,7 +555,7 @@ fn stock_name(delay_us: u64) -> String {
 
 /// Microseconds as milliseconds, without needless decimals.
 fn ms_text(us: u64) -> String {
-    if us % 1_000 == 0 {
+    if us.is_multiple_of(1_000) {
         (us / 1_000).to_string()
     } else {
         format!("{}", us as f64 / 1e3)
@@ -740,7 +740,7 @@ async fn settle_all(entries: &[(TargetResult, Venue<'_>)]) -> Result<()> {
 /// ones, so that no target always goes first (on a shared machine the first run of a
 /// pair was often the faster one).
 fn step_order(step: usize, targets: usize) -> Vec<usize> {
-    if step % 2 == 0 {
+    if step.is_multiple_of(2) {
         (0..targets).collect()
     } else {
         (0..targets).rev().collect()
