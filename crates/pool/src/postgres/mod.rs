@@ -6,7 +6,7 @@
 //! It runs no SQL beyond the readiness probe and knows nothing of templates or leases;
 //! the actor owns the values returned here.
 //!
-//! Submodules: `binaries` (discovery and version), `instance` (directory, tmpfs, OS user,
+//! Submodules: `binaries` (which server, through `pglease-binaries`), `instance` (directory, tmpfs, OS user,
 //! stale sweep), `initdb` (initdb and its cache), `spawn` (the spawner thread).
 
 mod binaries;
@@ -115,14 +115,17 @@ impl Embedded {
     /// Finds binaries, resolves the OS user, sweeps stale instances, creates (and mounts)
     /// the instance directory and checks that it is on tmpfs.
     pub async fn prepare(config: &EmbeddedConfig) -> Result<Embedded, StartError> {
+        let binaries = Binaries::resolve(config).await?;
         let config = config.clone();
         // Runs processes, sleeps while stopping stale postmasters and walks directories.
-        blocking(move || Embedded::prepare_blocking(config)).await
+        blocking(move || Embedded::prepare_blocking(config, binaries)).await
     }
 
-    /// [`Embedded::prepare`] on a thread that may block.
-    fn prepare_blocking(config: EmbeddedConfig) -> Result<Embedded, StartError> {
-        let binaries = Binaries::find(config.bin_dir.as_deref())?;
+    /// The rest of [`Embedded::prepare`], on a thread that may block.
+    fn prepare_blocking(
+        config: EmbeddedConfig,
+        binaries: Binaries,
+    ) -> Result<Embedded, StartError> {
         let run_as = RunAs::resolve(config.pg_user.as_deref())?;
         let swept =
             instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
