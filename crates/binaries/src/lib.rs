@@ -1,38 +1,56 @@
-//! pglease-binaries: the PostgreSQL server binaries pglease runs — a configured directory
-//! or an installed server, of the version asked for.
+//! pglease-binaries: the PostgreSQL server binaries pglease runs — a configured directory,
+//! an installed server, or a release of zonky's embedded-postgres binaries downloaded from
+//! Maven Central into a cache and reused offline from then on.
 //!
 //! [`resolve`] looks, in order: the configured `bin_dir` (an invalid one is an error, not a
 //! reason to look elsewhere); installed servers (`pg_config --bindir`,
-//! `/usr/lib/postgresql/<major>/bin`, `postgres` on PATH). With a [`VersionSpec`] only that
-//! version fits; without one the newest installed server wins.
+//! `/usr/lib/postgresql/<major>/bin`, `postgres` on PATH); the cache; a download. With a
+//! [`VersionSpec`] only that version fits; without one the newest installed server wins,
+//! else the newest cached, else the newest release of [`DEFAULT_MAJOR`] is downloaded.
 //!
 //! It knows nothing of data directories, users or initdb: it returns a directory holding
 //! `postgres` and `initdb`, and the version they report.
 //!
-//! Modules: `version` (what is asked for, what servers say), `installed` (servers on the
-//! machine).
+//! Modules: `version` (what is asked for, what servers and releases say), `installed`
+//! (servers on the machine), `cache` (layout, atomic placement), `download` (Maven,
+//! checksum), `unpack` (zip → xz → tar).
 
+mod cache;
+mod download;
 mod error;
 mod installed;
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod tests;
+mod unpack;
 mod version;
 
 use std::fmt;
 use std::path::PathBuf;
 
 pub use error::BinariesError;
-pub use version::{VersionSpec, VersionSpecError, SUPPORTED_MAJORS};
+pub use version::{VersionSpec, VersionSpecError, DEFAULT_MAJOR, SUPPORTED_MAJORS};
 
+use cache::Platform;
 use installed::{Places, Server};
+
+/// Maven Central, where zonky publishes its binaries.
+pub const DEFAULT_REPOSITORY: &str = "https://repo1.maven.org/maven2";
 
 /// What [`resolve`] is asked for.
 #[derive(Debug, Clone)]
 pub struct Request {
     /// An explicit directory of `postgres` and `initdb` (`--pg-bin-dir`); it alone is used.
     pub bin_dir: Option<PathBuf>,
-    /// The version wanted; None: the newest installed.
+    /// The version wanted; None: the newest installed or cached, else [`DEFAULT_MAJOR`].
     pub version: Option<VersionSpec>,
+    /// The cache root (downloads go to its `binaries/`), e.g. [`default_cache_root`].
+    pub cache_root: PathBuf,
+    /// The Maven repository's base URL, e.g. [`DEFAULT_REPOSITORY`] or a mirror.
+    pub repository: String,
+    /// Show a progress bar while downloading (only when stderr is a terminal).
+    pub progress: bool,
 }
 
 /// Where the binaries came from.
@@ -42,6 +60,10 @@ pub enum Origin {
     Configured,
     /// A server installed on the machine.
     Installed,
+    /// A release downloaded earlier into the cache.
+    Cached,
+    /// A release downloaded now into the cache.
+    Downloaded,
 }
 
 impl fmt::Display for Origin {
@@ -49,6 +71,8 @@ impl fmt::Display for Origin {
         f.write_str(match self {
             Origin::Configured => "configured",
             Origin::Installed => "installed",
+            Origin::Cached => "cached",
+            Origin::Downloaded => "downloaded",
         })
     }
 }
@@ -87,7 +111,8 @@ impl Resolved {
     }
 }
 
-/// Finds the server binaries (see the crate docs for the order).
+/// Finds the server binaries, downloading them into the cache when nothing on the machine
+/// fits (see the crate docs for the order).
 pub async fn resolve(request: &Request) -> Result<Resolved, BinariesError> {
     resolve_in(request, Places::system()).await
 }
@@ -102,22 +127,78 @@ async fn resolve_in(request: &Request, places: Places) -> Result<Resolved, Binar
         .await?;
         return Ok(Resolved::new(server, Origin::Configured));
     }
-    let (found, tried) = blocking(places.debian_root.clone(), move || {
+    let cache_root = request.cache_root.clone();
+    let (found, tried) = blocking(cache_root.clone(), move || {
         let mut tried = Vec::new();
-        let found = installed::find(&places, wanted, &mut tried);
-        Ok((found, tried))
+        if let Some(server) = installed::find(&places, wanted, &mut tried) {
+            return Ok((Some((server, Origin::Installed)), tried));
+        }
+        // On a platform without published binaries the cache cannot hold any either; the
+        // download attempt below says why.
+        if let Ok(platform) = Platform::current() {
+            if let Some(server) = cache::find(&cache_root, &platform, wanted, &mut tried) {
+                return Ok((Some((server, Origin::Cached)), tried));
+            }
+        }
+        Ok((None, tried))
     })
     .await?;
     match found {
-        Some(server) => Ok(Resolved::new(server, Origin::Installed)),
-        None => Err(BinariesError::NotFound {
-            wanted: match wanted {
+        Some((server, origin)) => Ok(Resolved::new(server, origin)),
+        None => download_or_explain(request, tried).await,
+    }
+}
+
+/// Downloads the newest release of the requested version ([`DEFAULT_MAJOR`] when none);
+/// on failure, one error naming every place `tried` before and why the download failed.
+async fn download_or_explain(
+    request: &Request,
+    tried: Vec<String>,
+) -> Result<Resolved, BinariesError> {
+    let wanted = request.version.unwrap_or(VersionSpec::Major(DEFAULT_MAJOR));
+    let attempt = match Platform::current() {
+        Ok(platform) => {
+            download::install(
+                &request.repository,
+                &request.cache_root,
+                &platform,
+                wanted,
+                request.progress,
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    attempt
+        .map(|(server, origin)| Resolved::new(server, origin))
+        .map_err(|download| BinariesError::NotFound {
+            wanted: match request.version {
                 Some(version) => version.to_string(),
                 None => "server".to_owned(),
             },
             tried,
-        }),
+            download: Box::new(download),
+        })
+}
+
+/// The default cache root (downloaded binaries, initdb results): `$XDG_CACHE_HOME/pglease`,
+/// else `~/.cache/pglease` for an ordinary user (who cannot write /var/cache), else
+/// `/var/cache/pglease`.
+pub fn default_cache_root() -> PathBuf {
+    let from_env = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+    };
+    if let Some(xdg) = from_env("XDG_CACHE_HOME") {
+        return xdg.join("pglease");
     }
+    if !nix::unistd::geteuid().is_root() {
+        if let Some(home) = from_env("HOME") {
+            return home.join(".cache").join("pglease");
+        }
+    }
+    PathBuf::from("/var/cache/pglease")
 }
 
 /// Runs `work` on tokio's blocking pool (it runs processes and walks directories),

@@ -1,7 +1,8 @@
-//! Versions: what a user asks for ([`VersionSpec`]) and what a server says it is
-//! (`postgres --version`).
+//! Versions: what a user asks for ([`VersionSpec`]), what a server says it is
+//! (`postgres --version`), and the releases Maven Central lists (`17.6.0`, whose third part
+//! is zonky's build number).
 //!
-//! Pure parsing and comparison; nothing here runs a process.
+//! Pure parsing and comparison; nothing here runs a process or touches the network.
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -9,6 +10,9 @@ use std::str::FromStr;
 
 /// The majors pglease can be asked for: the ones PostgreSQL still supports, plus 13.
 pub const SUPPORTED_MAJORS: RangeInclusive<u32> = 13..=18;
+
+/// The major downloaded when no version is asked for and none is installed or cached.
+pub const DEFAULT_MAJOR: u32 = 18;
 
 /// A requested server version: a major (`17`, the newest 17.x) or an exact minor (`17.6`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,6 +116,99 @@ pub(crate) fn parse_server_version(output: &str) -> Option<(u32, Option<u32>)> {
     let after_major = rest.trim_start_matches(|c: char| c.is_ascii_digit());
     let minor = after_major.strip_prefix('.').and_then(digits);
     Some((major, minor))
+}
+
+/// One release of zonky's binaries on Maven Central: `17.6.0`, or `13.1.0-1` for a re-release.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Release {
+    /// The PostgreSQL major.
+    pub major: u32,
+    /// The PostgreSQL minor.
+    pub minor: u32,
+    /// zonky's build of that minor.
+    pub build: u32,
+    /// The `-N` suffix of a re-release, 0 without one.
+    pub revision: u32,
+    /// The version as Maven lists it (and as the cache directory names it).
+    pub text: String,
+}
+
+impl Release {
+    /// Parses `17.6.0` or `13.1.0-1`; anything else is not a release.
+    pub fn parse(text: &str) -> Option<Release> {
+        let (numbers, revision) = match text.split_once('-') {
+            Some((numbers, revision)) => (numbers, strict_number(revision)?),
+            None => (text, 0),
+        };
+        let mut parts = numbers.split('.');
+        let release = Release {
+            major: strict_number(parts.next()?)?,
+            minor: strict_number(parts.next()?)?,
+            build: strict_number(parts.next()?)?,
+            revision,
+            text: text.to_owned(),
+        };
+        parts.next().is_none().then_some(release)
+    }
+
+    /// Whether this release is of the requested version (any supported major when None).
+    pub fn fits(&self, spec: Option<VersionSpec>) -> bool {
+        match spec {
+            Some(spec) => spec.matches(self.major, Some(self.minor)),
+            None => SUPPORTED_MAJORS.contains(&self.major),
+        }
+    }
+
+    /// "17.6", the PostgreSQL version this release packages.
+    pub fn postgres_version(&self) -> String {
+        format!("{}.{}", self.major, self.minor)
+    }
+}
+
+/// A number of ASCII digits only.
+fn strict_number(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Every `<version>` listed in a `maven-metadata.xml`. The file is small and regular, so
+/// plain string search does; an XML parser would be one more dependency for one element.
+pub(crate) fn listed_versions(metadata: &str) -> Vec<&str> {
+    const OPEN: &str = "<version>";
+    const CLOSE: &str = "</version>";
+    let mut versions = Vec::new();
+    let mut rest = metadata;
+    while let Some(start) = rest.find(OPEN) {
+        let after = &rest[start + OPEN.len()..];
+        let Some(end) = after.find(CLOSE) else { break };
+        versions.push(after[..end].trim());
+        rest = &after[end + CLOSE.len()..];
+    }
+    versions
+}
+
+/// The newest listed release that fits `spec`.
+pub(crate) fn pick_release(metadata: &str, spec: VersionSpec) -> Option<Release> {
+    listed_versions(metadata)
+        .into_iter()
+        .filter_map(Release::parse)
+        .filter(|release| release.fits(Some(spec)))
+        .max()
+}
+
+/// The PostgreSQL versions listed for `major`, oldest first, for an error message.
+pub(crate) fn listed_for_major(metadata: &str, major: u32) -> Vec<String> {
+    let mut releases: Vec<Release> = listed_versions(metadata)
+        .into_iter()
+        .filter_map(Release::parse)
+        .filter(|release| release.major == major)
+        .collect();
+    releases.sort();
+    let mut versions: Vec<String> = releases.iter().map(Release::postgres_version).collect();
+    versions.dedup();
+    versions
 }
 
 #[cfg(test)]

@@ -200,7 +200,8 @@ pub struct ExternalConfig {
 /// The embedded postgres: where it runs and how it is tuned.
 #[derive(Debug, Clone)]
 pub struct EmbeddedConfig {
-    /// Directory of `postgres`, `initdb`, `pg_ctl`; found on PATH or under /usr/lib/postgresql when None.
+    /// Directory of `postgres`, `initdb`, `pg_ctl`; when None, an installed server, the
+    /// cache or a download (see `pglease_binaries::resolve`).
     pub bin_dir: Option<PathBuf>,
     /// The instance directory; a fresh directory under /dev/shm when None.
     pub data_dir: Option<PathBuf>,
@@ -210,7 +211,8 @@ pub struct EmbeddedConfig {
     pub allow_unsafe_on_disk: bool,
     /// OS user that runs initdb and postgres when the daemon is root.
     pub pg_user: Option<String>,
-    /// Where initdb results are cached; `$XDG_CACHE_HOME/pglease` or /var/cache/pglease when None.
+    /// Where initdb results and downloaded binaries are cached;
+    /// `pglease_binaries::default_cache_root()` when None.
     pub cache_dir: Option<PathBuf>,
     /// initdb `--encoding`.
     pub encoding: String,

@@ -8,8 +8,8 @@ use crate::names::TemplateName;
 /// Starting (or restarting) postgres failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// No usable server binaries: not in the configured directory, not installed (the
-    /// error names every place tried).
+    /// No usable server binaries: not in the configured directory, not installed, not
+    /// cached, and not downloadable (the error names every place tried).
     #[error(transparent)]
     Binaries(#[from] pglease_binaries::BinariesError),
     /// The instance directory belongs to a running pglease.

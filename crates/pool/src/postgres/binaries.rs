@@ -1,13 +1,16 @@
 //! The server binaries (`postgres`, `initdb`) the embedded server runs, as
-//! `pglease-binaries` resolves them: the configured directory or an installed server.
+//! `pglease-binaries` resolves them: the configured directory, an installed server, the
+//! cache, or a download into the cache.
 //!
-//! This module only turns the configuration into a request and logs where the binaries
-//! came from; the search is the other crate's.
+//! This module only turns the configuration into a request, logs where the binaries came
+//! from, and warns when the server's OS user could not reach them. Searching, downloading
+//! and unpacking are the other crate's.
 
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
-use pglease_binaries::Request;
-use tracing::info;
+use pglease_binaries::{Origin, Request};
+use tracing::{info, warn};
 
 use crate::config::EmbeddedConfig;
 use crate::error::StartError;
@@ -22,11 +25,20 @@ pub(crate) struct Binaries {
 }
 
 impl Binaries {
-    /// Resolves the binaries for `config`.
-    pub async fn resolve(config: &EmbeddedConfig) -> Result<Binaries, StartError> {
+    /// Resolves the binaries for `config`, downloading into `cache_root` if need be.
+    /// `switch_user`: postgres will run as another OS user (the daemon is root).
+    pub async fn resolve(
+        config: &EmbeddedConfig,
+        cache_root: &Path,
+        switch_user: bool,
+    ) -> Result<Binaries, StartError> {
         let request = Request {
             bin_dir: config.bin_dir.clone(),
             version: None,
+            cache_root: cache_root.to_path_buf(),
+            repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
+            // Drawn only when stderr is a terminal (someone watching `pglease serve`).
+            progress: true,
         };
         let resolved = pglease_binaries::resolve(&request).await?;
         info!(
@@ -35,6 +47,18 @@ impl Binaries {
             version = %resolved.version,
             "using PostgreSQL server binaries"
         );
+        let downloaded = matches!(resolved.origin, Origin::Cached | Origin::Downloaded);
+        if switch_user && downloaded {
+            if let Some(closed) = closed_to_others(&resolved.bin_dir) {
+                warn!(
+                    dir = %closed.display(),
+                    bin_dir = %resolved.bin_dir.display(),
+                    "the server's OS user may not get through this directory (no search \
+                     permission for others), so initdb or postgres may fail with 'permission \
+                     denied'; use a --cache-dir every user can read, e.g. /var/cache/pglease"
+                );
+            }
+        }
         Ok(Binaries {
             bin_dir: resolved.bin_dir,
             version: resolved.version,
@@ -50,4 +74,15 @@ impl Binaries {
     pub fn initdb(&self) -> PathBuf {
         self.bin_dir.join("initdb")
     }
+}
+
+/// The first directory from `/` down to `dir` that other users cannot pass through (a
+/// cache under /root, say), if any. Group permissions are not considered: this is a hint.
+fn closed_to_others(dir: &Path) -> Option<PathBuf> {
+    let mut ancestors: Vec<&Path> = dir.ancestors().collect();
+    ancestors.reverse();
+    ancestors.into_iter().find_map(|path| {
+        let mode = std::fs::metadata(path).ok()?.permissions().mode();
+        (mode & 0o001 == 0).then(|| path.to_path_buf())
+    })
 }

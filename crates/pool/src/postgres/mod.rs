@@ -112,21 +112,29 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    /// Finds binaries, resolves the OS user, sweeps stale instances, creates (and mounts)
-    /// the instance directory and checks that it is on tmpfs.
+    /// Finds binaries (downloading them into the cache if need be), resolves the OS user,
+    /// sweeps stale instances, creates (and mounts) the instance directory and checks that
+    /// it is on tmpfs.
     pub async fn prepare(config: &EmbeddedConfig) -> Result<Embedded, StartError> {
-        let binaries = Binaries::resolve(config).await?;
+        let run_as = RunAs::resolve(config.pg_user.as_deref())?;
+        // The initdb cache and downloaded binaries share one root.
+        let cache_root = config
+            .cache_dir
+            .clone()
+            .unwrap_or_else(pglease_binaries::default_cache_root);
+        let binaries = Binaries::resolve(config, &cache_root, run_as.switch).await?;
         let config = config.clone();
         // Runs processes, sleeps while stopping stale postmasters and walks directories.
-        blocking(move || Embedded::prepare_blocking(config, binaries)).await
+        blocking(move || Embedded::prepare_blocking(config, binaries, run_as, cache_root)).await
     }
 
     /// The rest of [`Embedded::prepare`], on a thread that may block.
     fn prepare_blocking(
         config: EmbeddedConfig,
         binaries: Binaries,
+        run_as: RunAs,
+        cache_root: PathBuf,
     ) -> Result<Embedded, StartError> {
-        let run_as = RunAs::resolve(config.pg_user.as_deref())?;
         let swept =
             instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
         if !swept.is_empty() {
@@ -134,10 +142,6 @@ impl Embedded {
         }
         let instance = Instance::create(&config, &run_as)?;
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
-        let cache_root = config
-            .cache_dir
-            .clone()
-            .unwrap_or_else(initdb::default_cache_root);
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
         // Only a configured, kept directory is reused, and only a cluster stopped cleanly:
