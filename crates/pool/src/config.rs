@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pglease_binaries::VersionSpec;
+
 use crate::names::TemplateName;
 
 /// The whole configuration of a pool.
@@ -203,6 +205,11 @@ pub struct EmbeddedConfig {
     /// Directory of `postgres`, `initdb`, `pg_ctl`; when None, an installed server, the
     /// cache or a download (see `pglease_binaries::resolve`).
     pub bin_dir: Option<PathBuf>,
+    /// The server version wanted; None: the newest installed or cached, else a download
+    /// of `pglease_binaries::DEFAULT_MAJOR`.
+    pub postgres_version: Option<VersionSpec>,
+    /// The Maven repository downloads come from (Maven Central or a mirror).
+    pub binaries_repository: String,
     /// The instance directory; a fresh directory under /dev/shm when None.
     pub data_dir: Option<PathBuf>,
     /// Mount a dedicated tmpfs of this many bytes on the instance directory (root only).
@@ -254,6 +261,8 @@ impl EmbeddedConfig {
         let max_connections = (lease_connections + 30).clamp(100, 5000) as u32;
         EmbeddedConfig {
             bin_dir: None,
+            postgres_version: None,
+            binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
             data_dir: None,
             tmpfs_size: None,
             allow_unsafe_on_disk: false,

@@ -34,9 +34,9 @@ impl Binaries {
     ) -> Result<Binaries, StartError> {
         let request = Request {
             bin_dir: config.bin_dir.clone(),
-            version: None,
+            version: config.postgres_version,
             cache_root: cache_root.to_path_buf(),
-            repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
+            repository: config.binaries_repository.clone(),
             // Drawn only when stderr is a terminal (someone watching `pglease serve`).
             progress: true,
         };
@@ -45,6 +45,9 @@ impl Binaries {
             origin = %resolved.origin,
             bin_dir = %resolved.bin_dir.display(),
             version = %resolved.version,
+            requested = %config
+                .postgres_version
+                .map_or_else(|| "any".to_owned(), |version| version.to_string()),
             "using PostgreSQL server binaries"
         );
         let downloaded = matches!(resolved.origin, Origin::Cached | Origin::Downloaded);
