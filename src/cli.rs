@@ -49,6 +49,9 @@ pub enum Command {
     Status(ClientArgs),
     /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
     Ready(ReadyArgs),
+    /// Server binaries: download a version into the cache, list what is there.
+    #[command(subcommand)]
+    Postgres(PostgresCommand),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
     ///
     /// Exits with the command's exit status, or with 128+N when signal N killed it (as
@@ -332,6 +335,40 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// `pglease postgres`: the server binaries, without a daemon.
+#[derive(Debug, Subcommand)]
+pub enum PostgresCommand {
+    /// Download a version into the cache (unless it is there already) and print its bin
+    /// directory: for a machine image or a CI cache, so that `serve` starts offline.
+    Fetch(FetchArgs),
+    /// List the installed servers and those in the cache.
+    List(ListArgs),
+}
+
+/// `pglease postgres fetch`.
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    /// A major (17) or a major.minor (17.6), 13 to 18 [default: 18].
+    // Not named `version`: that is the --version flag every subcommand has.
+    #[arg(value_name = "VERSION")]
+    pub postgres_version: Option<pglease_binaries::VersionSpec>,
+    /// The cache root, as for `serve` [default: $XDG_CACHE_HOME/pglease, else
+    /// ~/.cache/pglease, as root /var/cache/pglease].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Maven repository to download from [default: Maven Central, repo1.maven.org/maven2].
+    #[arg(long, env = "PGLEASE_POSTGRES_REPOSITORY", value_name = "URL")]
+    pub postgres_repository: Option<String>,
+}
+
+/// `pglease postgres list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The cache root, as for `serve` [default: as for `serve`].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The `[postgres]` table of the config file.

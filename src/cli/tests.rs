@@ -388,6 +388,13 @@ fn the_initialize_timeout_is_a_flag() {
 }
 
 #[test]
+fn the_command_line_definition_is_consistent() {
+    // clap checks its definition (unique names, e.g. no argument named like --version)
+    // only when a command is parsed; this checks every subcommand at once.
+    <Cli as clap::CommandFactory>::command().debug_assert();
+}
+
+#[test]
 fn the_postgres_version_comes_from_the_flag_or_the_config_file() {
     use pglease_binaries::VersionSpec;
     let embedded_version = |args: &[&str]| -> Result<Option<VersionSpec>, String> {

@@ -178,6 +178,24 @@ pub(crate) fn find(
     best
 }
 
+/// Every installed server: `pg_config --bindir`, Debian's directories, `postgres` on PATH;
+/// newest first.
+pub(crate) fn all(places: &Places) -> Vec<Server> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    dirs.extend(pg_config_bindir(&places.pg_config).ok());
+    dirs.extend(debian_bin_dirs(&places.debian_root));
+    dirs.extend(postgres_on_path(places.path.as_deref()).ok());
+    let mut servers: Vec<Server> = Vec::new();
+    for dir in dirs {
+        if servers.iter().any(|server| server.bin_dir == dir) || !has_server(&dir) {
+            continue;
+        }
+        servers.extend(Server::read(&dir).ok());
+    }
+    servers.sort_by_key(|server| std::cmp::Reverse((server.major, server.minor)));
+    servers
+}
+
 /// Whether `dir` holds executable `postgres` and `initdb` files.
 pub(crate) fn has_server(dir: &Path) -> bool {
     ["postgres", "initdb"].iter().all(|name| {

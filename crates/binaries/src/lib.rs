@@ -27,7 +27,7 @@ mod unpack;
 mod version;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use error::BinariesError;
 pub use version::{VersionSpec, VersionSpecError, DEFAULT_MAJOR, SUPPORTED_MAJORS};
@@ -117,6 +117,25 @@ pub async fn resolve(request: &Request) -> Result<Resolved, BinariesError> {
     resolve_in(request, Places::system()).await
 }
 
+/// The cache, else a download: never an installed server or `bin_dir` (which is ignored).
+/// For `pglease postgres fetch`.
+pub async fn fetch(request: &Request) -> Result<Resolved, BinariesError> {
+    let wanted = request.version;
+    let cache_root = request.cache_root.clone();
+    let (cached, tried) = blocking(cache_root.clone(), move || {
+        let mut tried = Vec::new();
+        let cached = Platform::current()
+            .ok()
+            .and_then(|platform| cache::find(&cache_root, &platform, wanted, &mut tried));
+        Ok((cached, tried))
+    })
+    .await?;
+    match cached {
+        Some(server) => Ok(Resolved::new(server, Origin::Cached)),
+        None => download_or_explain(request, tried).await,
+    }
+}
+
 /// [`resolve`] with the installed servers looked for in `places`.
 async fn resolve_in(request: &Request, places: Places) -> Result<Resolved, BinariesError> {
     let wanted = request.version;
@@ -179,6 +198,57 @@ async fn download_or_explain(
             tried,
             download: Box::new(download),
         })
+}
+
+/// A server found by [`list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Available {
+    /// What `postgres --version` printed.
+    pub version: String,
+    /// "17.6" ("18" for a beta).
+    pub short_version: String,
+    /// The major version.
+    pub major: u32,
+    /// The directory holding `postgres` and `initdb`.
+    pub bin_dir: PathBuf,
+}
+
+impl From<Server> for Available {
+    fn from(server: Server) -> Available {
+        Available {
+            short_version: server.short_version(),
+            version: server.version,
+            major: server.major,
+            bin_dir: server.bin_dir,
+        }
+    }
+}
+
+/// The servers [`list`] finds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Installed on the machine (`pg_config --bindir`, Debian's directories, PATH).
+    pub installed: Vec<Available>,
+    /// Downloaded into the cache.
+    pub cached: Vec<Available>,
+}
+
+/// The installed servers and the cached releases under `cache_root`, newest first.
+/// Runs processes: call it from a thread that may block.
+pub fn list(cache_root: &Path) -> Listing {
+    let installed = installed::all(&Places::system())
+        .into_iter()
+        .map(Available::from)
+        .collect();
+    let cached = match Platform::current() {
+        Ok(platform) => cache::entries(cache_root, &platform)
+            .into_iter()
+            .filter_map(|(_, dir)| Server::read(&dir.join("bin")).ok())
+            .map(Available::from)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    Listing { installed, cached }
 }
 
 /// The default cache root (downloaded binaries, initdb results): `$XDG_CACHE_HOME/pglease`,

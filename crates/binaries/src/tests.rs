@@ -250,6 +250,16 @@ async fn offline_with_nothing_anywhere_one_error_names_every_place() {
     );
 }
 
+#[tokio::test]
+async fn fetch_ignores_installed_servers() {
+    let repository = FakeRepository::start(&[("16.4.0", fake_jar("16.4"))], &[]).await;
+    let root = Scratch::new("fetch");
+    let request = request(root.path(), &repository.url, Some("16"));
+    let fetched = fetch(&request).await.expect("fetch");
+    assert_eq!(fetched.origin, Origin::Downloaded);
+    assert_eq!(fetch(&request).await.expect("again").origin, Origin::Cached);
+}
+
 #[test]
 fn placing_over_a_complete_entry_keeps_it_and_over_a_damaged_one_replaces_it() {
     let root = Scratch::new("place");

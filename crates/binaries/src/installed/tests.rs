@@ -145,6 +145,8 @@ fn a_requested_major_is_looked_for_in_pg_config_debian_and_path_in_that_order() 
         find(&places, None, &mut Vec::new()).map(|s| s.bin_dir),
         Some(on_path)
     );
+    let listed: Vec<String> = all(&places).iter().map(Server::short_version).collect();
+    assert_eq!(listed, ["17.6", "17.5", "16.4", "15.3"]);
 }
 
 #[test]
@@ -160,6 +162,7 @@ fn nothing_installed_says_where_it_looked() {
         "{tried}"
     );
     assert!(tried.contains("`postgres` is not on PATH"), "{tried}");
+    assert!(all(&places).is_empty());
 }
 
 #[test]
