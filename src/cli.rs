@@ -49,6 +49,9 @@ pub enum Command {
     Status(ClientArgs),
     /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
     Ready(ReadyArgs),
+    /// Server binaries: download a version into the cache, list what is there.
+    #[command(subcommand)]
+    Postgres(PostgresCommand),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
     ///
     /// Exits with the command's exit status, or with 128+N when signal N killed it (as
@@ -163,9 +166,24 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub postgres_url: Option<String>,
-    /// Directory of the postgres binaries [default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin].
+    /// Directory of the postgres binaries (postgres, initdb); used alone, and it must hold
+    /// the --postgres-version if that is given too [default: see --postgres-version].
     #[arg(long, value_name = "DIR")]
     pub pg_bin_dir: Option<PathBuf>,
+    /// PostgreSQL version to run: a major (17) or a major.minor (17.6), 13 to 18.
+    ///
+    /// Taken from, in this order: --pg-bin-dir; a server of that version installed here
+    /// (pg_config --bindir, /usr/lib/postgresql/MAJOR/bin, postgres on PATH); one
+    /// downloaded earlier into the cache (--cache-dir, under binaries/); else a download
+    /// of the newest such release (about 15 MB) from --postgres-repository into that
+    /// cache, which later starts use offline. Without a version: the newest installed
+    /// server, else the newest cached, else PostgreSQL 18 is downloaded.
+    #[arg(long, env = "PGLEASE_POSTGRES_VERSION", value_name = "VERSION")]
+    pub postgres_version: Option<String>,
+    /// Maven repository that server binaries are downloaded from (zonky's
+    /// embedded-postgres-binaries), e.g. a mirror [default: Maven Central, repo1.maven.org/maven2].
+    #[arg(long, env = "PGLEASE_POSTGRES_REPOSITORY", value_name = "URL")]
+    pub postgres_repository: Option<String>,
     /// Instance directory for postgres' data [default: a fresh directory under /dev/shm].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -186,7 +204,8 @@ pub struct ServeArgs {
     /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
     #[arg(long, value_name = "USER")]
     pub pg_user: Option<String>,
-    /// Where initdb results are cached [default: $XDG_CACHE_HOME/pglease or /var/cache/pglease].
+    /// Where initdb results and downloaded server binaries are cached [default:
+    /// $XDG_CACHE_HOME/pglease, else ~/.cache/pglease, as root /var/cache/pglease].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Address postgres listens on [default: 127.0.0.1].
@@ -318,12 +337,50 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// `pglease postgres`: the server binaries, without a daemon.
+#[derive(Debug, Subcommand)]
+pub enum PostgresCommand {
+    /// Download a version into the cache (unless it is there already) and print its bin
+    /// directory: for a machine image or a CI cache, so that `serve` starts offline.
+    Fetch(FetchArgs),
+    /// List the installed servers and those in the cache.
+    List(ListArgs),
+}
+
+/// `pglease postgres fetch`.
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    /// A major (17) or a major.minor (17.6), 13 to 18 [default: 18].
+    // Not named `version`: that is the --version flag every subcommand has.
+    #[arg(value_name = "VERSION")]
+    pub postgres_version: Option<pglease_binaries::VersionSpec>,
+    /// The cache root, as for `serve` [default: $XDG_CACHE_HOME/pglease, else
+    /// ~/.cache/pglease, as root /var/cache/pglease].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Maven repository to download from [default: Maven Central, repo1.maven.org/maven2].
+    #[arg(long, env = "PGLEASE_POSTGRES_REPOSITORY", value_name = "URL")]
+    pub postgres_repository: Option<String>,
+}
+
+/// `pglease postgres list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The cache root, as for `serve` [default: as for `serve`].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
 /// The `[postgres]` table of the config file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PostgresFile {
     url: Option<String>,
     bin_dir: Option<PathBuf>,
+    /// A major (an integer or a string) or a major.minor (a string: 17.6 unquoted is a
+    /// TOML float).
+    postgres_version: Option<toml::Value>,
+    postgres_repository: Option<String>,
     data_dir: Option<PathBuf>,
     tmpfs_size: Option<String>,
     allow_unsafe_on_disk: Option<bool>,
@@ -542,6 +599,24 @@ impl ServeArgs {
             None => {
                 let mut embedded = EmbeddedConfig::for_limits(&limits, templates.len() + 1);
                 embedded.bin_dir = self.pg_bin_dir.or(postgres.bin_dir);
+                embedded.postgres_version = match self.postgres_version {
+                    Some(text) => Some(
+                        text.parse()
+                            .map_err(|e| format!("--postgres-version: {e}"))?,
+                    ),
+                    None => postgres
+                        .postgres_version
+                        .map(|value| file_version(&value))
+                        .transpose()?,
+                };
+                if let Some(url) = self.postgres_repository.or(postgres.postgres_repository) {
+                    if !url.starts_with("https://") && !url.starts_with("http://") {
+                        return Err(format!(
+                            "--postgres-repository {url:?}: expected an http(s) URL"
+                        ));
+                    }
+                    embedded.binaries_repository = url;
+                }
                 embedded.data_dir = self.data_dir.or(postgres.data_dir);
                 embedded.tmpfs_size = self
                     .tmpfs_size
@@ -725,6 +800,26 @@ fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
 /// directory never matters.
 fn absolute(path: &Path) -> Result<PathBuf, String> {
     std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `postgres_version` in the config file: `17`, `"17"` or `"17.6"`.
+fn file_version(value: &toml::Value) -> Result<pglease_binaries::VersionSpec, String> {
+    let text = match value {
+        toml::Value::Integer(major) => major.to_string(),
+        toml::Value::String(text) => text.clone(),
+        toml::Value::Float(_) => {
+            return Err(format!(
+                "postgres_version = {value}: write a major.minor as a string, e.g. \"17.6\""
+            ))
+        }
+        other => {
+            return Err(format!(
+                "postgres_version = {other}: expected e.g. 17 or \"17.6\""
+            ))
+        }
+    };
+    text.parse()
+        .map_err(|e| format!("postgres_version in the config file: {e}"))
 }
 
 /// A postgres setting name is an identifier; values go as one argv element.

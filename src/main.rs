@@ -1,10 +1,12 @@
 //! The `pglease` binary: parses the command line, and either runs the daemon (pool + HTTP
-//! API) or acts as a client of one. It only wires the crates together.
+//! API), acts as a client of one, or manages server binaries (`pglease postgres`). It only
+//! wires the crates together.
 
 mod cli;
 mod client;
 mod listen;
 mod logging;
+mod postgres;
 mod signal;
 mod systemd;
 
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
             Command::Status(args) => client::status(args).await.map(|()| ExitCode::SUCCESS),
             Command::Ready(args) => client::ready(args).await.map(|()| ExitCode::SUCCESS),
             Command::Run(args) => client::run(args).await,
+            Command::Postgres(command) => Ok(postgres::run(command).await),
         }
         .or_else(|client::ClientError(message)| {
             eprintln!("pglease: {message}");

@@ -386,3 +386,89 @@ fn the_initialize_timeout_is_a_flag() {
         .into_config()
         .is_err());
 }
+
+#[test]
+fn the_command_line_definition_is_consistent() {
+    // clap checks its definition (unique names, e.g. no argument named like --version)
+    // only when a command is parsed; this checks every subcommand at once.
+    <Cli as clap::CommandFactory>::command().debug_assert();
+}
+
+#[test]
+fn the_postgres_version_comes_from_the_flag_or_the_config_file() {
+    use pglease_binaries::VersionSpec;
+    let embedded_version = |args: &[&str]| -> Result<Option<VersionSpec>, String> {
+        serve_args(args)
+            .into_config()
+            .map(|config| embedded(&config).postgres_version)
+    };
+    assert_eq!(embedded_version(&[]), Ok(None));
+    assert_eq!(
+        embedded_version(&["--postgres-version", "17"]),
+        Ok(Some(VersionSpec::Major(17)))
+    );
+    assert_eq!(
+        embedded_version(&["--postgres-version", "16.4"]),
+        Ok(Some(VersionSpec::Exact {
+            major: 16,
+            minor: 4
+        }))
+    );
+    let error = embedded_version(&["--postgres-version", "12"]).expect_err("12");
+    assert!(error.starts_with("--postgres-version: "), "{error}");
+    assert!(error.contains("13 to 18"), "{error}");
+
+    let dir = std::env::temp_dir().join(format!("pglease-cli-version-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    let path = file.to_str().expect("utf8");
+    let from_file = |table: &str, flags: &[&str]| {
+        std::fs::write(&file, format!("[postgres]\n{table}\n")).expect("write");
+        let mut args = vec!["--config", path];
+        args.extend_from_slice(flags);
+        embedded_version(&args)
+    };
+    assert_eq!(
+        from_file("postgres_version = 15", &[]),
+        Ok(Some(VersionSpec::Major(15)))
+    );
+    assert_eq!(
+        from_file("postgres_version = \"17.6\"", &[]),
+        Ok(Some(VersionSpec::Exact {
+            major: 17,
+            minor: 6
+        }))
+    );
+    assert_eq!(
+        from_file("postgres_version = 15", &["--postgres-version", "18"]),
+        Ok(Some(VersionSpec::Major(18))),
+        "the flag wins"
+    );
+    let error = from_file("postgres_version = 17.6", &[]).expect_err("a float");
+    assert!(error.contains("\"17.6\""), "{error}");
+    let error = from_file("postgres_version = \"11\"", &[]).expect_err("11");
+    assert!(error.contains("13 to 18"), "{error}");
+
+    std::fs::write(
+        &file,
+        "[postgres]\npostgres_repository = \"https://mirror.example/maven2\"\n",
+    )
+    .expect("write");
+    let config = serve_args(&["--config", path])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        embedded(&config).binaries_repository,
+        "https://mirror.example/maven2"
+    );
+    let config = serve_args(&[]).into_config().expect("valid");
+    assert_eq!(
+        embedded(&config).binaries_repository,
+        pglease_binaries::DEFAULT_REPOSITORY
+    );
+    let error = serve_args(&["--postgres-repository", "ftp://x"])
+        .into_config()
+        .expect_err("not http");
+    assert!(error.contains("http(s) URL"), "{error}");
+    let _ = std::fs::remove_dir_all(dir);
+}

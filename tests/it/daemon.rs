@@ -194,6 +194,7 @@ async fn invalid_configuration_exits_64_with_one_line() {
         vec!["--template", "default=migrations:/x"],
         vec!["--tmpfs-size", "lots"],
         vec!["--pg-setting", "no_equals_sign"],
+        vec!["--postgres-version", "12"],
     ] {
         let (status, log) = TestDaemon::builder().args(args.clone()).run_to_exit();
         assert_eq!(status.code(), Some(64), "{args:?}: {log}");

@@ -2,6 +2,7 @@
 //! and talks HTTP and the Postgres protocol to them. One module per feature.
 
 mod bad_input;
+mod binaries;
 mod budget;
 mod cli;
 mod clients;

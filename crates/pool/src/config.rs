@@ -7,6 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pglease_binaries::VersionSpec;
+
 use crate::names::TemplateName;
 
 /// The whole configuration of a pool.
@@ -200,8 +202,14 @@ pub struct ExternalConfig {
 /// The embedded postgres: where it runs and how it is tuned.
 #[derive(Debug, Clone)]
 pub struct EmbeddedConfig {
-    /// Directory of `postgres`, `initdb`, `pg_ctl`; found on PATH or under /usr/lib/postgresql when None.
+    /// Directory of `postgres`, `initdb`, `pg_ctl`; when None, an installed server, the
+    /// cache or a download (see `pglease_binaries::resolve`).
     pub bin_dir: Option<PathBuf>,
+    /// The server version wanted; None: the newest installed or cached, else a download
+    /// of `pglease_binaries::DEFAULT_MAJOR`.
+    pub postgres_version: Option<VersionSpec>,
+    /// The Maven repository downloads come from (Maven Central or a mirror).
+    pub binaries_repository: String,
     /// The instance directory; a fresh directory under /dev/shm when None.
     pub data_dir: Option<PathBuf>,
     /// Mount a dedicated tmpfs of this many bytes on the instance directory (root only).
@@ -210,7 +218,8 @@ pub struct EmbeddedConfig {
     pub allow_unsafe_on_disk: bool,
     /// OS user that runs initdb and postgres when the daemon is root.
     pub pg_user: Option<String>,
-    /// Where initdb results are cached; `$XDG_CACHE_HOME/pglease` or /var/cache/pglease when None.
+    /// Where initdb results and downloaded binaries are cached;
+    /// `pglease_binaries::default_cache_root()` when None.
     pub cache_dir: Option<PathBuf>,
     /// initdb `--encoding`.
     pub encoding: String,
@@ -252,6 +261,8 @@ impl EmbeddedConfig {
         let max_connections = (lease_connections + 30).clamp(100, 5000) as u32;
         EmbeddedConfig {
             bin_dir: None,
+            postgres_version: None,
+            binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
             data_dir: None,
             tmpfs_size: None,
             allow_unsafe_on_disk: false,

@@ -8,34 +8,10 @@ use crate::names::TemplateName;
 /// Starting (or restarting) postgres failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// No postgres binaries were found anywhere we look.
-    #[error(
-        "no PostgreSQL server binaries found: --pg-bin-dir was not given, {pg_config}, \
-         and no /usr/lib/postgresql/*/bin/postgres exists; install the server \
-         (e.g. `apt-get install postgresql`) or pass --pg-bin-dir"
-    )]
-    BinariesNotFound {
-        /// What `pg_config --bindir` did.
-        pg_config: String,
-    },
-    /// `--pg-bin-dir` was given but holds no server binaries.
-    #[error(
-        "--pg-bin-dir {} has no executable `postgres` and `initdb`; point it at the server's \
-         bin directory (e.g. /usr/lib/postgresql/15/bin)",
-        bin_dir.display()
-    )]
-    BinDirWithoutPostgres {
-        /// The directory given.
-        bin_dir: PathBuf,
-    },
-    /// `postgres --version` could not be run or printed nothing useful.
-    #[error("cannot read the server version with `{} --version`: {detail}", postgres.display())]
-    Version {
-        /// The postgres binary.
-        postgres: PathBuf,
-        /// What went wrong (spawn error, exit status, output).
-        detail: String,
-    },
+    /// No usable server binaries: not in the configured directory, not installed, not
+    /// cached, and not downloadable (the error names every place tried).
+    #[error(transparent)]
+    Binaries(#[from] pglease_binaries::BinariesError),
     /// The instance directory belongs to a running pglease.
     #[error(
         "{} is in use by another running pglease (pid {pid}); choose another --data-dir",

@@ -42,6 +42,14 @@ pub fn binary() -> Command {
 /// Builds and starts a daemon.
 pub struct DaemonBuilder {
     args: Vec<String>,
+    /// Leave out `--cache-dir`: the daemon uses its default cache root.
+    default_cache: bool,
+    /// Leave out `--pg-bin-dir` even when [`PG_BIN_ENV`] is set.
+    no_pg_bin_dir: bool,
+    /// A program (and its arguments) that runs `pglease serve ...` (appended to it).
+    wrapper: Vec<String>,
+    /// Environment variables for the daemon.
+    envs: Vec<(String, String)>,
 }
 
 impl DaemonBuilder {
@@ -52,6 +60,38 @@ impl DaemonBuilder {
         S: Into<String>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Uses the daemon's default cache root (initdb results, downloaded binaries) instead
+    /// of the tests' own: downloads then survive across runs, as CI expects.
+    pub fn default_cache(mut self) -> Self {
+        self.default_cache = true;
+        self
+    }
+
+    /// Passes no `--pg-bin-dir`, so that the daemon resolves the binaries itself.
+    pub fn no_pg_bin_dir(mut self) -> Self {
+        self.no_pg_bin_dir = true;
+        self
+    }
+
+    /// Runs the daemon through `program args... <pglease> serve ...` (which must exec it,
+    /// so that the child's pid is the daemon's).
+    pub fn wrapped_in<I, S>(mut self, program: &str, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.wrapper = std::iter::once(program.to_owned())
+            .chain(args.into_iter().map(Into::into))
+            .collect();
+        self
+    }
+
+    /// Sets an environment variable of the daemon.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_owned(), value.to_owned()));
         self
     }
 
@@ -107,22 +147,33 @@ impl DaemonBuilder {
     }
 
     fn command(&self) -> Command {
-        let mut command = binary();
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(env!("CARGO_BIN_EXE_pglease"));
+                command
+            }
+            None => binary(),
+        };
         command.arg("serve");
         if !self.args.iter().any(|a| a == "--listen") {
             command.arg("--listen").arg("127.0.0.1:0");
         }
-        command.arg("--cache-dir").arg(cache_dir());
+        if !self.default_cache {
+            command.arg("--cache-dir").arg(cache_dir());
+        }
         // A test that picks its binaries itself keeps its choice.
-        let picks_binaries = self
-            .args
-            .iter()
-            .any(|a| a == "--pg-bin-dir" || a == "--postgres-version");
+        let picks_binaries = self.no_pg_bin_dir
+            || self
+                .args
+                .iter()
+                .any(|a| a == "--pg-bin-dir" || a == "--postgres-version");
         if let (Ok(bin_dir), false) = (std::env::var(PG_BIN_ENV), picks_binaries) {
             command.arg("--pg-bin-dir").arg(bin_dir);
         }
         command
             .args(&self.args)
+            .envs(self.envs.iter().map(|(key, value)| (key, value)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -155,7 +206,13 @@ pub struct TestDaemon {
 impl TestDaemon {
     /// A builder with no extra arguments.
     pub fn builder() -> DaemonBuilder {
-        DaemonBuilder { args: Vec::new() }
+        DaemonBuilder {
+            args: Vec::new(),
+            default_cache: false,
+            no_pg_bin_dir: false,
+            wrapper: Vec::new(),
+            envs: Vec::new(),
+        }
     }
 
     /// A daemon with default settings.

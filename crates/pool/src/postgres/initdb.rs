@@ -43,25 +43,6 @@ pub(crate) fn initdb_args(encoding: &str, locale: &str) -> Vec<String> {
     ]
 }
 
-/// The default cache root: `$XDG_CACHE_HOME/pglease`, else `~/.cache/pglease` for an
-/// ordinary user (who cannot write /var/cache), else `/var/cache/pglease`.
-pub(crate) fn default_cache_root() -> PathBuf {
-    let from_env = |name: &str| {
-        std::env::var_os(name)
-            .map(PathBuf::from)
-            .filter(|path| path.is_absolute())
-    };
-    if let Some(xdg) = from_env("XDG_CACHE_HOME") {
-        return xdg.join("pglease");
-    }
-    if !nix::unistd::geteuid().is_root() {
-        if let Some(home) = from_env("HOME") {
-            return home.join(".cache").join("pglease");
-        }
-    }
-    PathBuf::from("/var/cache/pglease")
-}
-
 /// The cache entry for one server version and set of initdb arguments.
 #[derive(Debug, Clone)]
 pub(crate) struct Cache {

@@ -6,7 +6,7 @@
 //! It runs no SQL beyond the readiness probe and knows nothing of templates or leases;
 //! the actor owns the values returned here.
 //!
-//! Submodules: `binaries` (discovery and version), `instance` (directory, tmpfs, OS user,
+//! Submodules: `binaries` (which server, through `pglease-binaries`), `instance` (directory, tmpfs, OS user,
 //! stale sweep), `initdb` (initdb and its cache), `spawn` (the spawner thread).
 
 mod binaries;
@@ -112,18 +112,29 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    /// Finds binaries, resolves the OS user, sweeps stale instances, creates (and mounts)
-    /// the instance directory and checks that it is on tmpfs.
+    /// Finds binaries (downloading them into the cache if need be), resolves the OS user,
+    /// sweeps stale instances, creates (and mounts) the instance directory and checks that
+    /// it is on tmpfs.
     pub async fn prepare(config: &EmbeddedConfig) -> Result<Embedded, StartError> {
+        let run_as = RunAs::resolve(config.pg_user.as_deref())?;
+        // The initdb cache and downloaded binaries share one root.
+        let cache_root = config
+            .cache_dir
+            .clone()
+            .unwrap_or_else(pglease_binaries::default_cache_root);
+        let binaries = Binaries::resolve(config, &cache_root, run_as.switch).await?;
         let config = config.clone();
         // Runs processes, sleeps while stopping stale postmasters and walks directories.
-        blocking(move || Embedded::prepare_blocking(config)).await
+        blocking(move || Embedded::prepare_blocking(config, binaries, run_as, cache_root)).await
     }
 
-    /// [`Embedded::prepare`] on a thread that may block.
-    fn prepare_blocking(config: EmbeddedConfig) -> Result<Embedded, StartError> {
-        let binaries = Binaries::find(config.bin_dir.as_deref())?;
-        let run_as = RunAs::resolve(config.pg_user.as_deref())?;
+    /// The rest of [`Embedded::prepare`], on a thread that may block.
+    fn prepare_blocking(
+        config: EmbeddedConfig,
+        binaries: Binaries,
+        run_as: RunAs,
+        cache_root: PathBuf,
+    ) -> Result<Embedded, StartError> {
         let swept =
             instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
         if !swept.is_empty() {
@@ -131,10 +142,6 @@ impl Embedded {
         }
         let instance = Instance::create(&config, &run_as)?;
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
-        let cache_root = config
-            .cache_dir
-            .clone()
-            .unwrap_or_else(initdb::default_cache_root);
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
         // Only a configured, kept directory is reused, and only a cluster stopped cleanly:

@@ -1,7 +1,8 @@
-//! Tests of postgres supervision, most against a real server: discovery, the tmpfs check,
+//! Tests of postgres supervision, most against a real server: the tmpfs check,
 //! start/connect/shutdown, restart after a crash, start-up errors, the stale sweep and
 //! the initdb cache. They find the server through `PGLEASE_PG_BIN_DIR`, else the normal
-//! discovery (`pg_config --bindir`, /usr/lib/postgresql/*/bin).
+//! discovery (`pg_config --bindir`, /usr/lib/postgresql/*/bin; the search itself is
+//! tested in `pglease-binaries`).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
@@ -140,61 +141,6 @@ fn directory_on_disk() -> PathBuf {
         .into_iter()
         .find(|dir| instance::check_in_memory(dir, false).is_err())
         .expect("some test directory on persistent storage")
-}
-
-#[test]
-fn bin_dir_discovery_accepts_a_server_dir_and_rejects_others() {
-    let found = binaries::find_bin_dir(
-        bin_dir_from_env().as_deref(),
-        Path::new(binaries::DEBIAN_ROOT),
-    )
-    .unwrap_or_else(|e| panic!("{e} (set {BIN_DIR_VAR})"));
-    assert!(binaries::has_server(&found), "{}", found.display());
-    // An explicit, valid directory is taken as is.
-    let explicit =
-        binaries::find_bin_dir(Some(&found), Path::new("/nonexistent")).expect("explicit dir");
-    assert_eq!(explicit, found);
-    // An explicit directory without a server is an error, not a reason to look elsewhere.
-    let empty = Scratch::new("no-postgres");
-    match binaries::find_bin_dir(Some(empty.path()), Path::new(binaries::DEBIAN_ROOT)) {
-        Err(StartError::BinDirWithoutPostgres { bin_dir }) => assert_eq!(bin_dir, empty.path()),
-        other => panic!("expected BinDirWithoutPostgres, got {other:?}"),
-    }
-    let binaries = Binaries::find(Some(&found)).expect("version");
-    assert!(
-        binaries.version.contains("PostgreSQL"),
-        "{}",
-        binaries.version
-    );
-}
-
-#[test]
-fn versioned_bin_dirs_sort_numerically() {
-    let root = Scratch::new("debian-root");
-    let make = |version: &str, server: bool| {
-        let bin = root.path().join(version).join("bin");
-        std::fs::create_dir_all(&bin).expect("mkdir");
-        if server {
-            for name in ["postgres", "initdb"] {
-                std::fs::write(bin.join(name), "#!/bin/sh\n").expect("write");
-                std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))
-                    .expect("chmod");
-            }
-        }
-    };
-    make("9.6", true);
-    make("10", true);
-    make("9", true);
-    make("15", true);
-    // Higher, but without a server: skipped.
-    make("16", false);
-    make("not-a-version", true);
-    let chosen = binaries::highest_versioned_bin_dir(root.path()).expect("a dir");
-    assert_eq!(chosen, root.path().join("15").join("bin"));
-    assert_eq!(
-        binaries::highest_versioned_bin_dir(&root.path().join("missing")),
-        None
-    );
 }
 
 #[tokio::test]
