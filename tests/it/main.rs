@@ -17,6 +17,7 @@ mod full_tmpfs;
 mod fuzz;
 mod integresql;
 mod leases;
+mod majors;
 mod privileges;
 mod register;
 mod security;
