@@ -592,6 +592,13 @@ impl ServeArgs {
         }
         let postgres = file.postgres;
         let server = match self.postgres_url.or(postgres.url) {
+            Some(_) if self.postgres_version.is_some() || postgres.postgres_version.is_some() => {
+                return Err(
+                    "--postgres-version picks the server pglease starts itself; with \
+                            --postgres-url it uses that server as it is: give one or the other"
+                        .into(),
+                )
+            }
             Some(url) => ServerConfig::External(ExternalConfig {
                 url,
                 advertise_host: self.advertise_host.or(postgres.advertise_host),

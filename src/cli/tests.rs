@@ -472,3 +472,16 @@ fn the_postgres_version_comes_from_the_flag_or_the_config_file() {
     assert!(error.contains("http(s) URL"), "{error}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_postgres_version_with_an_external_server_is_refused() {
+    let error = serve_args(&[
+        "--postgres-url",
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        "--postgres-version",
+        "17",
+    ])
+    .into_config()
+    .expect_err("refused");
+    assert!(error.contains("give one or the other"), "{error}");
+}
