@@ -61,6 +61,11 @@ pub struct Plan {
     pub seeds_fsync_delays_us: Vec<u64>,
     /// Scenario 8: runs of the IntegreSQL suite per server.
     pub integresql_runs: usize,
+    /// Scenario 9: the PostgreSQL majors, the first one the baseline.
+    pub majors: Vec<u32>,
+    /// Scenario 9: how long each major's clone+drop loop and end-to-end loop run.
+    #[serde(serialize_with = "secs")]
+    pub majors_duration: Duration,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -96,6 +101,8 @@ impl Plan {
             seeds_pgbench_clients: vec![1, 3],
             seeds_fsync_delays_us: vec![0, 1_000],
             integresql_runs: 1,
+            majors: vec![15, 13, 16, 18],
+            majors_duration: Duration::from_secs(3),
         }
     }
 
@@ -127,6 +134,8 @@ impl Plan {
             seeds_pgbench_clients: vec![1, 2, 3],
             seeds_fsync_delays_us: vec![0, 1_000, 5_000],
             integresql_runs: 3,
+            majors: vec![15, 13, 14, 16, 17, 18],
+            majors_duration: Duration::from_secs(10),
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::scenarios::ceiling::CeilingResult;
 use crate::scenarios::connect::ConnectResult;
 use crate::scenarios::integresql::SuiteResult;
 use crate::scenarios::latency::LatencyResult;
+use crate::scenarios::majors::{self, MajorsResult};
 use crate::scenarios::scale::ScaleResult;
 use crate::scenarios::seeds::SeedsResult;
 use crate::scenarios::startup::StartupResult;
@@ -105,6 +106,8 @@ pub struct Scenarios {
     pub pool_scale: Outcome<ScaleResult>,
     /// 8.
     pub integresql_suite: Outcome<SuiteResult>,
+    /// 9.
+    pub majors: Outcome<MajorsResult>,
 }
 
 /// The whole run.
@@ -129,24 +132,24 @@ pub struct Report {
 }
 
 /// A text table with right-aligned columns (the first left-aligned).
-struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    fn new(header: &[&str]) -> Table {
+    pub(crate) fn new(header: &[&str]) -> Table {
         Table {
             header: header.iter().map(|s| s.to_string()).collect(),
             rows: Vec::new(),
         }
     }
 
-    fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    fn render(&self, out: &mut String) {
+    pub(crate) fn render(&self, out: &mut String) {
         let columns = self.header.len();
         let mut widths = vec![0; columns];
         for row in std::iter::once(&self.header).chain(&self.rows) {
@@ -174,7 +177,7 @@ impl Table {
 }
 
 /// A number with one decimal (or two below 10).
-fn num(value: f64) -> String {
+pub(crate) fn num(value: f64) -> String {
     if value.abs() < 10.0 {
         format!("{value:.2}")
     } else {
@@ -192,7 +195,7 @@ fn mib(bytes: i64) -> String {
 }
 
 /// A line for a scenario that did not produce figures.
-fn not_done<T>(outcome: &Outcome<T>, out: &mut String) -> bool {
+pub(crate) fn not_done<T>(outcome: &Outcome<T>, out: &mut String) -> bool {
     match outcome {
         Outcome::Done(_) => false,
         Outcome::Failed { error } => {
@@ -245,6 +248,7 @@ impl Report {
         self.render_seeds(&mut out);
         self.render_scale(&mut out);
         self.render_integresql(&mut out);
+        majors::render(&self.scenarios.majors, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {

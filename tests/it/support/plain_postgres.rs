@@ -73,11 +73,7 @@ impl PlainPostgres {
         initdb
             .arg("-D")
             .arg(&data)
-            .args([
-                "--auth=trust",
-                "--username=postgres",
-                "--nosync",
-            ])
+            .args(["--auth=trust", "--username=postgres", "--nosync"])
             .current_dir(&dir)
             .stdout(Stdio::null());
         if let Some((uid, gid)) = user {

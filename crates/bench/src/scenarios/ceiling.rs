@@ -80,14 +80,33 @@ pub async fn run(
     for &workers in &ctx.plan.throughput_workers {
         admin::wait_idle(api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         eprintln!("[bench] 3 create+drop ceiling: {workers} connections");
-        levels.push(level(server, &template, workers, ctx.plan.ceiling_duration, false).await?);
+        levels.push(
+            level(
+                server,
+                &template,
+                workers,
+                ctx.plan.ceiling_duration,
+                false,
+                STRATEGY,
+            )
+            .await?,
+        );
     }
     let mut levels_with_work = Vec::new();
     for &workers in &ctx.plan.throughput_workers {
         admin::wait_idle(api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         eprintln!("[bench] 3 create+work+drop ceiling: {workers} connections");
-        levels_with_work
-            .push(level(server, &template, workers, ctx.plan.ceiling_duration, true).await?);
+        levels_with_work.push(
+            level(
+                server,
+                &template,
+                workers,
+                ctx.plan.ceiling_duration,
+                true,
+                STRATEGY,
+            )
+            .await?,
+        );
     }
     Ok(CeilingResult {
         cycle: format!(
@@ -123,12 +142,18 @@ struct Samples {
     first_error: Option<String>,
 }
 
-async fn level(
+/// The clause pglease adds to CREATE DATABASE (on postgres 15 and later).
+const STRATEGY: &str = " STRATEGY FILE_COPY";
+
+/// `workers` connections looping CREATE DATABASE (with `strategy` appended) and DROP
+/// DATABASE for `duration`, with scenario 2's work between them when `with_work`.
+pub(crate) async fn level(
     server: &ServerInfo,
     template: &str,
     workers: usize,
     duration: Duration,
     with_work: bool,
+    strategy: &'static str,
 ) -> Result<CeilingLevel> {
     // Connections are made before the clock starts: the ceiling is of the SQL alone.
     let mut conns = Vec::new();
@@ -152,7 +177,7 @@ async fn level(
                 let created = conn
                     .client
                     .batch_execute(&format!(
-                        "CREATE DATABASE {db} TEMPLATE {template} STRATEGY FILE_COPY"
+                        "CREATE DATABASE {db} TEMPLATE {template}{strategy}"
                     ))
                     .await;
                 if let Err(error) = created {

@@ -9,6 +9,7 @@ pub mod ceiling;
 pub mod connect;
 pub mod integresql;
 pub mod latency;
+pub mod majors;
 pub mod scale;
 pub mod seeds;
 pub mod startup;

@@ -146,7 +146,8 @@ struct Tally {
     first_error: Option<String>,
 }
 
-async fn level(api: &Api, workers: usize, duration: Duration) -> ThroughputLevel {
+/// `workers` workers running tests for `duration`, then the settling after them.
+pub(crate) async fn level(api: &Api, workers: usize, duration: Duration) -> ThroughputLevel {
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
