@@ -103,3 +103,50 @@ async fn postgres_16_fetched_and_leased() {
 async fn postgres_18_fetched_and_leased() {
     flow(18).await;
 }
+
+#[tokio::test]
+async fn a_lease_asking_for_another_version_is_refused_at_once() {
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-version", "16"])
+        .default_cache()
+        .start()
+        .await;
+    let (status, body) = daemon
+        .lease(serde_json::json!({"postgres_version": "16"}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(server_major(&body).await, 16);
+    let started = std::time::Instant::now();
+    let (status, body) = daemon
+        .lease(serde_json::json!({"postgres_version": "17", "wait_ms": 30000}))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "answered at once"
+    );
+    assert_eq!(
+        body["error"]["code"], "postgres_version_not_served",
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("serves PostgreSQL 16.") && message.contains("--postgres-version 17"),
+        "{message}"
+    );
+    // A minor is checked too: 16.0 was never released as a server version.
+    let (status, body) = daemon
+        .lease(serde_json::json!({"postgres_version": "16.0"}))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    for bad in ["12", "seventeen", "17.x"] {
+        let (status, body) = daemon
+            .lease(serde_json::json!({"postgres_version": bad}))
+            .await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert!(body.to_string().contains("postgres_version"), "{body}");
+    }
+    // The daemon still serves everyone else.
+    daemon.lease_ok("default").await;
+    assert!(daemon.stop().await.success());
+}

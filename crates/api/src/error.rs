@@ -153,6 +153,11 @@ impl From<LeaseError> for ApiError {
             LeaseError::ClientBuilt(_) => {
                 Self::new(StatusCode::CONFLICT, "client_built_template", message)
             }
+            LeaseError::VersionNotServed { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "postgres_version_not_served",
+                message,
+            ),
         }
     }
 }

@@ -183,6 +183,7 @@ async fn test_database(
             connections: None,
             // IntegreSQL's clients need not give test databases back.
             reclaimable: true,
+            postgres_version: None,
         })
         .await?;
     Ok(database(&template, Some(lease.number), lease.connect))

@@ -20,6 +20,10 @@ pub struct LeaseBody {
     /// The lease's connection limit (`CONNECTION LIMIT` of its role).
     #[schema(minimum = 1, maximum = 10000)]
     pub max_connections: Option<u32>,
+    /// The PostgreSQL version the caller needs: a major ("17") or a minor ("17.6"); a
+    /// daemon serving another answers 422 at once.
+    #[schema(pattern = "^[0-9]{1,2}(\\.[0-9]{1,3})?$")]
+    pub postgres_version: Option<String>,
 }
 
 /// `PUT /templates/{name}` body: one of `migrations`, `sql` or `command` (none: empty).

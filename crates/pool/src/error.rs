@@ -230,6 +230,17 @@ pub enum LeaseError {
     /// The template is built by a client: pglease has no sources to rebuild or replace.
     #[error("template \"{0}\" is built by a client through the IntegreSQL API; pglease cannot rebuild or replace it (discard it and initialize it again)")]
     ClientBuilt(TemplateName),
+    /// The request names a PostgreSQL version this daemon's server is not.
+    #[error(
+        "this pglease serves PostgreSQL {serving}, and the request asks for {asked}; start a \
+         daemon with --postgres-version {asked} for it (one daemon runs one major for now)"
+    )]
+    VersionNotServed {
+        /// The version asked for.
+        asked: String,
+        /// The server's `server_version`.
+        serving: String,
+    },
 }
 
 /// What kept a lease request from a database: the limit that blocks, named in the

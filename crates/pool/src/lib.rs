@@ -27,6 +27,7 @@ pub use config::{
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
+pub use pglease_binaries::VersionSpec;
 pub use state::Registered;
 pub use types::{
     ConnectInfo, DropStatus, Lease, LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus,

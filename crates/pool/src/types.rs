@@ -21,6 +21,9 @@ pub struct LeaseRequest {
     /// has no room for a waiting request, the oldest such lease is ended and its database
     /// dropped to make room. Such requests are served from client-built templates only.
     pub reclaimable: bool,
+    /// The PostgreSQL version the caller needs; a daemon serving another refuses the
+    /// request at once.
+    pub postgres_version: Option<pglease_binaries::VersionSpec>,
 }
 
 /// A database handed to one caller until released or expired.

@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName};
+use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName, VersionSpec};
 
 use super::parse_body;
 use crate::error::ApiError;
@@ -69,6 +69,14 @@ pub async fn lease(
             )))
         }
     };
+    let postgres_version = body
+        .postgres_version
+        .as_deref()
+        .map(|text| {
+            text.parse::<VersionSpec>()
+                .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
+        })
+        .transpose()?;
     // If the client goes away, axum drops this future and with it the reply receiver:
     // the pool then takes the database back.
     let request = LeaseRequest {
@@ -77,6 +85,7 @@ pub async fn lease(
         wait,
         connections,
         reclaimable: false,
+        postgres_version,
     };
     let lease = state.pool.lease(request).await?;
     Ok((StatusCode::CREATED, Json(lease_response(lease))))

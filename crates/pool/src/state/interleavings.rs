@@ -372,6 +372,7 @@ impl World {
                     connections: own_limit.then_some(2 * LEASE_CONNECTIONS),
                     // The IntegreSQL API asks for client-built templates.
                     reclaimable: index >= CONFIGURED,
+                    postgres_version: None,
                 };
                 let actions = self
                     .state

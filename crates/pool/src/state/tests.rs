@@ -47,6 +47,7 @@ fn request(template: &str, wait_ms: u64) -> LeaseRequest {
         wait: Duration::from_millis(wait_ms),
         connections: None,
         reclaimable: false,
+        postgres_version: None,
     }
 }
 
@@ -623,6 +624,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
         wait: Duration::from_secs(10),
         connections: Some(connections),
         reclaimable: false,
+        postgres_version: None,
     };
     let granted = |actions: &[Action], waiter| {
         actions
@@ -753,6 +755,7 @@ fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
 fn test_request(hash: &str) -> LeaseRequest {
     LeaseRequest {
         reclaimable: true,
+        postgres_version: None,
         ..request(hash, 60_000)
     }
 }
