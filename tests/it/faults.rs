@@ -244,7 +244,14 @@ async fn sigterm_under_load_stops_cleanly_within_the_grace_period() {
     let data_dir = std::path::PathBuf::from(status["postgres"]["data_dir"].as_str().expect("dir"));
     let tally = Arc::new(Tally::default());
     let (stop, workers) = run_workers(&daemon.base, &tally).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Under load for real: some tests done, others in flight. Waited for rather than a
+    // fixed pause, which a busy machine can fill without finishing a single test.
+    crate::support::poll_until(Duration::from_secs(30), "a first test to finish", || {
+        let done = tally.tests.load(Ordering::Relaxed) > 0;
+        async move { done.then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let started = std::time::Instant::now();
     let exit = daemon.stop().await;
     let took = started.elapsed();
