@@ -204,8 +204,8 @@ pub struct ServeArgs {
     /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
     #[arg(long, value_name = "USER")]
     pub pg_user: Option<String>,
-    /// Where initdb results and downloaded server binaries are cached [default:
-    /// $XDG_CACHE_HOME/pglease, else ~/.cache/pglease, as root /var/cache/pglease].
+    /// Where initdb results and downloaded server binaries are cached [default: as root
+    /// /var/cache/pglease, else $XDG_CACHE_HOME/pglease or ~/.cache/pglease].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Address postgres listens on [default: 127.0.0.1].
@@ -354,8 +354,8 @@ pub struct FetchArgs {
     // Not named `version`: that is the --version flag every subcommand has.
     #[arg(value_name = "VERSION")]
     pub postgres_version: Option<pglease_binaries::VersionSpec>,
-    /// The cache root, as for `serve` [default: $XDG_CACHE_HOME/pglease, else
-    /// ~/.cache/pglease, as root /var/cache/pglease].
+    /// The cache root, as for `serve` [default: as root /var/cache/pglease, else
+    /// $XDG_CACHE_HOME/pglease or ~/.cache/pglease].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Maven repository to download from [default: Maven Central, repo1.maven.org/maven2].

@@ -72,13 +72,19 @@ async fn a_machine_without_postgresql_still_leases() {
 
 #[tokio::test]
 async fn postgres_fetch_prints_a_bin_dir_and_list_shows_it() {
+    // As root the cache is /var/cache/pglease whatever XDG_CACHE_HOME says: postgres runs
+    // as another OS user, who could not get through /root to the binaries.
     let fetched = binary()
         .args(["postgres", "fetch", "16"])
+        .env("XDG_CACHE_HOME", "/root/.cache")
         .output()
         .expect("run pglease postgres fetch");
     let stderr = String::from_utf8_lossy(&fetched.stderr);
     assert!(fetched.status.success(), "{stderr}");
     let bin_dir = String::from_utf8_lossy(&fetched.stdout).trim().to_owned();
+    if nix::unistd::geteuid().is_root() {
+        assert!(bin_dir.starts_with("/var/cache/pglease/"), "{bin_dir}");
+    }
     assert!(
         std::path::Path::new(&bin_dir).join("postgres").is_file(),
         "{bin_dir:?} {stderr}"

@@ -251,24 +251,24 @@ pub fn list(cache_root: &Path) -> Listing {
     Listing { installed, cached }
 }
 
-/// The default cache root (downloaded binaries, initdb results): `$XDG_CACHE_HOME/pglease`,
-/// else `~/.cache/pglease` for an ordinary user (who cannot write /var/cache), else
-/// `/var/cache/pglease`.
+/// The default cache root (downloaded binaries, initdb results): as root
+/// `/var/cache/pglease` (postgres then runs as another OS user, who must get through every
+/// directory above the binaries, and `/root` lets nobody through); for an ordinary user
+/// `$XDG_CACHE_HOME/pglease`, else `~/.cache/pglease`, else `/var/cache/pglease`.
 pub fn default_cache_root() -> PathBuf {
+    let system = PathBuf::from("/var/cache/pglease");
+    if nix::unistd::geteuid().is_root() {
+        return system;
+    }
     let from_env = |name: &str| {
         std::env::var_os(name)
             .map(PathBuf::from)
             .filter(|path| path.is_absolute())
     };
-    if let Some(xdg) = from_env("XDG_CACHE_HOME") {
-        return xdg.join("pglease");
-    }
-    if !nix::unistd::geteuid().is_root() {
-        if let Some(home) = from_env("HOME") {
-            return home.join(".cache").join("pglease");
-        }
-    }
-    PathBuf::from("/var/cache/pglease")
+    from_env("XDG_CACHE_HOME")
+        .map(|xdg| xdg.join("pglease"))
+        .or_else(|| from_env("HOME").map(|home| home.join(".cache").join("pglease")))
+        .unwrap_or(system)
 }
 
 /// Runs `work` on tokio's blocking pool (it runs processes and walks directories),
