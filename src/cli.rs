@@ -282,6 +282,10 @@ pub struct LeaseArgs {
     /// How long to wait for a database, in milliseconds [default: the daemon's].
     #[arg(long, value_name = "MS")]
     pub wait_ms: Option<u64>,
+    /// The PostgreSQL version the database must be (e.g. 17 or 17.6); a daemon serving
+    /// another refuses at once.
+    #[arg(long, value_name = "VERSION", env = "PGLEASE_LEASE_POSTGRES_VERSION")]
+    pub postgres_version: Option<pglease_binaries::VersionSpec>,
     /// Print the whole lease as JSON (id, url, credentials, expiry) instead of the URL.
     #[arg(long)]
     pub json: bool,
@@ -330,6 +334,10 @@ pub struct RunArgs {
     /// Template to lease from.
     #[arg(long, short = 't', default_value = "default")]
     pub template: String,
+    /// The PostgreSQL version the database must be (e.g. 17 or 17.6); a daemon serving
+    /// another refuses at once.
+    #[arg(long, value_name = "VERSION", env = "PGLEASE_LEASE_POSTGRES_VERSION")]
+    pub postgres_version: Option<pglease_binaries::VersionSpec>,
     #[command(flatten)]
     pub client: ClientArgs,
     /// The command and its arguments.

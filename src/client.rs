@@ -68,8 +68,17 @@ impl Client {
         Err(ClientError(format!("pglease answered {status}: {message}")))
     }
 
-    async fn lease(&self, template: &str, ttl: Option<u64>, wait_ms: Option<u64>) -> Result<Value> {
+    async fn lease(
+        &self,
+        template: &str,
+        ttl: Option<u64>,
+        wait_ms: Option<u64>,
+        postgres_version: Option<pglease_binaries::VersionSpec>,
+    ) -> Result<Value> {
         let mut body = json!({ "template": template });
+        if let Some(version) = postgres_version {
+            body["postgres_version"] = json!(version.to_string());
+        }
         if let Some(ttl) = ttl {
             body["ttl_secs"] = json!(ttl);
         }
@@ -99,7 +108,14 @@ impl Client {
 /// `pglease lease`: prints the URL, or the whole lease with --json.
 pub async fn lease(args: LeaseArgs) -> Result<()> {
     let client = Client::new(&args.client)?;
-    let lease = client.lease(&args.template, args.ttl, args.wait_ms).await?;
+    let lease = client
+        .lease(
+            &args.template,
+            args.ttl,
+            args.wait_ms,
+            args.postgres_version,
+        )
+        .await?;
     if args.json {
         println!("{lease}");
     } else {
@@ -191,7 +207,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let mut signals = crate::signal::ShutdownSignal::install()
         .map_err(|e| ClientError(format!("cannot install signal handlers: {e}")))?;
     let lease = tokio::select! {
-        lease = client.lease(&args.template, None, None) => lease?,
+        lease = client.lease(&args.template, None, None, args.postgres_version) => lease?,
         // Dropping the request is enough: the daemon hands back a database whose requester
         // has gone.
         signal = signals.next() => return Ok(exit_code(128 + signal as i32)),

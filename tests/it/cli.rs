@@ -339,3 +339,41 @@ async fn ready_gives_up_after_its_timeout_and_says_why() {
     assert!(message.contains("not ready after 1 s"), "{message}");
     assert!(message.contains("no pglease daemon answers"), "{message}");
 }
+
+#[tokio::test]
+async fn lease_and_run_pass_the_postgres_version_on() {
+    let daemon = TestDaemon::start().await;
+    let major = daemon.status().await["postgres"]["version"]
+        .as_str()
+        .and_then(|v| v.split('.').next())
+        .expect("version")
+        .to_owned();
+    let other = if major == "17" { "16" } else { "17" };
+    let base = daemon.base.clone();
+    let args = ["lease", "--json", "--postgres-version", &major];
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        output(&args, &base)
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base = daemon.base.clone();
+    let other = other.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        output(&["run", "--postgres-version", &other, "--", "true"], &base)
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("422") && stderr.contains("--postgres-version"),
+        "{stderr}"
+    );
+}
