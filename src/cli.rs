@@ -286,6 +286,9 @@ pub struct LeaseArgs {
     /// another refuses at once.
     #[arg(long, value_name = "VERSION", env = "PGLEASE_LEASE_POSTGRES_VERSION")]
     pub postgres_version: Option<pglease_binaries::VersionSpec>,
+    /// What to call the lease in `/status` and the daemon's log (e.g. the test's name).
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
     /// Print the whole lease as JSON (id, url, credentials, expiry) instead of the URL.
     #[arg(long)]
     pub json: bool,
@@ -338,6 +341,9 @@ pub struct RunArgs {
     /// another refuses at once.
     #[arg(long, value_name = "VERSION", env = "PGLEASE_LEASE_POSTGRES_VERSION")]
     pub postgres_version: Option<pglease_binaries::VersionSpec>,
+    /// What to call the lease in `/status` and the daemon's log (e.g. the test's name).
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
     /// The command and its arguments.

@@ -68,21 +68,18 @@ impl Client {
         Err(ClientError(format!("pglease answered {status}: {message}")))
     }
 
-    async fn lease(
-        &self,
-        template: &str,
-        ttl: Option<u64>,
-        wait_ms: Option<u64>,
-        postgres_version: Option<pglease_binaries::VersionSpec>,
-    ) -> Result<Value> {
+    async fn lease(&self, template: &str, options: LeaseOptions<'_>) -> Result<Value> {
         let mut body = json!({ "template": template });
-        if let Some(version) = postgres_version {
+        if let Some(version) = options.postgres_version {
             body["postgres_version"] = json!(version.to_string());
         }
-        if let Some(ttl) = ttl {
+        if let Some(label) = options.label {
+            body["label"] = json!(label);
+        }
+        if let Some(ttl) = options.ttl {
             body["ttl_secs"] = json!(ttl);
         }
-        if let Some(wait_ms) = wait_ms {
+        if let Some(wait_ms) = options.wait_ms {
             body["wait_ms"] = json!(wait_ms);
         }
         self.call(self.http.post(format!("{}/lease", self.base)).json(&body))
@@ -111,9 +108,12 @@ pub async fn lease(args: LeaseArgs) -> Result<()> {
     let lease = client
         .lease(
             &args.template,
-            args.ttl,
-            args.wait_ms,
-            args.postgres_version,
+            LeaseOptions {
+                ttl: args.ttl,
+                wait_ms: args.wait_ms,
+                postgres_version: args.postgres_version,
+                label: args.label.as_deref(),
+            },
         )
         .await?;
     if args.json {
@@ -207,7 +207,11 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let mut signals = crate::signal::ShutdownSignal::install()
         .map_err(|e| ClientError(format!("cannot install signal handlers: {e}")))?;
     let lease = tokio::select! {
-        lease = client.lease(&args.template, None, None, args.postgres_version) => lease?,
+        lease = client.lease(&args.template, LeaseOptions {
+            postgres_version: args.postgres_version,
+            label: args.label.as_deref(),
+            ..LeaseOptions::default()
+        }) => lease?,
         // Dropping the request is enough: the daemon hands back a database whose requester
         // has gone.
         signal = signals.next() => return Ok(exit_code(128 + signal as i32)),
@@ -320,4 +324,13 @@ async fn keep_renewing(client: Client, id: String) {
 /// An exit code from a status number; numbers beyond 255 become 1.
 fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The optional fields of a `POST /lease` body.
+#[derive(Debug, Default)]
+struct LeaseOptions<'a> {
+    ttl: Option<u64>,
+    wait_ms: Option<u64>,
+    postgres_version: Option<pglease_binaries::VersionSpec>,
+    label: Option<&'a str>,
 }

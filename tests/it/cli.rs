@@ -377,3 +377,26 @@ async fn lease_and_run_pass_the_postgres_version_on() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn lease_label_shows_in_status() {
+    let daemon = TestDaemon::start().await;
+    let base = daemon.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        output(&["lease", "--json", "--label", "suite/test_one"], &base)
+    })
+    .await
+    .expect("join");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json lease");
+    let leases = daemon.status().await["leases"].clone();
+    let listed = leases
+        .as_array()
+        .and_then(|all| all.iter().find(|l| l["id"] == lease["id"]).cloned())
+        .expect("listed");
+    assert_eq!(listed["label"], "suite/test_one");
+}

@@ -239,3 +239,42 @@ async fn a_client_that_gives_up_waiting_does_not_leak_a_database() {
         Some(1)
     );
 }
+
+#[tokio::test]
+async fn a_label_names_the_lease_in_status_and_the_log() {
+    let daemon = TestDaemon::start().await;
+    let label = "tests/test_orders.py::test_refund[postgres-17] ✓";
+    let (status, lease) = daemon.lease(json!({ "label": label })).await;
+    assert_eq!(status, 201, "{lease}");
+    let (status, unlabelled) = daemon.lease(json!({})).await;
+    assert_eq!(status, 201, "{unlabelled}");
+    let listed = daemon.status().await["leases"].clone();
+    let entry = |id: String| {
+        listed
+            .as_array()
+            .and_then(|leases| leases.iter().find(|l| l["id"] == id.as_str()).cloned())
+            .expect("listed")
+    };
+    assert_eq!(entry(id_of(&lease))["label"], label);
+    assert!(entry(id_of(&unlabelled)).get("label").is_none());
+    assert!(
+        daemon
+            .log()
+            .lines()
+            .any(|line| line.contains("lease granted") && line.contains("test_refund")),
+        "{}",
+        daemon.log()
+    );
+    let too_long = "x".repeat(257);
+    for bad in [too_long.as_str(), "two\nlines", "bell\u{7}"] {
+        let (status, body) = daemon.lease(json!({ "label": bad })).await;
+        assert_eq!(status, 422, "{bad:?}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_value", "{body}");
+    }
+    // Nothing was leased for the refused ones; the daemon goes on serving.
+    assert_eq!(
+        daemon.status().await["leases"].as_array().map(Vec::len),
+        Some(2)
+    );
+    daemon.lease_ok("default").await;
+}

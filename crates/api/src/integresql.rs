@@ -184,6 +184,7 @@ async fn test_database(
             // IntegreSQL's clients need not give test databases back.
             reclaimable: true,
             postgres_version: None,
+            label: None,
         })
         .await?;
     Ok(database(&template, Some(lease.number), lease.connect))

@@ -523,6 +523,7 @@ async fn status_renders_the_report_without_credentials() {
             template: TemplateName::default_name(),
             database: DbName::from_server("pglease_abc123_7".into()),
             expires_at: expiry(),
+            label: Some("tests/test_orders.py::test_refund".into()),
         }],
         drops: DropStatus {
             pending: 2,
@@ -608,6 +609,7 @@ async fn status_renders_the_report_without_credentials() {
                     "template": "default",
                     "database": "pglease_abc123_7",
                     "expires_at": "2023-11-14T22:13:20Z",
+                    "label": "tests/test_orders.py::test_refund",
                 },
             ],
             "drops": { "pending": 2, "failed": 1, "last_error": "ERROR: disk full" },

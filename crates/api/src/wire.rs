@@ -24,6 +24,10 @@ pub struct LeaseBody {
     /// daemon serving another answers 422 at once.
     #[schema(pattern = "^[0-9]{1,2}(\\.[0-9]{1,3})?$")]
     pub postgres_version: Option<String>,
+    /// What the holder calls the lease (e.g. the test's name), shown in `/status` and the
+    /// log: at most 256 characters, no control characters.
+    #[schema(max_length = 256)]
+    pub label: Option<String>,
 }
 
 /// `PUT /templates/{name}` body: one of `migrations`, `sql` or `command` (none: empty).
@@ -246,6 +250,9 @@ pub struct LeaseJson {
     pub database: String,
     /// RFC 3339 expiry.
     pub expires_at: String,
+    /// The label its request gave, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// `GET /healthz`.

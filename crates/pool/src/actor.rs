@@ -960,7 +960,7 @@ impl Actor {
         let (template, database) = (lease.template.clone(), lease.connect.database.clone());
         match reply.send(Ok(lease)) {
             Ok(()) => {
-                tracing::info!(template = %template, database = %database, ttl_secs = grant.ttl.as_secs(), "lease granted");
+                tracing::info!(template = %template, database = %database, ttl_secs = grant.ttl.as_secs(), label = grant.label.as_deref().unwrap_or(""), "lease granted");
                 None
             }
             Err(_) => {
@@ -1202,6 +1202,7 @@ impl Actor {
                     template: lease.template,
                     database: lease.database,
                     expires_at: wall_now + lease.expires_at.saturating_duration_since(now),
+                    label: lease.label,
                 })
                 .collect(),
             drops: self.state.drop_status(),

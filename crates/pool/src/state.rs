@@ -105,6 +105,8 @@ pub(crate) struct Grant {
     pub connections: u32,
     /// Its number among the template's leases.
     pub number: u32,
+    /// The request's label.
+    pub label: Option<String>,
 }
 
 /// A finished build, as the actor reports it.

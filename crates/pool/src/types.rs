@@ -24,6 +24,8 @@ pub struct LeaseRequest {
     /// The PostgreSQL version the caller needs; a daemon serving another refuses the
     /// request at once.
     pub postgres_version: Option<pglease_binaries::VersionSpec>,
+    /// What the holder calls it (a test's name), for `/status` and the log.
+    pub label: Option<String>,
 }
 
 /// A database handed to one caller until released or expired.
@@ -211,6 +213,8 @@ pub struct LeaseSummary {
     pub database: DbName,
     /// When it expires.
     pub expires_at: SystemTime,
+    /// The holder's label, if the request gave one.
+    pub label: Option<String>,
 }
 
 /// Answers `/readyz`.

@@ -77,6 +77,7 @@ pub async fn lease(
                 .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
         })
         .transpose()?;
+    let label = body.label.map(validate_label).transpose()?;
     // If the client goes away, axum drops this future and with it the reply receiver:
     // the pool then takes the database back.
     let request = LeaseRequest {
@@ -86,6 +87,7 @@ pub async fn lease(
         connections,
         reclaimable: false,
         postgres_version,
+        label,
     };
     let lease = state.pool.lease(request).await?;
     Ok((StatusCode::CREATED, Json(lease_response(lease))))
@@ -172,4 +174,20 @@ fn lease_response(lease: Lease) -> LeaseResponse {
 /// RFC 3339 in UTC, whole seconds.
 pub(crate) fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
+}
+
+/// Longest label a lease may carry, in characters.
+const MAX_LABEL_CHARS: usize = 256;
+
+/// A lease's label: short, printable text (it goes into logs and `/status`).
+fn validate_label(label: String) -> Result<String, ApiError> {
+    if label.chars().count() > MAX_LABEL_CHARS {
+        return Err(ApiError::invalid(format!(
+            "label is longer than {MAX_LABEL_CHARS} characters"
+        )));
+    }
+    if label.chars().any(char::is_control) {
+        return Err(ApiError::invalid("label contains control characters"));
+    }
+    Ok(label)
 }

@@ -53,6 +53,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
                 template: l.template.to_string(),
                 database: l.database.to_string(),
                 expires_at: rfc3339(l.expires_at),
+                label: l.label,
             })
             .collect(),
         drops: DropsJson {

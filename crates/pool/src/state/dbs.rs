@@ -78,6 +78,8 @@ pub(super) struct LeaseRecord {
     pub number: u32,
     /// May be ended to make room (IntegreSQL test databases).
     pub reclaimable: bool,
+    /// The request's label.
+    pub label: Option<String>,
     pub granted_at: Instant,
     /// The request it was granted to, while its own connection limit is being set and it
     /// has not been handed over yet.

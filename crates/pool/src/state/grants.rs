@@ -61,6 +61,7 @@ impl PoolState {
             ttl,
             connections,
             reclaimable: request.reclaimable,
+            label: request.label.clone(),
             enqueued: now,
             deadline: now + request.wait,
         });
@@ -192,6 +193,7 @@ impl PoolState {
                 ttl: waiter.ttl,
                 connections: waiter.connections,
                 number,
+                label: waiter.label.clone(),
             };
             if custom_limit {
                 actions.push(Action::SetLimit {
@@ -213,6 +215,7 @@ impl PoolState {
                     connections: waiter.connections,
                     number,
                     reclaimable: waiter.reclaimable,
+                    label: waiter.label.clone(),
                     granted_at: now,
                     pending: custom_limit.then_some(waiter),
                 }));
@@ -278,6 +281,7 @@ impl PoolState {
                     ttl: waiter.ttl,
                     connections: record.connections,
                     number: record.number,
+                    label: record.label.clone(),
                 };
                 actions.push(Action::Grant {
                     waiter: waiter.id,

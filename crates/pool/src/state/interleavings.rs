@@ -373,6 +373,7 @@ impl World {
                     // The IntegreSQL API asks for client-built templates.
                     reclaimable: index >= CONFIGURED,
                     postgres_version: None,
+                    label: None,
                 };
                 let actions = self
                     .state

@@ -81,6 +81,8 @@ pub(super) struct Waiter {
     pub ttl: Duration,
     pub connections: u32,
     pub reclaimable: bool,
+    /// The request's label, carried to its lease.
+    pub label: Option<String>,
     pub enqueued: Instant,
     pub deadline: Instant,
 }

@@ -16,6 +16,7 @@ pub(crate) struct OpenLease {
     pub template: TemplateName,
     pub database: DbName,
     pub expires_at: Instant,
+    pub label: Option<String>,
 }
 
 impl PoolState {
@@ -103,6 +104,7 @@ impl PoolState {
                     .unwrap_or_else(TemplateName::default_name),
                 database: database.clone(),
                 expires_at: record.expires_at,
+                label: record.label.clone(),
             })
             .collect();
         list.sort_by_key(|lease| lease.expires_at);

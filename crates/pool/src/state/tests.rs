@@ -48,6 +48,7 @@ fn request(template: &str, wait_ms: u64) -> LeaseRequest {
         connections: None,
         reclaimable: false,
         postgres_version: None,
+        label: None,
     }
 }
 
@@ -625,6 +626,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
         connections: Some(connections),
         reclaimable: false,
         postgres_version: None,
+        label: None,
     };
     let granted = |actions: &[Action], waiter| {
         actions
@@ -756,6 +758,7 @@ fn test_request(hash: &str) -> LeaseRequest {
     LeaseRequest {
         reclaimable: true,
         postgres_version: None,
+        label: None,
         ..request(hash, 60_000)
     }
 }
