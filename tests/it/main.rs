@@ -18,6 +18,7 @@ mod fuzz;
 mod integresql;
 mod leases;
 mod majors;
+mod metrics;
 mod privileges;
 mod register;
 mod security;

@@ -22,6 +22,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// The machine-readable code (`timeout`, `unknown_template`, …).
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
     /// 400: the request cannot be parsed.
     pub fn malformed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "malformed_request", message)
@@ -30,6 +35,11 @@ impl ApiError {
     /// 422: the request parses but a value is not acceptable.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_value", message)
+    }
+
+    /// 500: the daemon failed at something that should not fail.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
     /// 413: the body is over the limit.

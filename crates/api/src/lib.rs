@@ -31,6 +31,7 @@ use pglease_pool::PoolHandle;
 
 pub mod error;
 pub mod integresql;
+mod metrics;
 pub mod openapi;
 mod routes;
 pub mod wire;
@@ -103,6 +104,7 @@ impl std::fmt::Debug for Token {
 pub struct AppState {
     pool: PoolHandle,
     config: ApiConfig,
+    metrics: metrics::Metrics,
     shutting_down: Arc<AtomicBool>,
 }
 
@@ -112,6 +114,7 @@ impl AppState {
         AppState {
             pool,
             config,
+            metrics: metrics::Metrics::new(),
             shutting_down: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -142,6 +145,7 @@ pub fn router(state: AppState) -> Router {
             post(routes::templates::rebuild),
         )
         .route("/status", get(routes::status::status))
+        .route("/metrics", get(routes::status::metrics))
         .route("/healthz", get(routes::status::healthz))
         .route("/readyz", get(routes::status::readyz))
         .route("/openapi.json", get(openapi::document))

@@ -20,6 +20,7 @@ use crate::wire;
         leases::release,
         leases::renew,
         status::status,
+        status::metrics,
         status::healthz,
         status::readyz,
         templates::list,

@@ -539,6 +539,7 @@ async fn status_renders_the_report_without_credentials() {
             },
             reclaimed: 1,
             abandoned: 0,
+            expired: 3,
         },
     };
     let (app, mut actor) = app();
@@ -619,6 +620,7 @@ async fn status_renders_the_report_without_credentials() {
                 "refused": { "connection_budget": 2, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0 },
                 "reclaimed": 1,
                 "abandoned": 0,
+                "expired": 3,
             },
         })
     );

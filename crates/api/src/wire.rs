@@ -149,6 +149,8 @@ pub struct LimitsJson {
     pub reclaimed: u64,
     /// Client-built templates discarded because no finalize came in time.
     pub abandoned: u64,
+    /// Leases ended by their time to live since the start.
+    pub expired: u64,
 }
 
 /// Requests refused or timed out, by limit.

@@ -147,6 +147,8 @@ pub(crate) struct PoolState {
     /// Reclaimable leases ended to make room, and abandoned client templates discarded.
     reclaimed: u64,
     abandoned: u64,
+    /// Leases ended by their time to live since the start.
+    expired: u64,
 }
 
 impl PoolState {
@@ -178,6 +180,7 @@ impl PoolState {
             connection_budget: 0,
             refused: Default::default(),
             reclaimed: 0,
+            expired: 0,
             abandoned: 0,
         }
     }

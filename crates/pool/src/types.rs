@@ -113,6 +113,8 @@ pub struct LimitStatus {
     pub reclaimed: u64,
     /// Client-built templates discarded because no finalize came in time.
     pub abandoned: u64,
+    /// Leases ended by their time to live.
+    pub expired: u64,
 }
 
 /// Requests refused or timed out, by the limit that stopped them.

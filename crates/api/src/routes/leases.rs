@@ -89,8 +89,11 @@ pub async fn lease(
         postgres_version,
         label,
     };
-    let lease = state.pool.lease(request).await?;
-    Ok((StatusCode::CREATED, Json(lease_response(lease))))
+    let started = std::time::Instant::now();
+    let answer = state.pool.lease(request).await.map_err(ApiError::from);
+    let outcome = answer.as_ref().map_or_else(ApiError::code, |_| "granted");
+    state.metrics.lease_answered(outcome, started.elapsed());
+    Ok((StatusCode::CREATED, Json(lease_response(answer?))))
 }
 
 /// `DELETE /leases/{id}[?reuse=true]` → 204.
@@ -111,7 +114,9 @@ pub async fn release(
 ) -> Result<StatusCode, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::malformed(e.body_text()))?;
     let id = LeaseId::parse(&id).ok_or_else(|| ApiError::lease_not_found(&id))?;
-    state.pool.release(id, query.reuse.unwrap_or(false)).await?;
+    let reuse = query.reuse.unwrap_or(false);
+    state.pool.release(id, reuse).await?;
+    state.metrics.released(reuse);
     Ok(StatusCode::NO_CONTENT)
 }
 

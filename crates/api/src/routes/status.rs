@@ -1,7 +1,8 @@
 //! `GET /status`, `/healthz`, `/readyz`: read-only views of the pool.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
 use axum::Json;
 
 use super::leases::rfc3339;
@@ -73,8 +74,28 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
             },
             reclaimed: report.limits.reclaimed,
             abandoned: report.limits.abandoned,
+            expired: report.limits.expired,
         },
     }))
+}
+
+/// `GET /metrics`: the pool in the OpenMetrics text format (Prometheus scrapes it).
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+    (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 503, description = "Stopping", body = ErrorBody),
+))]
+pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let report = state
+        .pool
+        .status()
+        .await
+        .ok_or_else(ApiError::shutting_down)?;
+    let text = state
+        .metrics
+        .render(&report)
+        .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }
 
 /// `GET /healthz`: the daemon answers.

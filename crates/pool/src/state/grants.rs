@@ -422,6 +422,7 @@ impl PoolState {
             .collect();
         for (database, template, id) in expired {
             tracing::info!(lease_id = %id, database = %database, "lease expired; dropping its database");
+            self.expired += 1;
             self.dbs.queue_drop(database, template.as_ref(), 0);
         }
         self.dbs.retry_failed_drops(now);

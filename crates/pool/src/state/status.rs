@@ -49,6 +49,7 @@ impl PoolState {
             refused: self.refused.clone(),
             reclaimed: self.reclaimed,
             abandoned: self.abandoned,
+            expired: self.expired,
         }
     }
 
