@@ -19,6 +19,18 @@ fn output(args: &[&str], server: &str) -> std::process::Output {
         .expect("run pglease")
 }
 
+/// [`output`] against `daemon`, off the async runtime.
+async fn output_of(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
+    let base = daemon.base.clone();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        output(&args, &base)
+    })
+    .await
+    .expect("join")
+}
+
 #[tokio::test]
 async fn lease_prints_a_url_and_release_ends_it() {
     let daemon = TestDaemon::start().await;
@@ -349,27 +361,10 @@ async fn lease_and_run_pass_the_postgres_version_on() {
         .expect("version")
         .to_owned();
     let other = if major == "17" { "16" } else { "17" };
-    let base = daemon.base.clone();
-    let args = ["lease", "--json", "--postgres-version", &major];
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let out = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        output(&args, &base)
-    })
-    .await
-    .expect("join");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let base = daemon.base.clone();
-    let other = other.to_owned();
-    let out = tokio::task::spawn_blocking(move || {
-        output(&["run", "--postgres-version", &other, "--", "true"], &base)
-    })
-    .await
-    .expect("join");
+    let out = output_of(&daemon, &["lease", "--json", "--postgres-version", &major]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let out = output_of(&daemon, &["run", "--postgres-version", other, "--", "true"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -381,12 +376,7 @@ async fn lease_and_run_pass_the_postgres_version_on() {
 #[tokio::test]
 async fn lease_label_shows_in_status() {
     let daemon = TestDaemon::start().await;
-    let base = daemon.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        output(&["lease", "--json", "--label", "suite/test_one"], &base)
-    })
-    .await
-    .expect("join");
+    let out = output_of(&daemon, &["lease", "--json", "--label", "suite/test_one"]).await;
     assert!(
         out.status.success(),
         "{}",
