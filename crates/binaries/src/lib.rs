@@ -30,7 +30,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use error::BinariesError;
-pub use version::{VersionSpec, VersionSpecError, DEFAULT_MAJOR, SUPPORTED_MAJORS};
+pub use version::{
+    parse_version_number, VersionSpec, VersionSpecError, DEFAULT_MAJOR, SUPPORTED_MAJORS,
+};
 
 use cache::Platform;
 use installed::{Places, Server};

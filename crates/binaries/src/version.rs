@@ -105,7 +105,12 @@ impl FromStr for VersionSpec {
 /// gives (9, Some(6)), which no supported major matches anyway.
 pub(crate) fn parse_server_version(output: &str) -> Option<(u32, Option<u32>)> {
     let (_, rest) = output.split_once("(PostgreSQL)")?;
-    let rest = rest.trim_start();
+    parse_version_number(rest.trim_start())
+}
+
+/// The major and minor of a version number as a server shows it in its `server_version`
+/// setting: "15.18 (Debian 15.18-0+deb12u1)" → (15, Some(18)), "18beta1" → (18, None).
+pub fn parse_version_number(rest: &str) -> Option<(u32, Option<u32>)> {
     let digits = |text: &str| -> Option<u32> {
         let end = text
             .find(|c: char| !c.is_ascii_digit())

@@ -358,13 +358,6 @@ async fn open_session(
     Ok((session, monitor))
 }
 
-/// The minor of a `server_version` such as "15.18 (Debian 15.18-0+deb12u1)" or "18.6"; None
-/// for a pre-release ("18beta1").
-fn minor_of(server_version: &str) -> Option<u32> {
-    let number = server_version.split_whitespace().next()?;
-    number.split('.').nth(1)?.parse().ok()
-}
-
 /// How long a server that refuses connections for a moment ([`is_transient`]) is waited for.
 const TRANSIENT_CONNECT_WAIT: Duration = Duration::from_secs(30);
 /// Pause between those attempts.
@@ -1017,7 +1010,9 @@ impl Actor {
     /// template that arrive meanwhile wait for the same check.
     fn lease(&mut self, request: LeaseRequest, reply: LeaseReply) {
         if let (Some(asked), Some(session)) = (request.postgres_version, &self.session) {
-            if !asked.matches(session.pg_major, minor_of(&session.version)) {
+            let minor = pglease_binaries::parse_version_number(&session.version)
+                .and_then(|(_, minor)| minor);
+            if !asked.matches(session.pg_major, minor) {
                 let _ = reply.send(Err(LeaseError::VersionNotServed {
                     asked: asked.to_string(),
                     serving: session.version.clone(),
