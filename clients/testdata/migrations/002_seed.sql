@@ -1,0 +1,2 @@
+-- Every fresh database starts with these two customers and no orders.
+INSERT INTO customers (name) VALUES ('alice'), ('bob');
