@@ -107,7 +107,7 @@ pub struct ServeArgs {
     /// past that the template is discarded as abandoned [default: 900].
     #[arg(long, value_name = "SECS")]
     pub initialize_timeout: Option<u64>,
-    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty. Repeatable.
+    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
     /// Ready clones kept warm per template [default: 4].
@@ -428,6 +428,9 @@ struct TemplateFile {
     /// it, a template runs as a role that can do what its objects' owner can, no more.
     #[serde(default)]
     superuser: bool,
+    /// The PostgreSQL version it needs when not the daemon's own (`16` or `"16.4"`): it
+    /// then lives on a server of that major, started when first needed.
+    postgres_version: Option<toml::Value>,
 }
 
 /// The config file.
@@ -553,6 +556,12 @@ impl ServeArgs {
         }
         let mut templates = Vec::new();
         for (name, source) in &file.templates {
+            let version = source
+                .postgres_version
+                .as_ref()
+                .map(file_version)
+                .transpose()
+                .map_err(|e| format!("template {name:?}: {e}"))?;
             if source.command.is_none()
                 && (source.workdir.is_some()
                     || !source.watch.is_empty()
@@ -597,12 +606,12 @@ impl ServeArgs {
             } else {
                 plain
             };
-            push_template(&mut templates, name, source)?;
+            push_template(&mut templates, name, source, version)?;
         }
         for spec in &self.templates {
-            let (name, source) = parse_template_flag(spec)?;
+            let (name, version, source) = parse_template_flag(spec)?;
             templates.retain(|t: &TemplateConfig| t.name.as_str() != name);
-            push_template(&mut templates, name, source)?;
+            push_template(&mut templates, name, source, version)?;
         }
         let postgres = file.postgres;
         let server = match self.postgres_url.or(postgres.url) {
@@ -769,13 +778,25 @@ fn push_template(
     templates: &mut Vec<TemplateConfig>,
     name: &str,
     source: TemplateSource,
+    postgres_version: Option<pglease_binaries::VersionSpec>,
 ) -> Result<(), String> {
     let name = TemplateName::new(name).map_err(|e| e.to_string())?;
     if name == TemplateName::default_name() && source != TemplateSource::Empty {
         // Clients rely on `default` being an empty database.
         return Err("the template name \"default\" is reserved for the empty template".into());
     }
-    templates.push(TemplateConfig { name, source });
+    if name == TemplateName::default_name() && postgres_version.is_some() {
+        return Err(
+            "the template \"default\" exists on every server; lease it with \
+                    {\"postgres_version\": …} instead of naming a version for it"
+                .into(),
+        );
+    }
+    templates.push(TemplateConfig {
+        name,
+        source,
+        postgres_version,
+    });
     Ok(())
 }
 
@@ -788,12 +809,24 @@ fn command_timeout(secs: Option<u64>) -> Result<Duration, String> {
     }
 }
 
-/// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=command:CMD`, `NAME=empty`.
-fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
+/// `NAME=migrations:DIR`, `NAME=sql:FILE`, `NAME=command:CMD`, `NAME=empty`; `NAME@16=…`
+/// puts the template on a PostgreSQL 16 server.
+fn parse_template_flag(
+    spec: &str,
+) -> Result<(&str, Option<pglease_binaries::VersionSpec>, TemplateSource), String> {
     let usage = || {
-        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty")
+        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty (NAME@16=… for a PostgreSQL 16 server)")
     };
     let (name, source) = spec.split_once('=').ok_or_else(usage)?;
+    let (name, version) = match name.split_once('@') {
+        Some((name, version)) => {
+            let version = version
+                .parse()
+                .map_err(|e| format!("--template {spec:?}: {e}"))?;
+            (name, Some(version))
+        }
+        None => (name, None),
+    };
     let source = match source.split_once(':') {
         Some(("migrations", dir)) if !dir.is_empty() => {
             TemplateSource::Migrations(absolute(Path::new(dir))?)
@@ -814,7 +847,7 @@ fn parse_template_flag(spec: &str) -> Result<(&str, TemplateSource), String> {
         None if source == "empty" => TemplateSource::Empty,
         _ => return Err(usage()),
     };
-    Ok((name, source))
+    Ok((name, version, source))
 }
 
 /// Sources are resolved against the current directory now, so the daemon's own working

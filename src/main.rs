@@ -75,7 +75,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         Ok(listeners) => listeners,
         Err(()) => return Ok(ExitCode::FAILURE),
     };
-    let (pool, mut pool_task) = match pglease_pool::start(config.pool).await {
+    let (servers, mut pool_task) = match pglease_pool::Servers::start(config.pool).await {
         Ok(started) => started,
         Err(error) => {
             tracing::error!("cannot start: {error}");
@@ -86,8 +86,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         Some(_) => " -H \"Authorization: Bearer $PGLEASE_TOKEN\"",
         None => "",
     };
-    let state = pglease_api::AppState::new(pool.clone(), config.api);
-    systemd::spawn(pool.clone());
+    let state = pglease_api::AppState::new(servers.clone(), config.api);
+    systemd::spawn(servers.primary().clone());
     let stop_http = tokio_util::sync::CancellationToken::new();
     let address = listener
         .local_addr()
@@ -118,7 +118,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     state.begin_shutdown();
     stop_http.cancel();
     let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        pool.shutdown().await;
+        servers.shutdown().await;
         let _ = pool_task.await;
         let _ = server.await;
         if let Some(integresql_server) = integresql_server {

@@ -485,3 +485,67 @@ fn a_postgres_version_with_an_external_server_is_refused() {
     .expect_err("refused");
     assert!(error.contains("give one or the other"), "{error}");
 }
+
+#[test]
+fn a_template_names_its_postgres_version_in_the_flag_or_the_config_file() {
+    use pglease_binaries::VersionSpec;
+    let versions = |config: &ServeConfig| -> Vec<(String, Option<VersionSpec>)> {
+        config
+            .pool
+            .templates
+            .iter()
+            .map(|t| (t.name.to_string(), t.postgres_version))
+            .collect()
+    };
+    let config = serve_args(&["--template", "old=empty", "--template", "new@18=empty"])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        versions(&config),
+        [
+            ("old".to_owned(), None),
+            ("new".to_owned(), Some(VersionSpec::Major(18)))
+        ]
+    );
+    let error = serve_args(&["--template", "new@12=empty"])
+        .into_config()
+        .expect_err("12 is not supported");
+    assert!(error.contains("13 to 18"), "{error}");
+    let error = serve_args(&["--template", "default@16=empty"])
+        .into_config()
+        .expect_err("default is on every server");
+    assert!(error.contains("exists on every server"), "{error}");
+
+    let dir = std::env::temp_dir().join(format!("pglease-cli-tversion-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    std::fs::write(
+        &file,
+        "[templates.app16]\npostgres_version = 16\n\n[templates.app17]\npostgres_version = \"17.6\"\n",
+    )
+    .expect("write");
+    let config = serve_args(&["--config", file.to_str().expect("utf8")])
+        .into_config()
+        .expect("valid");
+    let mut found = versions(&config);
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        found,
+        [
+            ("app16".to_owned(), Some(VersionSpec::Major(16))),
+            (
+                "app17".to_owned(),
+                Some(VersionSpec::Exact {
+                    major: 17,
+                    minor: 6
+                })
+            )
+        ]
+    );
+    std::fs::write(&file, "[templates.app]\npostgres_version = 16.4\n").expect("write");
+    let error = serve_args(&["--config", file.to_str().expect("utf8")])
+        .into_config()
+        .expect_err("a float");
+    assert!(error.contains("template \"app\""), "{error}");
+    let _ = std::fs::remove_dir_all(dir);
+}

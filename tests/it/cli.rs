@@ -354,7 +354,10 @@ async fn ready_gives_up_after_its_timeout_and_says_why() {
 
 #[tokio::test]
 async fn lease_and_run_pass_the_postgres_version_on() {
-    let daemon = TestDaemon::start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--template", "app=empty"])
+        .start()
+        .await;
     let major = daemon.status().await["postgres"]["version"]
         .as_str()
         .and_then(|v| v.split('.').next())
@@ -364,11 +367,24 @@ async fn lease_and_run_pass_the_postgres_version_on() {
     let out = output_of(&daemon, &["lease", "--json", "--postgres-version", &major]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let out = output_of(&daemon, &["run", "--postgres-version", other, "--", "true"]).await;
+    // `app` lives on the primary server: another version cannot have it.
+    let out = output_of(
+        &daemon,
+        &[
+            "run",
+            "--template",
+            "app",
+            "--postgres-version",
+            other,
+            "--",
+            "true",
+        ],
+    )
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("422") && stderr.contains("--postgres-version"),
+        stderr.contains("422") && stderr.contains(&format!("asks for {other}")),
         "{stderr}"
     );
 }

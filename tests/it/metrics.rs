@@ -59,11 +59,15 @@ async fn metrics_follow_leases_releases_refusals_and_expiry() {
         Some(1.0),
         "{text}"
     );
-    let leased = daemon.status().await["templates"][0]["leased"].as_f64();
+    let status = daemon.status().await;
+    let leased = status["templates"][0]["leased"].as_f64();
+    let major = status["servers"][0]["major"].clone();
     assert_eq!(
         sample(
             &text,
-            r#"pglease_databases{template="default",state="leased"}"#
+            &format!(
+                r#"pglease_databases{{template="default",postgres="{major}",state="leased"}}"#
+            )
         ),
         leased,
         "{text}"

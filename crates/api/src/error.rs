@@ -163,6 +163,9 @@ impl From<LeaseError> for ApiError {
             LeaseError::ClientBuilt(_) => {
                 Self::new(StatusCode::CONFLICT, "client_built_template", message)
             }
+            LeaseError::OnOtherServer { .. } => {
+                Self::new(StatusCode::CONFLICT, "template_on_other_server", message)
+            }
             LeaseError::VersionNotServed { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "postgres_version_not_served",

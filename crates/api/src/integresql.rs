@@ -141,7 +141,7 @@ async fn initialize(
         Some(hash) => TemplateName::new(hash)
             .map_err(|e| CompatError::new(StatusCode::BAD_REQUEST, format!("invalid hash: {e}")))?,
     };
-    let connect = state.pool.initialize(hash.clone()).await?;
+    let connect = state.pool.primary().initialize(hash.clone()).await?;
     Ok(database(&hash, None, connect))
 }
 
@@ -151,7 +151,7 @@ async fn finalize(
     Path(hash): Path<String>,
 ) -> Result<StatusCode, CompatError> {
     refuse_when_stopping(&state)?;
-    state.pool.finalize(known_hash(&hash)?).await?;
+    state.pool.primary().finalize(known_hash(&hash)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -161,7 +161,7 @@ async fn discard(
     Path(hash): Path<String>,
 ) -> Result<StatusCode, CompatError> {
     refuse_when_stopping(&state)?;
-    state.pool.discard(known_hash(&hash)?).await?;
+    state.pool.primary().discard(known_hash(&hash)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -176,6 +176,7 @@ async fn test_database(
     // If the client goes away, axum drops this future; the pool takes the database back.
     let lease = state
         .pool
+        .primary()
         .lease(LeaseRequest {
             template: template.clone(),
             ttl: None,
@@ -218,6 +219,7 @@ async fn give_back(
         .map_err(|_| CompatError::new(StatusCode::BAD_REQUEST, "invalid test database ID"))?;
     state
         .pool
+        .primary()
         .give_back(known_hash(hash)?, number, recreate)
         .await?;
     Ok(StatusCode::NO_CONTENT)
@@ -226,7 +228,7 @@ async fn give_back(
 /// `DELETE /admin/templates` → 204.
 async fn reset(State(state): State<AppState>) -> Result<StatusCode, CompatError> {
     refuse_when_stopping(&state)?;
-    state.pool.discard_all_client_built().await?;
+    state.pool.primary().discard_all_client_built().await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

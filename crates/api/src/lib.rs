@@ -1,5 +1,5 @@
 //! pglease-api: the HTTP JSON API over the pool (axum). It validates requests into pool
-//! requests, calls the [`PoolHandle`], and turns pool errors into JSON errors. It runs no
+//! requests, calls the pools ([`Servers`]), and turns pool errors into JSON errors. It runs no
 //! SQL and spawns no processes.
 //!
 //! Routes:
@@ -27,7 +27,7 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use pglease_pool::PoolHandle;
+use pglease_pool::Servers;
 
 pub mod error;
 pub mod integresql;
@@ -102,15 +102,15 @@ impl std::fmt::Debug for Token {
 /// Shared by every handler.
 #[derive(Debug, Clone)]
 pub struct AppState {
-    pool: PoolHandle,
+    pool: Servers,
     config: ApiConfig,
     metrics: metrics::Metrics,
     shutting_down: Arc<AtomicBool>,
 }
 
 impl AppState {
-    /// State for a router over `pool`.
-    pub fn new(pool: PoolHandle, config: ApiConfig) -> Self {
+    /// State for a router over the daemon's servers.
+    pub fn new(pool: Servers, config: ApiConfig) -> Self {
         AppState {
             pool,
             config,

@@ -35,11 +35,14 @@ struct ReuseLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TemplateLabel {
     template: String,
+    /// The major of the server the template lives on (`default` is on every server).
+    postgres: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DatabaseLabel {
     template: String,
+    postgres: String,
     /// `ready`, `leased` or `making`.
     state: &'static str,
 }
@@ -115,6 +118,11 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
     let size = Family::<TemplateLabel, Gauge>::default();
     for template in &report.templates {
         let name = template.name.to_string();
+        let postgres = template
+            .postgres_version
+            .as_deref()
+            .and_then(pglease_pool::parse_version_number)
+            .map_or_else(String::new, |(major, _)| major.to_string());
         for (state, count) in [
             ("ready", template.ready),
             ("leased", template.leased),
@@ -123,11 +131,15 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
             databases
                 .get_or_create(&DatabaseLabel {
                     template: name.clone(),
+                    postgres: postgres.clone(),
                     state,
                 })
                 .set(gauge_value(count as u64));
         }
-        let label = TemplateLabel { template: name };
+        let label = TemplateLabel {
+            template: name,
+            postgres,
+        };
         waiting
             .get_or_create(&label)
             .set(gauge_value(template.waiting as u64));

@@ -37,6 +37,7 @@ use crate::wire;
         wire::ErrorBody,
         wire::ErrorDetail,
         wire::StatusResponse,
+        wire::ServerJson,
         wire::PostgresJson,
         wire::TemplateJson,
         wire::LeaseJson,

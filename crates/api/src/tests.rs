@@ -13,7 +13,8 @@ use http_body_util::BodyExt;
 use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
 use pglease_pool::{
     ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary,
-    LimitStatus, PostgresStatus, Readiness, Refusals, StatusReport, TemplateName, TemplateStatus,
+    LimitStatus, PostgresStatus, Readiness, Refusals, Servers, StatusReport, TemplateName,
+    TemplateStatus,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -29,7 +30,13 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// A router over a fresh fake pool, and the fake.
 fn app() -> (Router, FakeActor) {
     let (handle, actor) = fake_pool();
-    (router(AppState::new(handle, ApiConfig::default())), actor)
+    (
+        router(AppState::new(
+            Servers::single(handle, 16, "16.4"),
+            ApiConfig::default(),
+        )),
+        actor,
+    )
 }
 
 fn request(method: &str, uri: &str, body: &str) -> Request<Body> {
@@ -501,6 +508,7 @@ async fn status_renders_the_report_without_credentials() {
                 waiting: 0,
                 blocked_by: None,
                 last_error: None,
+                postgres_version: None,
             },
             TemplateStatus {
                 name: template("app"),
@@ -516,6 +524,7 @@ async fn status_renders_the_report_without_credentials() {
                 waiting: 3,
                 blocked_by: Some("making"),
                 last_error: Some("schema.sql line 3: syntax error".into()),
+                postgres_version: None,
             },
         ],
         leases: vec![LeaseSummary {
@@ -541,6 +550,7 @@ async fn status_renders_the_report_without_credentials() {
             abandoned: 0,
             expired: 3,
         },
+        servers: Vec::new(),
     };
     let (app, mut actor) = app();
     let response = exchange(
@@ -556,22 +566,32 @@ async fn status_renders_the_report_without_credentials() {
     let (status, headers, body) = read(response).await;
     assert_eq!(status, StatusCode::OK);
     assert_json(&headers);
+    let postgres = json!({
+        "state": "running",
+        "external": false,
+        "version": "16.4",
+        "pid": 4242,
+        "data_dir": "/dev/shm/pglease-abc123",
+        "host": "127.0.0.1",
+        "port": 54321,
+        "settings": { "fsync": "off", "synchronous_commit": "off" },
+        "restarts": 1,
+        "last_error": "postgres exited (signal 9)",
+        "admin_timeouts": 2,
+    });
+    let drops = json!({ "pending": 2, "failed": 1, "last_error": "ERROR: disk full" });
+    let limits = json!({
+        "connection_budget": 350,
+        "connections_in_use": 10,
+        "refused": { "connection_budget": 2, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0 },
+        "reclaimed": 1,
+        "abandoned": 0,
+        "expired": 3,
+    });
     assert_eq!(
         body,
         json!({
-            "postgres": {
-                "state": "running",
-                "external": false,
-                "version": "16.4",
-                "pid": 4242,
-                "data_dir": "/dev/shm/pglease-abc123",
-                "host": "127.0.0.1",
-                "port": 54321,
-                "settings": { "fsync": "off", "synchronous_commit": "off" },
-                "restarts": 1,
-                "last_error": "postgres exited (signal 9)",
-                "admin_timeouts": 2,
-            },
+            "postgres": postgres,
             "templates": [
                 {
                     "name": "default",
@@ -587,6 +607,7 @@ async fn status_renders_the_report_without_credentials() {
                     "waiting": 0,
                     "blocked_by": null,
                     "last_error": null,
+                    "postgres_version": "16.4",
                 },
                 {
                     "name": "app",
@@ -602,6 +623,7 @@ async fn status_renders_the_report_without_credentials() {
                     "waiting": 3,
                     "blocked_by": "making",
                     "last_error": "schema.sql line 3: syntax error",
+                    "postgres_version": "16.4",
                 },
             ],
             "leases": [
@@ -613,15 +635,15 @@ async fn status_renders_the_report_without_credentials() {
                     "label": "tests/test_orders.py::test_refund",
                 },
             ],
-            "drops": { "pending": 2, "failed": 1, "last_error": "ERROR: disk full" },
-            "limits": {
-                "connection_budget": 350,
-                "connections_in_use": 10,
-                "refused": { "connection_budget": 2, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0 },
-                "reclaimed": 1,
-                "abandoned": 0,
-                "expired": 3,
-            },
+            "drops": drops,
+            "limits": limits,
+            "servers": [{
+                "major": 16,
+                "postgres": postgres,
+                "templates": ["default", "app"],
+                "drops": drops,
+                "limits": limits,
+            }],
         })
     );
     assert!(
@@ -633,7 +655,7 @@ async fn status_renders_the_report_without_credentials() {
 #[tokio::test]
 async fn lease_after_begin_shutdown_is_503_without_asking_the_pool() {
     let (handle, mut actor) = fake_pool();
-    let state = AppState::new(handle, ApiConfig::default());
+    let state = AppState::new(Servers::single(handle, 16, "16.4"), ApiConfig::default());
     let app = router(state.clone());
     state.begin_shutdown();
     let (status, headers, body) = read(send(&app, request("POST", "/lease", "")).await).await;

@@ -52,6 +52,10 @@ pub struct TemplateBody {
     /// can run programs as the server's OS user).
     #[serde(default)]
     pub superuser: bool,
+    /// The PostgreSQL version the template needs ("16" or "16.4"): it lives on a server of
+    /// that major, started when first needed. Default: where it lives now, else the primary.
+    #[schema(value_type = Option<String>, example = "16")]
+    pub postgres_version: Option<String>,
 }
 
 /// `POST /leases/{id}/renew` body.
@@ -133,6 +137,24 @@ pub struct StatusResponse {
     /// Databases on their way out.
     pub drops: DropsJson,
     /// The limits requests meet.
+    pub limits: LimitsJson,
+    /// Every PostgreSQL server of the daemon, the primary first. `postgres`, `drops` and
+    /// `limits` above are the primary's; `templates` and `leases` above are every server's.
+    pub servers: Vec<ServerJson>,
+}
+
+/// One PostgreSQL server of the daemon, in `/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ServerJson {
+    /// Its major version.
+    pub major: u32,
+    /// The server.
+    pub postgres: PostgresJson,
+    /// The names of the templates that live on it.
+    pub templates: Vec<String>,
+    /// Its databases on their way out.
+    pub drops: DropsJson,
+    /// The limits its requests meet.
     pub limits: LimitsJson,
 }
 
@@ -239,6 +261,8 @@ pub struct TemplateJson {
     pub blocked_by: Option<&'static str>,
     /// Last build or clone error.
     pub last_error: Option<String>,
+    /// The version of the PostgreSQL server it lives on (`server_version`).
+    pub postgres_version: Option<String>,
 }
 
 /// A lease in `/status` (no credentials).

@@ -192,6 +192,7 @@ pub async fn start(
             TemplateConfig {
                 name: TemplateName::default_name(),
                 source: TemplateSource::Empty,
+                postgres_version: None,
             },
         );
     }
@@ -1014,6 +1015,7 @@ impl Actor {
                 .and_then(|(_, minor)| minor);
             if !asked.matches(session.pg_major, minor) {
                 let _ = reply.send(Err(LeaseError::VersionNotServed {
+                    template: request.template.clone(),
                     asked: asked.to_string(),
                     serving: session.version.clone(),
                 }));
@@ -1202,6 +1204,7 @@ impl Actor {
                 .collect(),
             drops: self.state.drop_status(),
             limits: self.state.limit_status(),
+            servers: Vec::new(),
         }
     }
 

@@ -129,6 +129,9 @@ pub struct TemplateConfig {
     pub name: TemplateName,
     /// What builds it.
     pub source: TemplateSource,
+    /// The PostgreSQL version it needs, when not the primary server's: it then lives on a
+    /// server of that major, started when first needed (see [`crate::Servers`]).
+    pub postgres_version: Option<VersionSpec>,
 }
 
 /// What a template database is built from.

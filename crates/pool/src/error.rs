@@ -152,6 +152,31 @@ pub enum StartError {
         /// The driver's error.
         source: tokio_postgres::Error,
     },
+    /// A configured template names a major other than the external server's.
+    #[error(
+        "template \"{template}\" asks for PostgreSQL {asked}, and the external server runs \
+         {serving}: pglease starts servers of other majors only for its own embedded server; \
+         remove the template's postgres_version or attach to a {asked} server"
+    )]
+    OtherMajorOnExternal {
+        /// The template.
+        template: String,
+        /// The version it names.
+        asked: String,
+        /// The external server's `server_version`.
+        serving: String,
+    },
+    /// The primary pool stopped before it told its server's version.
+    #[error("the pool stopped during start-up")]
+    StoppedDuringStart,
+    /// A configured template could not be added to the server of its major.
+    #[error("cannot add template \"{template}\": {message}")]
+    Template {
+        /// The template.
+        template: String,
+        /// Why.
+        message: String,
+    },
 }
 
 /// A lease could not be handed out.
@@ -227,15 +252,27 @@ pub enum LeaseError {
     /// The template was discarded by a client (IntegreSQL API); initialize it again.
     #[error("template \"{0}\" was discarded")]
     Discarded(TemplateName),
+    /// The template lives on the server of another PostgreSQL version; templates do not move.
+    #[error("template \"{template}\" lives on the PostgreSQL {serving} server; register it under another name for another version")]
+    OnOtherServer {
+        /// The template.
+        template: TemplateName,
+        /// That server's version.
+        serving: String,
+    },
     /// The template is built by a client: pglease has no sources to rebuild or replace.
     #[error("template \"{0}\" is built by a client through the IntegreSQL API; pglease cannot rebuild or replace it (discard it and initialize it again)")]
     ClientBuilt(TemplateName),
-    /// The request names a PostgreSQL version this daemon's server is not.
+    /// The request names a PostgreSQL version the template's server is not.
     #[error(
-        "this pglease serves PostgreSQL {serving}, and the request asks for {asked}; start a \
-         daemon with --postgres-version {asked} for it (one daemon runs one major for now)"
+        "template \"{template}\" lives on a PostgreSQL {serving} server, and the request asks \
+         for {asked}; ask for the `default` template of {asked}, register the template with \
+         \"postgres_version\": \"{asked}\", or give it `postgres_version` in the configuration \
+         (an external server serves only its own version)"
     )]
     VersionNotServed {
+        /// The template asked for.
+        template: TemplateName,
         /// The version asked for.
         asked: String,
         /// The server's `server_version`.

@@ -12,6 +12,7 @@ mod handle;
 pub mod names;
 pub mod postgres;
 mod scram;
+mod servers;
 mod session;
 mod state;
 mod template;
@@ -27,9 +28,10 @@ pub use config::{
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
-pub use pglease_binaries::VersionSpec;
+pub use pglease_binaries::{parse_version_number, VersionSpec};
+pub use servers::Servers;
 pub use state::Registered;
 pub use types::{
     ConnectInfo, DropStatus, Lease, LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus,
-    Readiness, Refusals, StatusReport, TemplateStatus,
+    Readiness, Refusals, ServerStatus, StatusReport, TemplateStatus,
 };

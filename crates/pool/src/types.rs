@@ -98,6 +98,25 @@ pub struct StatusReport {
     pub drops: DropStatus,
     /// The limits requests meet.
     pub limits: LimitStatus,
+    /// Every PostgreSQL server of the daemon, the primary first (filled by [`crate::Servers`];
+    /// a single pool's report leaves it empty). `postgres`, `drops` and `limits` above are
+    /// the primary's.
+    pub servers: Vec<ServerStatus>,
+}
+
+/// One PostgreSQL server of the daemon, in a status report.
+#[derive(Debug, Clone)]
+pub struct ServerStatus {
+    /// Its major version.
+    pub major: u32,
+    /// The server.
+    pub postgres: PostgresStatus,
+    /// The templates that live on it.
+    pub templates: Vec<TemplateName>,
+    /// Its databases on their way out.
+    pub drops: DropStatus,
+    /// The limits its requests meet.
+    pub limits: LimitStatus,
 }
 
 /// The limits requests meet, in a status report.
@@ -202,6 +221,8 @@ pub struct TemplateStatus {
     pub blocked_by: Option<&'static str>,
     /// The last build or clone error.
     pub last_error: Option<String>,
+    /// The `server_version` of the server it lives on (filled by [`crate::Servers`]).
+    pub postgres_version: Option<String>,
 }
 
 /// One open lease in a status report.

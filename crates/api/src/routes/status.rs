@@ -4,13 +4,14 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
+use pglease_pool::{DropStatus, LimitStatus, PostgresStatus};
 
 use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
     DropsJson, ErrorBody, HealthResponse, LeaseJson, LimitsJson, PostgresJson, ReadyResponse,
-    RefusedJson, StatusResponse,
+    RefusedJson, ServerJson, StatusResponse,
 };
 use crate::AppState;
 
@@ -26,25 +27,8 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
         .status()
         .await
         .ok_or_else(ApiError::shutting_down)?;
-    let postgres = report.postgres;
     Ok(Json(StatusResponse {
-        postgres: PostgresJson {
-            state: postgres.state,
-            external: postgres.external,
-            version: postgres.version,
-            pid: postgres.pid,
-            data_dir: postgres.data_dir.map(|d| d.display().to_string()),
-            host: postgres.host,
-            port: postgres.port,
-            settings: postgres
-                .settings
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::Value::String(v)))
-                .collect(),
-            restarts: postgres.restarts,
-            last_error: postgres.last_error,
-            admin_timeouts: postgres.admin_timeouts,
-        },
+        postgres: postgres_json(report.postgres),
         templates: report.templates.into_iter().map(template_json).collect(),
         leases: report
             .leases
@@ -57,26 +41,65 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
                 label: l.label,
             })
             .collect(),
-        drops: DropsJson {
-            pending: report.drops.pending,
-            failed: report.drops.failed,
-            last_error: report.drops.last_error,
-        },
-        limits: LimitsJson {
-            connection_budget: report.limits.connection_budget,
-            connections_in_use: report.limits.connections_in_use,
-            refused: RefusedJson {
-                connection_budget: report.limits.refused.connection_budget,
-                max_total: report.limits.refused.max_total,
-                byte_budget: report.limits.refused.byte_budget,
-                max_waiting: report.limits.refused.max_waiting,
-                making: report.limits.refused.making,
-            },
-            reclaimed: report.limits.reclaimed,
-            abandoned: report.limits.abandoned,
-            expired: report.limits.expired,
-        },
+        drops: drops_json(report.drops),
+        limits: limits_json(report.limits),
+        servers: report
+            .servers
+            .into_iter()
+            .map(|server| ServerJson {
+                major: server.major,
+                postgres: postgres_json(server.postgres),
+                templates: server.templates.iter().map(ToString::to_string).collect(),
+                drops: drops_json(server.drops),
+                limits: limits_json(server.limits),
+            })
+            .collect(),
     }))
+}
+
+fn postgres_json(postgres: PostgresStatus) -> PostgresJson {
+    PostgresJson {
+        state: postgres.state,
+        external: postgres.external,
+        version: postgres.version,
+        pid: postgres.pid,
+        data_dir: postgres.data_dir.map(|d| d.display().to_string()),
+        host: postgres.host,
+        port: postgres.port,
+        settings: postgres
+            .settings
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect(),
+        restarts: postgres.restarts,
+        last_error: postgres.last_error,
+        admin_timeouts: postgres.admin_timeouts,
+    }
+}
+
+fn drops_json(drops: DropStatus) -> DropsJson {
+    DropsJson {
+        pending: drops.pending,
+        failed: drops.failed,
+        last_error: drops.last_error,
+    }
+}
+
+fn limits_json(limits: LimitStatus) -> LimitsJson {
+    LimitsJson {
+        connection_budget: limits.connection_budget,
+        connections_in_use: limits.connections_in_use,
+        refused: RefusedJson {
+            connection_budget: limits.refused.connection_budget,
+            max_total: limits.refused.max_total,
+            byte_budget: limits.refused.byte_budget,
+            max_waiting: limits.refused.max_waiting,
+            making: limits.refused.making,
+        },
+        reclaimed: limits.reclaimed,
+        abandoned: limits.abandoned,
+        expired: limits.expired,
+    }
 }
 
 /// `GET /metrics`: the pool in the OpenMetrics text format (Prometheus scrapes it).

@@ -13,6 +13,7 @@ use axum::Json;
 use pglease_pool::config::DEFAULT_COMMAND_TIMEOUT;
 use pglease_pool::{
     CommandSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
+    VersionSpec,
 };
 
 use super::leases::rfc3339;
@@ -114,8 +115,16 @@ pub async fn register(
         ));
     }
     let body: TemplateBody = parse_body(body)?;
+    let postgres_version = body
+        .postgres_version
+        .as_deref()
+        .map(|text| {
+            text.parse::<VersionSpec>()
+                .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
+        })
+        .transpose()?;
     let source = template_source(&state, body)?;
-    let (registered, status) = state.pool.register(name, source).await?;
+    let (registered, status) = state.pool.register(name, source, postgres_version).await?;
     let code = match registered {
         Registered::Created => StatusCode::CREATED,
         Registered::Replaced | Registered::Unchanged => StatusCode::OK,
@@ -232,5 +241,6 @@ pub(crate) fn template_json(t: TemplateStatus) -> TemplateJson {
         waiting: t.waiting,
         blocked_by: t.blocked_by,
         last_error: t.last_error,
+        postgres_version: t.postgres_version,
     }
 }

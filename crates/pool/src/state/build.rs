@@ -82,6 +82,7 @@ impl PoolState {
             .map(|(name, entry)| TemplateConfig {
                 name: name.clone(),
                 source: entry.source(),
+                postgres_version: None,
             })
             .collect()
     }

@@ -161,6 +161,7 @@ impl World {
             .map(|name| TemplateConfig {
                 name: template(name),
                 source: TemplateSource::SqlFile(format!("/{name}.sql").into()),
+                postgres_version: None,
             })
             .collect();
         let mut world = World {

@@ -31,10 +31,12 @@ fn pool(min_ready: usize, max_total: usize) -> PoolState {
         TemplateConfig {
             name: TemplateName::default_name(),
             source: TemplateSource::Empty,
+            postgres_version: None,
         },
         TemplateConfig {
             name: name("app"),
             source: TemplateSource::Migrations(PathBuf::from("migrations")),
+            postgres_version: None,
         },
     ];
     PoolState::new(limits(min_ready, max_total), "t1".into(), &templates, false)
@@ -675,10 +677,12 @@ fn a_byte_budget_evicts_what_nobody_waits_for_then_refuses_with_out_of_space() {
         TemplateConfig {
             name: TemplateName::default_name(),
             source: TemplateSource::Empty,
+            postgres_version: None,
         },
         TemplateConfig {
             name: name("app"),
             source: TemplateSource::Migrations(PathBuf::from("migrations")),
+            postgres_version: None,
         },
     ];
     let mut driver = Driver::new(PoolState::new(limits, "t1".into(), &templates, false));
