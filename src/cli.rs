@@ -47,6 +47,9 @@ pub enum Command {
     Renew(RenewArgs),
     /// Print the daemon's status as JSON.
     Status(ClientArgs),
+    /// List the databases kept after failed tests (release --keep, run --keep-on-failure),
+    /// with the URL that opens each; --drop ID drops one now.
+    Kept(KeptArgs),
     /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
     Ready(ReadyArgs),
     /// Server binaries: download a version into the cache, list what is there.
@@ -107,6 +110,13 @@ pub struct ServeArgs {
     /// past that the template is discarded as abandoned [default: 900].
     #[arg(long, value_name = "SECS")]
     pub initialize_timeout: Option<u64>,
+    /// Databases kept at once after failed tests (`DELETE /leases/{id}?keep=SECS`); keeping
+    /// one more drops the oldest [default: 8].
+    #[arg(long, value_name = "N")]
+    pub max_kept: Option<usize>,
+    /// The longest a database is kept; a longer keep is shortened to this [default: 3600].
+    #[arg(long, value_name = "SECS")]
+    pub max_keep: Option<u64>,
     /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
@@ -302,8 +312,25 @@ pub struct ReleaseArgs {
     /// The lease id.
     pub id: String,
     /// The database was left unchanged: recycle it as is instead of dropping it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "keep")]
     pub reuse: bool,
+    /// Keep the database as it is for SECS (a failed test's, to look at; `pglease kept` lists
+    /// it with its URL), up to the daemon's --max-keep.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub keep: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease kept`.
+#[derive(Debug, Args)]
+pub struct KeptArgs {
+    /// Print the JSON of GET /kept.
+    #[arg(long)]
+    pub json: bool,
+    /// Drop the database kept under this id now.
+    #[arg(long, value_name = "ID")]
+    pub drop: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -344,6 +371,10 @@ pub struct RunArgs {
     /// What to call the lease in `/status` and the daemon's log (e.g. the test's name).
     #[arg(long, value_name = "TEXT")]
     pub label: Option<String>,
+    /// When the command fails, keep its database as it is for SECS [default: 3600] instead
+    /// of dropping it, and print its URL (`pglease kept` lists it).
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "3600", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub keep_on_failure: Option<u64>,
     #[command(flatten)]
     pub client: ClientArgs,
     /// The command and its arguments.
@@ -448,6 +479,8 @@ struct ConfigFile {
     max_waiting: Option<usize>,
     build_timeout_secs: Option<u64>,
     initialize_timeout_secs: Option<u64>,
+    max_kept: Option<usize>,
+    max_keep_secs: Option<u64>,
     prebuild: Option<bool>,
     lease_auth: Option<LeaseAuthArg>,
     scram_iterations: Option<u32>,
@@ -535,6 +568,20 @@ impl ServeArgs {
                 .or(file.max_bytes)
                 .map(|size| parse_size(&size))
                 .transpose()?,
+            max_kept: match self.max_kept.or(file.max_kept) {
+                None => defaults.max_kept,
+                Some(n @ 0..=1000) => n,
+                Some(n) => return Err(format!("--max-kept must be at most 1000, got {n}")),
+            },
+            max_keep: match self.max_keep.or(file.max_keep_secs) {
+                None => defaults.max_keep,
+                Some(secs @ 1..=86_400) => Duration::from_secs(secs),
+                Some(secs) => {
+                    return Err(format!(
+                        "--max-keep must be between 1 and 86400 seconds, got {secs}"
+                    ))
+                }
+            },
         };
         if !(1..=10_000).contains(&limits.lease_connections) {
             return Err("--lease-connections must be between 1 and 10000".into());

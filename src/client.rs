@@ -1,12 +1,15 @@
-//! Client commands: `lease`, `release`, `renew`, `status`, `ready`, `run`. They talk to a running
-//! daemon over HTTP and print what a shell script needs; they never touch postgres.
+//! Client commands: `lease`, `release`, `renew`, `status`, `kept`, `ready`, `run`. They talk to
+//! a running daemon over HTTP and print what a shell script needs (a table of kept databases
+//! for a person: `tables.rs`); they never touch postgres.
+
+mod tables;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{ClientArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs};
+use crate::cli::{ClientArgs, KeptArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs};
 
 /// A failed client command: a message for stderr.
 pub struct ClientError(pub String);
@@ -86,9 +89,19 @@ impl Client {
             .await
     }
 
-    async fn release(&self, id: &str, reuse: bool) -> Result<()> {
-        let url = format!("{}/leases/{id}?reuse={reuse}", self.base);
+    async fn release(&self, id: &str, ending: Ending) -> Result<()> {
+        let query = match ending {
+            Ending::Drop => "reuse=false".to_owned(),
+            Ending::Reuse => "reuse=true".to_owned(),
+            Ending::Keep(secs) => format!("keep={secs}"),
+        };
+        let url = format!("{}/leases/{id}?{query}", self.base);
         self.call(self.http.delete(url)).await.map(|_| ())
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        self.call(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     async fn renew(&self, id: &str, ttl: Option<u64>) -> Result<Value> {
@@ -129,9 +142,27 @@ pub async fn lease(args: LeaseArgs) -> Result<()> {
 
 /// `pglease release`.
 pub async fn release(args: ReleaseArgs) -> Result<()> {
-    Client::new(&args.client)?
-        .release(&args.id, args.reuse)
-        .await
+    let ending = match (args.keep, args.reuse) {
+        (Some(secs), _) => Ending::Keep(secs),
+        (None, true) => Ending::Reuse,
+        (None, false) => Ending::Drop,
+    };
+    Client::new(&args.client)?.release(&args.id, ending).await?;
+    if let Some(secs) = args.keep {
+        eprintln!("database kept for up to {secs} s: `pglease kept` shows its URL");
+    }
+    Ok(())
+}
+
+/// How a lease ends.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    /// Dropped and replaced.
+    Drop,
+    /// Unchanged: recycled as is.
+    Reuse,
+    /// Kept as it is for this many seconds, to look at.
+    Keep(u64),
 }
 
 /// `pglease renew`: prints the new expiry.
@@ -172,15 +203,33 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
 }
 
 /// `pglease status`: prints the daemon's status JSON, pretty.
+/// `pglease status`: the JSON of GET /status.
 pub async fn status(args: ClientArgs) -> Result<()> {
-    let client = Client::new(&args)?;
-    let status = client
-        .call(client.http.get(format!("{}/status", client.base)))
-        .await?;
+    let status = Client::new(&args)?.get("/status").await?;
     println!(
         "{}",
         serde_json::to_string_pretty(&status).unwrap_or_default()
     );
+    Ok(())
+}
+
+/// `pglease kept`: the databases kept after failed tests, with their URLs; `--drop ID`
+/// drops one now.
+pub async fn kept(args: KeptArgs) -> Result<()> {
+    let client = Client::new(&args.client)?;
+    if let Some(id) = &args.drop {
+        client
+            .call(client.http.delete(format!("{}/kept/{id}", client.base)))
+            .await?;
+        eprintln!("kept database {id} dropped");
+        return Ok(());
+    }
+    let kept = client.get("/kept").await?;
+    if args.json {
+        println!("{kept}");
+    } else {
+        print!("{}", tables::kept(&kept));
+    }
     Ok(())
 }
 
@@ -236,8 +285,20 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         }
         Err(e) => Err(format!("cannot run {program}: {e}")),
     };
-    match tokio::time::timeout(REQUEST_TIMEOUT, client.release(&id, false)).await {
-        Ok(Ok(())) => {}
+    let failed = !matches!(&outcome, Ok(status) if status.success());
+    let ending = match args.keep_on_failure {
+        Some(secs) if failed => Ending::Keep(secs),
+        _ => Ending::Drop,
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.release(&id, ending)).await {
+        Ok(Ok(())) => {
+            if let Ending::Keep(secs) = ending {
+                eprintln!(
+                    "pglease: the command failed; its database is kept for up to {secs} s: {}",
+                    field("url")
+                );
+            }
+        }
         Ok(Err(ClientError(message))) => {
             eprintln!("pglease: could not release lease {id}: {message}");
         }

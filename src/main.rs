@@ -41,6 +41,7 @@ fn main() -> ExitCode {
             Command::Release(args) => client::release(args).await.map(|()| ExitCode::SUCCESS),
             Command::Renew(args) => client::renew(args).await.map(|()| ExitCode::SUCCESS),
             Command::Status(args) => client::status(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Kept(args) => client::kept(args).await.map(|()| ExitCode::SUCCESS),
             Command::Ready(args) => client::ready(args).await.map(|()| ExitCode::SUCCESS),
             Command::Run(args) => client::run(args).await,
             Command::Postgres(command) => Ok(postgres::run(command).await),

@@ -20,7 +20,7 @@ fn output(args: &[&str], server: &str) -> std::process::Output {
 }
 
 /// [`output`] against `daemon`, off the async runtime.
-async fn output_of(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
+pub(crate) async fn output_of(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
     let base = daemon.base.clone();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {

@@ -16,6 +16,7 @@ mod freshness;
 mod full_tmpfs;
 mod fuzz;
 mod integresql;
+mod kept;
 mod leases;
 mod majors;
 mod metrics;

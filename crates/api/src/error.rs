@@ -183,6 +183,7 @@ impl From<LeaseOpError> for ApiError {
                 Self::new(StatusCode::NOT_FOUND, "lease_not_found", message)
             }
             LeaseOpError::Lost(_) => Self::new(StatusCode::GONE, "lease_lost", message),
+            LeaseOpError::NotKept(_) => Self::new(StatusCode::NOT_FOUND, "kept_not_found", message),
             LeaseOpError::ShuttingDown => Self::shutting_down(),
         }
     }

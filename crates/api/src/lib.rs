@@ -4,8 +4,10 @@
 //!
 //! Routes:
 //! - `POST   /lease`              — lease a database (`routes::leases::lease`)
-//! - `DELETE /leases/{id}`        — release it, `?reuse=true` to recycle as is (`routes::leases::release`)
+//! - `DELETE /leases/{id}`        — release it, `?reuse=true` to recycle as is, `?keep=SECS` to keep it for a look (`routes::leases::release`)
 //! - `POST   /leases/{id}/renew`  — extend its time to live (`routes::leases::renew`)
+//! - `GET    /kept`               — databases kept after failed tests, with their URLs (`routes::kept::list`)
+//! - `DELETE /kept/{id}`          — drop a kept database now (`routes::kept::drop`)
 //! - `GET    /templates`          — every template's version, state, size (`routes::templates::list`)
 //! - `GET    /templates/{name}`   — one template (`routes::templates::show`)
 //! - `PUT    /templates/{name}`   — register a template, or give it a new source (`routes::templates::register`)
@@ -135,6 +137,8 @@ pub fn router(state: AppState) -> Router {
         .route("/lease", post(routes::leases::lease))
         .route("/leases/{id}", delete(routes::leases::release))
         .route("/leases/{id}/renew", post(routes::leases::renew))
+        .route("/kept", get(routes::kept::list))
+        .route("/kept/{id}", delete(routes::kept::drop))
         .route("/templates", get(routes::templates::list))
         .route(
             "/templates/{name}",

@@ -219,6 +219,16 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         "Databases waiting to be dropped",
         gauge(report.drops.pending as u64),
     );
+    // Every server's, where the report has several.
+    let kept = match report.servers.as_slice() {
+        [] => report.limits.kept,
+        servers => servers.iter().map(|s| s.limits.kept).sum(),
+    };
+    registry.register(
+        "kept_databases",
+        "Databases kept after failed tests (DELETE /leases/{id}?keep=SECS)",
+        gauge(kept as u64),
+    );
 }
 
 fn gauge_value(value: u64) -> i64 {

@@ -5,7 +5,7 @@
 use axum::Json;
 use utoipa::OpenApi;
 
-use crate::routes::{leases, status, templates};
+use crate::routes::{kept, leases, status, templates};
 use crate::wire;
 
 /// The document.
@@ -19,6 +19,8 @@ use crate::wire;
         leases::lease,
         leases::release,
         leases::renew,
+        kept::list,
+        kept::drop,
         status::status,
         status::metrics,
         status::healthz,
@@ -34,6 +36,8 @@ use crate::wire;
         wire::TemplateBody,
         wire::LeaseResponse,
         wire::RenewResponse,
+        wire::KeptResponse,
+        wire::KeptJson,
         wire::ErrorBody,
         wire::ErrorDetail,
         wire::StatusResponse,

@@ -549,6 +549,7 @@ async fn status_renders_the_report_without_credentials() {
             reclaimed: 1,
             abandoned: 0,
             expired: 3,
+            kept: 1,
         },
         servers: Vec::new(),
     };
@@ -584,6 +585,7 @@ async fn status_renders_the_report_without_credentials() {
         "connection_budget": 350,
         "connections_in_use": 10,
         "refused": { "connection_budget": 2, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0 },
+        "kept": 1,
         "reclaimed": 1,
         "abandoned": 0,
         "expired": 3,

@@ -73,6 +73,45 @@ pub struct RenewBody {
 pub struct ReleaseQuery {
     /// The database was left unchanged: recycle it as is.
     pub reuse: Option<bool>,
+    /// Keep the database as it is for this many seconds (a failed test's, to look at),
+    /// shortened to the daemon's `--max-keep`; listed by `GET /kept`.
+    pub keep: Option<u64>,
+}
+
+/// `GET /kept`: the databases kept after failed tests.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeptResponse {
+    /// Oldest first.
+    pub kept: Vec<KeptJson>,
+}
+
+/// A kept database and what opens it (the lease's own credentials).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeptJson {
+    /// The id of the lease it was kept from.
+    pub id: String,
+    /// Its template.
+    pub template: Option<String>,
+    /// The database.
+    pub database: String,
+    /// The lease's label (the test's name).
+    pub label: Option<String>,
+    /// Host.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Role.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// `postgres://user:password@host:port/database`.
+    pub url: String,
+    /// When it was kept (RFC 3339, UTC).
+    pub kept_at: String,
+    /// When it is dropped (RFC 3339, UTC).
+    pub expires_at: String,
+    /// What it counts in the byte budget.
+    pub size_bytes: u64,
 }
 
 /// A granted lease.
@@ -167,6 +206,8 @@ pub struct LimitsJson {
     pub connections_in_use: u32,
     /// Requests refused or timed out since the start, by the limit that stopped them.
     pub refused: RefusedJson,
+    /// Databases kept after failed tests now.
+    pub kept: usize,
     /// IntegreSQL test databases (never given back) ended to make room.
     pub reclaimed: u64,
     /// Client-built templates discarded because no finalize came in time.

@@ -27,7 +27,8 @@ use crate::session::{describe_target, mark_ready, pg_message, Session, SessionPa
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
-    ConnectInfo, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness, StatusReport,
+    ConnectInfo, KeptDatabase, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness,
+    StatusReport,
 };
 
 mod client;
@@ -496,6 +497,22 @@ impl Actor {
                     .renew(&id, ttl, now)
                     .map(|ttl| SystemTime::now() + ttl);
                 let _ = reply.send(result);
+            }
+            Command::Keep { id, keep, reply } => {
+                let (result, actions) = self.state.keep(&id, keep, now);
+                let _ = reply.send(result.map(|kept_for| SystemTime::now() + kept_for));
+                self.apply(actions);
+            }
+            Command::Kept { reply } => {
+                let _ = reply.send(self.kept());
+            }
+            Command::DropKept { id, reply } => {
+                let (result, actions) = self.state.drop_kept(&id, now);
+                if result.is_ok() {
+                    tracing::info!(lease_id = %id, "kept database dropped on request");
+                }
+                let _ = reply.send(result);
+                self.apply(actions);
             }
             Command::Status { reply } => {
                 let _ = reply.send(self.status());
@@ -1206,6 +1223,45 @@ impl Actor {
             limits: self.state.limit_status(),
             servers: Vec::new(),
         }
+    }
+
+    /// The kept databases with what opens them (none while postgres is down: they went
+    /// with it).
+    fn kept(&self) -> Vec<KeptDatabase> {
+        let Some(session) = self.session.as_ref() else {
+            return Vec::new();
+        };
+        let (now, wall_now) = (Instant::now(), SystemTime::now());
+        let wall = |at: Instant| {
+            if at >= now {
+                wall_now + (at - now)
+            } else {
+                wall_now - (now - at)
+            }
+        };
+        self.state
+            .kept_list()
+            .into_iter()
+            .map(|kept| KeptDatabase {
+                id: kept.id,
+                template: kept.template,
+                connect: ConnectInfo {
+                    host: session.lease_host.clone(),
+                    port: session.lease_port,
+                    user: kept.database.as_str().to_owned(),
+                    password: self
+                        .passwords
+                        .get(&kept.database)
+                        .cloned()
+                        .unwrap_or_default(),
+                    database: kept.database,
+                },
+                label: kept.label,
+                kept_at: wall(kept.kept_at),
+                expires_at: wall(kept.until),
+                size_bytes: kept.bytes,
+            })
+            .collect()
     }
 
     async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<Report>) {

@@ -80,6 +80,10 @@ pub struct PoolLimits {
     /// How long a client (IntegreSQL API) may take between initializing a template and
     /// finalizing it; past that the template counts as abandoned and is discarded.
     pub initialize_timeout: Duration,
+    /// Databases kept after failed tests at once; keeping one more drops the oldest.
+    pub max_kept: usize,
+    /// The longest a database is kept (a longer `keep` is shortened to this).
+    pub max_keep: Duration,
     /// Bytes templates and clones may take in all; None: no limit. (The embedded server
     /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
     pub max_bytes: Option<u64>,
@@ -95,12 +99,21 @@ impl Default for PoolLimits {
             max_ttl: Duration::from_secs(24 * 60 * 60),
             lease_connections: 10,
             max_bytes: None,
+            max_kept: DEFAULT_MAX_KEPT,
+            max_keep: DEFAULT_MAX_KEEP,
             max_waiting: 1024,
             build_timeout: DEFAULT_COMMAND_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
         }
     }
 }
+
+/// Databases kept at once by default: enough for the failures of one run to look at, few
+/// enough that forgotten ones cannot fill a tmpfs.
+pub const DEFAULT_MAX_KEPT: usize = 8;
+
+/// The longest a database is kept by default: an hour to look at a failure.
+pub const DEFAULT_MAX_KEEP: Duration = Duration::from_secs(60 * 60);
 
 /// `CREATE DATABASE … STRATEGY`: FILE_COPY is ~4x faster on a tuned tmpfs cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

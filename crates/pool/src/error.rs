@@ -351,6 +351,9 @@ pub enum LeaseOpError {
     /// The lease's database was lost when postgres died and was restarted.
     #[error("lease {0} was lost: postgres stopped unexpectedly and was restarted, so its database is gone")]
     Lost(String),
+    /// No database is kept under this id (never kept, dropped, or its keep ran out).
+    #[error("no kept database with id {0}")]
+    NotKept(String),
     /// The pool is stopping.
     #[error("pglease is shutting down")]
     ShuttingDown,

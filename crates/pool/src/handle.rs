@@ -9,7 +9,9 @@ use crate::config::TemplateSource;
 use crate::error::{LeaseError, LeaseOpError, TemplateOpError};
 use crate::names::{LeaseId, TemplateName};
 use crate::state::Registered;
-use crate::types::{ConnectInfo, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
+use crate::types::{
+    ConnectInfo, KeptDatabase, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus,
+};
 
 /// How long past a request's own wait the handle gives the actor before giving up on it.
 const ACTOR_MARGIN: Duration = Duration::from_secs(10);
@@ -30,6 +32,18 @@ pub(crate) enum Command {
         id: LeaseId,
         ttl: Option<Duration>,
         reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    Keep {
+        id: LeaseId,
+        keep: Duration,
+        reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    Kept {
+        reply: oneshot::Sender<Vec<KeptDatabase>>,
+    },
+    DropKept {
+        id: LeaseId,
+        reply: oneshot::Sender<Result<(), LeaseOpError>>,
     },
     Status {
         reply: oneshot::Sender<StatusReport>,
@@ -117,6 +131,34 @@ impl PoolHandle {
     ) -> Result<SystemTime, LeaseOpError> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Renew { id, ttl, reply })
+            .await
+            .map_err(|()| LeaseOpError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+    }
+
+    /// Ends a lease but keeps its database as it is for `keep` (shortened to the pool's
+    /// longest keep), openable with the lease's credentials; returns when it is dropped.
+    pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Keep { id, keep, reply })
+            .await
+            .map_err(|()| LeaseOpError::ShuttingDown)?;
+        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+    }
+
+    /// Every kept database, oldest first; empty once the pool has stopped.
+    pub async fn kept(&self) -> Vec<KeptDatabase> {
+        let (reply, answer) = oneshot::channel();
+        if self.send(Command::Kept { reply }).await.is_err() {
+            return Vec::new();
+        }
+        answer.await.unwrap_or_default()
+    }
+
+    /// Drops the database kept under `id` now.
+    pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::DropKept { id, reply })
             .await
             .map_err(|()| LeaseOpError::ShuttingDown)?;
         answer.await.map_err(|_| LeaseOpError::ShuttingDown)?

@@ -25,7 +25,9 @@ use crate::error::{LeaseError, LeaseOpError, StartError};
 use crate::handle::PoolHandle;
 use crate::names::{LeaseId, TemplateName};
 use crate::state::Registered;
-use crate::types::{Lease, LeaseRequest, Readiness, ServerStatus, StatusReport, TemplateStatus};
+use crate::types::{
+    KeptDatabase, Lease, LeaseRequest, Readiness, ServerStatus, StatusReport, TemplateStatus,
+};
 
 /// A server whose start failed is not tried again for this long: requests meanwhile get
 /// the same error at once instead of each starting (or downloading) anew.
@@ -231,6 +233,38 @@ impl Servers {
             }
         }
         Err(LeaseOpError::NotFound(id.as_str().to_owned()))
+    }
+
+    /// Ends a lease but keeps its database, on whichever server holds it.
+    pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
+        for handle in self.handles() {
+            match handle.keep(id.clone(), keep).await {
+                Err(LeaseOpError::NotFound(_)) => continue,
+                outcome => return outcome,
+            }
+        }
+        Err(LeaseOpError::NotFound(id.as_str().to_owned()))
+    }
+
+    /// Every server's kept databases, oldest first.
+    pub async fn kept(&self) -> Vec<KeptDatabase> {
+        let mut kept = Vec::new();
+        for handle in self.handles() {
+            kept.extend(handle.kept().await);
+        }
+        kept.sort_by_key(|k| k.kept_at);
+        kept
+    }
+
+    /// Drops a kept database now, on whichever server has it.
+    pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
+        for handle in self.handles() {
+            match handle.drop_kept(id.clone()).await {
+                Err(LeaseOpError::NotKept(_)) => continue,
+                outcome => return outcome,
+            }
+        }
+        Err(LeaseOpError::NotKept(id.as_str().to_owned()))
     }
 
     /// Builds a new version of a template, on its server.

@@ -29,6 +29,7 @@ mod dbs;
 mod demand;
 mod grants;
 mod invariants;
+mod kept;
 mod lifecycle;
 mod refill;
 mod status;

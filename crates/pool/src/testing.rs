@@ -16,7 +16,9 @@ use crate::error::{LeaseError, LeaseOpError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{LeaseId, TemplateName};
 use crate::state::Registered;
-use crate::types::{ConnectInfo, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus};
+use crate::types::{
+    ConnectInfo, KeptDatabase, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus,
+};
 
 /// Commands a handle may queue before its `send` waits. Bounded like the real pool's
 /// channel; tests queue at most a few.
@@ -79,6 +81,27 @@ pub enum FakeCommand {
         ttl: Option<Duration>,
         /// Where the new expiry or the error goes.
         reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    /// [`PoolHandle::keep`].
+    Keep {
+        /// The lease to end.
+        id: LeaseId,
+        /// How long to keep its database.
+        keep: Duration,
+        /// Where the drop time or the error goes.
+        reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
+    },
+    /// [`PoolHandle::kept`].
+    Kept {
+        /// Where the list goes.
+        reply: oneshot::Sender<Vec<KeptDatabase>>,
+    },
+    /// [`PoolHandle::drop_kept`].
+    DropKept {
+        /// The kept database's id.
+        id: LeaseId,
+        /// Where the outcome goes.
+        reply: oneshot::Sender<Result<(), LeaseOpError>>,
     },
     /// [`PoolHandle::status`].
     Status {
@@ -157,6 +180,9 @@ impl From<Command> for FakeCommand {
             Command::Lease { request, reply } => FakeCommand::Lease { request, reply },
             Command::Release { id, reuse, reply } => FakeCommand::Release { id, reuse, reply },
             Command::Renew { id, ttl, reply } => FakeCommand::Renew { id, ttl, reply },
+            Command::Keep { id, keep, reply } => FakeCommand::Keep { id, keep, reply },
+            Command::Kept { reply } => FakeCommand::Kept { reply },
+            Command::DropKept { id, reply } => FakeCommand::DropKept { id, reply },
             Command::Status { reply } => FakeCommand::Status { reply },
             Command::Rebuild { template, reply } => FakeCommand::Rebuild { template, reply },
             Command::Register {

@@ -134,6 +134,8 @@ pub struct LimitStatus {
     pub abandoned: u64,
     /// Leases ended by their time to live.
     pub expired: u64,
+    /// Databases kept after failed tests now.
+    pub kept: usize,
 }
 
 /// Requests refused or timed out, by the limit that stopped them.
@@ -223,6 +225,25 @@ pub struct TemplateStatus {
     pub last_error: Option<String>,
     /// The `server_version` of the server it lives on (filled by [`crate::Servers`]).
     pub postgres_version: Option<String>,
+}
+
+/// A database kept after its lease ended (`release` with `keep`), with what opens it.
+#[derive(Debug, Clone)]
+pub struct KeptDatabase {
+    /// The id of the lease it was kept from.
+    pub id: LeaseId,
+    /// Its template (None if the template is gone).
+    pub template: Option<TemplateName>,
+    /// Where it is and the lease's credentials, which still open it.
+    pub connect: ConnectInfo,
+    /// The lease's label.
+    pub label: Option<String>,
+    /// When it was kept.
+    pub kept_at: SystemTime,
+    /// When it is dropped.
+    pub expires_at: SystemTime,
+    /// What it counts in the byte budget.
+    pub size_bytes: u64,
 }
 
 /// One open lease in a status report.

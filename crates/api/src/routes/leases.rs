@@ -96,12 +96,13 @@ pub async fn lease(
     Ok((StatusCode::CREATED, Json(lease_response(answer?))))
 }
 
-/// `DELETE /leases/{id}[?reuse=true]` → 204.
+/// `DELETE /leases/{id}[?reuse=true | ?keep=SECS]` → 204.
 #[utoipa::path(delete, path = "/leases/{id}",
-    params(("id" = String, Path, description = "The lease id", pattern = "^[0-9a-f]{32}$"), ("reuse" = Option<bool>, Query, description = "The database is unchanged: recycle it as is")),
+    params(("id" = String, Path, description = "The lease id", pattern = "^[0-9a-f]{32}$"), ("reuse" = Option<bool>, Query, description = "The database is unchanged: recycle it as is"), ("keep" = Option<u64>, Query, description = "Keep the database as it is for this many seconds (1 to 86400; shortened to the daemon's --max-keep), listed by GET /kept", minimum = 1, maximum = 86400)),
     responses(
         (status = 204, description = "Released"),
         (status = 400, description = "The query string does not parse", body = ErrorBody),
+        (status = 422, description = "keep out of range, or with reuse=true", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No open lease with this id", body = ErrorBody),
         (status = 410, description = "The lease was lost when postgres restarted", body = ErrorBody),
@@ -115,7 +116,22 @@ pub async fn release(
     let Query(query) = query.map_err(|e| ApiError::malformed(e.body_text()))?;
     let id = LeaseId::parse(&id).ok_or_else(|| ApiError::lease_not_found(&id))?;
     let reuse = query.reuse.unwrap_or(false);
-    state.pool.release(id, reuse).await?;
+    match query.keep {
+        None => state.pool.release(id, reuse).await?,
+        Some(_) if reuse => {
+            return Err(ApiError::invalid(
+                "keep and reuse=true contradict each other: a kept database is not reused",
+            ))
+        }
+        Some(secs @ 1..=86_400) => {
+            state.pool.keep(id, Duration::from_secs(secs)).await?;
+        }
+        Some(secs) => {
+            return Err(ApiError::invalid(format!(
+                "keep must be between 1 and 86400 seconds, got {secs}"
+            )))
+        }
+    }
     state.metrics.released(reuse);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -96,6 +96,7 @@ fn limits_json(limits: LimitStatus) -> LimitsJson {
             max_waiting: limits.refused.max_waiting,
             making: limits.refused.making,
         },
+        kept: limits.kept,
         reclaimed: limits.reclaimed,
         abandoned: limits.abandoned,
         expired: limits.expired,

@@ -1,6 +1,6 @@
 //! The byte budget: what templates and clones hold, and making room for a clone a request
-//! waits for by evicting what nobody waits for (ready clones of the least recently leased
-//! templates, then idle configured template versions, never `default`).
+//! waits for by evicting what nobody waits for (kept databases, then ready clones of the
+//! least recently leased templates, then idle configured template versions, never `default`).
 
 use tokio::time::Instant;
 
@@ -33,6 +33,8 @@ impl PoolState {
     /// templates nobody waits for, least recently leased template first; then whole
     /// versions of idle templates (never `default`, which `/readyz` reports on).
     pub(super) fn make_room(&mut self, template: &TemplateName, needed: u64) {
+        // Databases kept for a look are the least needed: they go first, oldest first.
+        self.evict_kept(needed);
         for name in self.eviction_order(template, false) {
             while !self.fits(needed) {
                 let Some(db) = self.dbs.ready_back(&name) else {

@@ -1,6 +1,6 @@
 //! The databases the pool manages besides each template's live template database: one
 //! record per database, keyed by its name, holding its phase (adoptable, being made, ready,
-//! leased, being dropped). Every count the pool needs (ready, leased, being made, drops
+//! leased, kept for a look after a failed test, being dropped). Every count the pool needs (ready, leased, being made, drops
 //! running, bytes) is derived from these records, so a database cannot sit in two places
 //! and no counter can drift.
 //!
@@ -45,6 +45,10 @@ pub(super) enum Phase {
     Ready { order: i64 },
     /// Held by a lease.
     Leased(Box<LeaseRecord>),
+    /// Released with `keep`: left as its holder left it, for someone to look at, until
+    /// `until`. It holds no place under `max_total` and no connections in the budget, but
+    /// its bytes count (and it is evicted first when room is needed).
+    Kept(Box<KeptRecord>),
     /// On its way out.
     Dropping(Dropping),
 }
@@ -84,6 +88,18 @@ pub(super) struct LeaseRecord {
     /// The request it was granted to, while its own connection limit is being set and it
     /// has not been handed over yet.
     pub pending: Option<Waiter>,
+}
+
+/// A database kept after its lease ended.
+#[derive(Debug)]
+pub(super) struct KeptRecord {
+    /// The id of the lease it was kept from; it names the kept database from then on.
+    pub id: LeaseId,
+    /// The lease's label.
+    pub label: Option<String>,
+    pub kept_at: Instant,
+    /// When it is dropped.
+    pub until: Instant,
 }
 
 /// Per-template counts derived from the records.
@@ -385,6 +401,28 @@ impl Dbs {
         })
     }
 
+    /// Every kept database with its record, oldest first.
+    pub fn kept(&self) -> Vec<(&DbName, &Db, &KeptRecord)> {
+        let mut kept: Vec<_> = self
+            .map
+            .iter()
+            .filter_map(|(name, db)| match &db.phase {
+                Phase::Kept(record) => Some((name, db, &**record)),
+                _ => None,
+            })
+            .collect();
+        kept.sort_by_key(|(_, _, record)| record.kept_at);
+        kept
+    }
+
+    /// The database kept under `id`.
+    pub fn kept_db(&self, id: &LeaseId) -> Option<DbName> {
+        self.map.iter().find_map(|(name, db)| match &db.phase {
+            Phase::Kept(record) if record.id == *id => Some(name.clone()),
+            _ => None,
+        })
+    }
+
     /// Connections held by open leases (their limits, summed).
     pub fn connections_in_use(&self) -> u32 {
         self.leases().map(|(_, _, r)| r.connections).sum()
@@ -398,7 +436,9 @@ impl Dbs {
             .filter(|db| match &db.phase {
                 Phase::Adoptable { .. } => false,
                 Phase::Dropping(step) => matches!(step, Dropping::Failed { .. }),
-                Phase::Making { .. } | Phase::Ready { .. } | Phase::Leased(_) => true,
+                Phase::Making { .. } | Phase::Ready { .. } | Phase::Leased(_) | Phase::Kept(_) => {
+                    true
+                }
             })
             .map(|db| db.bytes)
             .sum()
@@ -411,7 +451,7 @@ impl Counts {
             Phase::Ready { .. } => self.ready += 1,
             Phase::Leased(_) => self.leased += 1,
             Phase::Making { .. } => self.making += 1,
-            Phase::Adoptable { .. } | Phase::Dropping(_) => {}
+            Phase::Adoptable { .. } | Phase::Kept(_) | Phase::Dropping(_) => {}
         }
     }
 }

@@ -425,6 +425,7 @@ impl PoolState {
             self.expired += 1;
             self.dbs.queue_drop(database, template.as_ref(), 0);
         }
+        self.drop_expired_kept(now);
         self.dbs.retry_failed_drops(now);
         self.discard_abandoned(now, &mut actions);
         self.serve_all_waiters(now, &mut actions);
@@ -547,6 +548,7 @@ impl PoolState {
         leases
             .chain(templates)
             .chain(self.dbs.next_drop_retry())
+            .chain(self.next_kept_expiry())
             .min()
     }
 

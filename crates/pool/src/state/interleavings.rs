@@ -50,6 +50,15 @@ enum Event {
     Renew {
         index: usize,
     },
+    /// A lease is released with `keep` (a failed test's database, kept for a look).
+    Keep {
+        index: usize,
+        secs: u64,
+    },
+    /// Someone drops a kept database before its time.
+    DropKept {
+        index: usize,
+    },
     /// A waiting caller goes away.
     Cancel {
         index: usize,
@@ -102,6 +111,8 @@ fn event() -> impl Strategy<Value = Event> {
         4 => (index.clone(), prop::bool::weighted(0.2)).prop_map(|(index, hung_up)| Event::Deliver { index, hung_up }),
         3 => (index.clone(), any::<bool>()).prop_map(|(index, reuse)| Event::Release { index, reuse }),
         1 => index.clone().prop_map(|index| Event::Renew { index }),
+        2 => (index.clone(), 1u64..60).prop_map(|(index, secs)| Event::Keep { index, secs }),
+        1 => index.clone().prop_map(|index| Event::DropKept { index }),
         1 => index.clone().prop_map(|index| Event::Cancel { index }),
         12 => (index, prop::bool::weighted(0.85)).prop_map(|(index, ok)| Event::Complete { index, ok }),
         3 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
@@ -155,6 +166,8 @@ impl World {
             build_timeout: Duration::from_secs(300),
             initialize_timeout: Duration::from_secs(90),
             max_bytes,
+            max_kept: 2,
+            max_keep: Duration::from_secs(20),
         };
         let templates: Vec<TemplateConfig> = NAMES[..CONFIGURED]
             .iter()
@@ -390,6 +403,29 @@ impl World {
                 let (_, actions) = self.state.release(&lease.lease_id, reuse, now);
                 self.apply(actions);
             }
+            Event::Keep { index, secs } => {
+                if self.leases.is_empty() {
+                    return;
+                }
+                let lease = self.leases.remove(index % self.leases.len());
+                let (outcome, actions) =
+                    self.state
+                        .keep(&lease.lease_id, Duration::from_secs(secs), now);
+                if let Ok(kept_for) = outcome {
+                    assert!(kept_for <= Duration::from_secs(secs.min(20)));
+                    let (again, _) = self.state.release(&lease.lease_id, false, now);
+                    assert!(again.is_err(), "a kept database's lease is over");
+                }
+                self.apply(actions);
+            }
+            Event::DropKept { index } => {
+                let kept = self.state.kept_list();
+                if let Some(entry) = kept.get(index % kept.len().max(1)) {
+                    let (outcome, actions) = self.state.drop_kept(&entry.id, now);
+                    assert!(outcome.is_ok(), "{outcome:?}");
+                    self.apply(actions);
+                }
+            }
             Event::Renew { index } => {
                 if let Some(lease) = self.leases.get(index % self.leases.len().max(1)) {
                     let _ = self.state.renew(&lease.lease_id, None, now);
@@ -510,6 +546,10 @@ impl World {
         let drops = self.state.drop_status();
         assert_eq!(drops.pending, 0, "drops never done: {drops:?}");
         assert!(self.state.lease_list().is_empty(), "leases never ended");
+        assert!(
+            self.state.kept_list().is_empty(),
+            "kept databases never dropped"
+        );
         let live = self.state.live_databases();
         let lost: Vec<&DbName> = self
             .created

@@ -60,6 +60,15 @@ impl PoolState {
                         }
                     }
                 }
+                // A kept database keeps its lease's id: no lease or other kept one has it.
+                Phase::Kept(record) => {
+                    if !lease_ids.insert(record.id.clone()) {
+                        return Err(format!("id {} names two databases (kept)", record.id));
+                    }
+                    if record.until < record.kept_at {
+                        return Err(format!("{name} is kept until before it was kept"));
+                    }
+                }
                 Phase::Making { .. } | Phase::Adoptable { .. } | Phase::Dropping(_) => {}
             }
         }
@@ -97,7 +106,7 @@ impl PoolState {
             .filter(|(_, db)| {
                 matches!(
                     db.phase,
-                    Phase::Making { .. } | Phase::Ready { .. } | Phase::Leased(_)
+                    Phase::Making { .. } | Phase::Ready { .. } | Phase::Leased(_) | Phase::Kept(_)
                 )
             })
             .map(|(_, db)| db.bytes)

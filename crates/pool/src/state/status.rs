@@ -50,6 +50,7 @@ impl PoolState {
             reclaimed: self.reclaimed,
             abandoned: self.abandoned,
             expired: self.expired,
+            kept: self.dbs.kept().len(),
         }
     }
 
@@ -152,7 +153,7 @@ impl PoolState {
                         _ => lose.push(name.clone()),
                     }
                 }
-                Phase::Leased(_) | Phase::Dropping(_) => lose.push(name.clone()),
+                Phase::Leased(_) | Phase::Kept(_) | Phase::Dropping(_) => lose.push(name.clone()),
                 // Still marked from the run that left them; a clone being made is swept
                 // by the next start.
                 Phase::Adoptable { .. } | Phase::Making { .. } => {}

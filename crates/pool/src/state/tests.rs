@@ -20,6 +20,8 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         max_ttl: Duration::from_secs(600),
         lease_connections: 10,
         max_bytes: None,
+        max_kept: 2,
+        max_keep: Duration::from_secs(300),
         max_waiting: 1024,
         build_timeout: Duration::from_secs(300),
         initialize_timeout: Duration::from_secs(900),
@@ -1318,4 +1320,119 @@ fn a_failed_recycle_replaces_the_database_and_its_waiter_keeps_waiting() {
     let grant = driver.grant_of(waiting).expect("served by the replacement");
     assert_ne!(grant.database, recycled);
     assert_eq!(default_status(&driver.state).last_error, None);
+}
+
+/// A lease of `default` granted and delivered.
+fn granted(driver: &mut Driver) -> Grant {
+    let waiter = driver.lease("default", 1000);
+    driver.settle();
+    driver.grant_of(waiter).expect("granted").clone()
+}
+
+#[test]
+fn a_kept_database_outlives_its_lease_until_its_keep_ends() {
+    let mut driver = Driver::new(pool(1, 4));
+    driver.settle();
+    let grant = granted(&mut driver);
+    let (kept_for, actions) =
+        driver
+            .state
+            .keep(&grant.lease_id, Duration::from_secs(30), driver.now);
+    assert_eq!(kept_for.expect("kept"), Duration::from_secs(30));
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.drops.is_empty(), "nothing dropped yet");
+    let kept = driver.state.kept_list();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (&kept[0].id, &kept[0].database),
+        (&grant.lease_id, &grant.database)
+    );
+    // The lease itself is over, and it holds no place among the template's clones.
+    let (again, _) = driver.state.release(&grant.lease_id, false, driver.now);
+    assert!(matches!(again, Err(LeaseOpError::NotFound(_))));
+    assert_eq!(default_status(&driver.state).leased, 0);
+    assert_eq!(
+        driver.state.next_deadline(),
+        Some(driver.now + Duration::from_secs(30))
+    );
+    driver.now += Duration::from_secs(31);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    assert_eq!(driver.drops, vec![grant.database]);
+    assert!(driver.state.kept_list().is_empty());
+    let (gone, _) = driver.state.drop_kept(&grant.lease_id, driver.now);
+    assert!(matches!(gone, Err(LeaseOpError::NotKept(_))));
+}
+
+#[test]
+fn a_keep_is_bounded_in_time_and_in_number() {
+    // `limits` keeps at most 2 databases for at most 300 s.
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    let grants: Vec<Grant> = (0..3).map(|_| granted(&mut driver)).collect();
+    for (n, grant) in grants.iter().enumerate() {
+        driver.now += Duration::from_secs(1);
+        let (kept_for, actions) =
+            driver
+                .state
+                .keep(&grant.lease_id, Duration::from_secs(86_400), driver.now);
+        assert_eq!(kept_for.expect("kept"), Duration::from_secs(300), "#{n}");
+        driver.pending.extend(actions);
+        driver.settle();
+    }
+    assert_eq!(
+        driver.drops,
+        vec![grants[0].database.clone()],
+        "the oldest goes"
+    );
+    let ids: Vec<LeaseId> = driver.state.kept_list().into_iter().map(|k| k.id).collect();
+    assert_eq!(
+        ids,
+        [grants[1].lease_id.clone(), grants[2].lease_id.clone()]
+    );
+    let (dropped, actions) = driver.state.drop_kept(&grants[2].lease_id, driver.now);
+    dropped.expect("dropped on request");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.drops.contains(&grants[2].database));
+}
+
+#[test]
+fn kept_databases_are_evicted_first_when_a_clone_needs_room() {
+    // Every version is 7.5 MB (see `built`); the budget holds four databases.
+    let mut limits = limits(1, 10);
+    limits.max_bytes = Some(4 * 7_500_000);
+    let templates = vec![
+        TemplateConfig {
+            name: TemplateName::default_name(),
+            source: TemplateSource::Empty,
+            postgres_version: None,
+        },
+        TemplateConfig {
+            name: name("app"),
+            source: TemplateSource::Migrations(PathBuf::from("migrations")),
+            postgres_version: None,
+        },
+    ];
+    let mut driver = Driver::new(PoolState::new(limits, "t1".into(), &templates, false));
+    driver.settle();
+    // default's template, a kept database and a warm clone: three of four.
+    let grant = granted(&mut driver);
+    let (kept, actions) = driver
+        .state
+        .keep(&grant.lease_id, Duration::from_secs(60), driver.now);
+    kept.expect("kept");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert_eq!(default_status(&driver.state).ready, 1);
+    // app's template is the fourth; its clone needs room: the kept database goes, not
+    // default's warm clone.
+    let waiter = driver.lease("app", 1000);
+    driver.settle();
+    assert!(driver.grant_of(waiter).is_some());
+    assert!(driver.drops.contains(&grant.database), "{:?}", driver.drops);
+    assert!(driver.state.kept_list().is_empty());
+    assert_eq!(default_status(&driver.state).ready, 1);
 }
