@@ -45,8 +45,9 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Extend a lease's time to live.
     Renew(RenewArgs),
-    /// Print the daemon's status as JSON.
-    Status(ClientArgs),
+    /// Show the daemon's servers, templates and leases: a table on a terminal, JSON when piped
+    /// or with --json.
+    Status(StatusArgs),
     /// List the databases kept after failed tests (release --keep, run --keep-on-failure),
     /// with the URL that opens each; --drop ID drops one now.
     Kept(KeptArgs),
@@ -318,6 +319,16 @@ pub struct ReleaseArgs {
     /// it with its URL), up to the daemon's --max-keep.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub keep: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `pglease status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the JSON of GET /status even on a terminal.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }

@@ -1,6 +1,6 @@
 //! Client commands: `lease`, `release`, `renew`, `status`, `kept`, `ready`, `run`. They talk to
-//! a running daemon over HTTP and print what a shell script needs (a table of kept databases
-//! for a person: `tables.rs`); they never touch postgres.
+//! a running daemon over HTTP and print what a shell script needs (tables for a person on a
+//! terminal: `tables.rs`); they never touch postgres.
 
 mod tables;
 
@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{ClientArgs, KeptArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs};
+use crate::cli::{
+    ClientArgs, KeptArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs, StatusArgs,
+};
 
 /// A failed client command: a message for stderr.
 pub struct ClientError(pub String);
@@ -203,13 +205,17 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
 }
 
 /// `pglease status`: prints the daemon's status JSON, pretty.
-/// `pglease status`: the JSON of GET /status.
-pub async fn status(args: ClientArgs) -> Result<()> {
-    let status = Client::new(&args)?.get("/status").await?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&status).unwrap_or_default()
-    );
+/// `pglease status`: a table on a terminal, JSON when piped or with --json.
+pub async fn status(args: StatusArgs) -> Result<()> {
+    let status = Client::new(&args.client)?.get("/status").await?;
+    if args.json || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&status).unwrap_or_default()
+        );
+    } else {
+        print!("{}", tables::status(&status));
+    }
     Ok(())
 }
 

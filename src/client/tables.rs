@@ -1,7 +1,96 @@
-//! What `pglease kept` shows a person: the daemon's JSON laid out as an aligned table.
-//! Scripts get the JSON itself (`--json`).
+//! What `pglease status` and `pglease kept` show a person on a terminal: the daemon's JSON
+//! laid out as aligned tables. Scripts get the JSON itself (`--json`, or any pipe).
 
 use serde_json::Value;
+
+/// `GET /status` as tables: servers, templates, leases, then one line of limits.
+pub(super) fn status(status: &Value) -> String {
+    let mut out = String::new();
+    let servers: Vec<Value> = match status["servers"].as_array() {
+        Some(servers) if !servers.is_empty() => servers.clone(),
+        // A daemon from before several servers: its one server.
+        _ => vec![serde_json::json!({ "postgres": status["postgres"] })],
+    };
+    out.push_str("PostgreSQL servers\n");
+    out.push_str(&table(
+        &["VERSION", "STATE", "PORT", "RESTARTS", "DATA DIR"],
+        servers
+            .iter()
+            .map(|s| {
+                let pg = &s["postgres"];
+                vec![
+                    text(&pg["version"]),
+                    text(&pg["state"]),
+                    text(&pg["port"]),
+                    text(&pg["restarts"]),
+                    text(&pg["data_dir"]),
+                ]
+            })
+            .collect(),
+    ));
+    out.push_str("\nTemplates\n");
+    out.push_str(&table(
+        &[
+            "NAME",
+            "SERVER",
+            "STATE",
+            "READY",
+            "LEASED",
+            "MAKING",
+            "WAITING",
+            "SIZE",
+            "LAST ERROR",
+        ],
+        list(&status["templates"])
+            .map(|t| {
+                vec![
+                    text(&t["name"]),
+                    major(&t["postgres_version"]),
+                    text(&t["state"]),
+                    text(&t["ready"]),
+                    text(&t["leased"]),
+                    text(&t["in_progress"]),
+                    text(&t["waiting"]),
+                    t["size_bytes"].as_u64().map(bytes).unwrap_or_default(),
+                    shorten(&text(&t["last_error"]), 60),
+                ]
+            })
+            .collect(),
+    ));
+    let leases: Vec<&Value> = list(&status["leases"]).collect();
+    out.push_str(&format!("\nLeases ({})\n", leases.len()));
+    if !leases.is_empty() {
+        out.push_str(&table(
+            &["ID", "TEMPLATE", "DATABASE", "EXPIRES", "LABEL"],
+            leases
+                .iter()
+                .map(|l| {
+                    vec![
+                        text(&l["id"]),
+                        text(&l["template"]),
+                        text(&l["database"]),
+                        text(&l["expires_at"]),
+                        shorten(&text(&l["label"]), 60),
+                    ]
+                })
+                .collect(),
+        ));
+    }
+    let limits = &status["limits"];
+    out.push_str(&format!(
+        "\nConnections {} of {} · drops pending {} · kept {} · expired {} · refused {}\n",
+        text(&limits["connections_in_use"]),
+        text(&limits["connection_budget"]),
+        text(&status["drops"]["pending"]),
+        text(&limits["kept"]),
+        text(&limits["expired"]),
+        limits["refused"]
+            .as_object()
+            .map(|r| r.values().filter_map(Value::as_u64).sum::<u64>())
+            .unwrap_or_default(),
+    ));
+    out
+}
 
 /// `GET /kept` as a table, with each database's URL on a line of its own (it is long, and
 /// it is what one copies).
@@ -43,6 +132,16 @@ fn text(value: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// "15" of "15.14 (Debian 15.14-0+deb12u1)".
+fn major(version: &Value) -> String {
+    let version = text(version);
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn bytes(n: u64) -> String {
@@ -90,6 +189,48 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn status_lays_out_servers_templates_and_leases() {
+        let status = json!({
+            "postgres": {"version": "15.14", "state": "running", "port": 40213},
+            "servers": [
+                {"major": 15, "postgres": {"version": "15.14 (Debian)", "state": "running", "port": 40213, "restarts": 0, "data_dir": "/dev/shm/a"}},
+                {"major": 18, "postgres": {"version": "18.6", "state": "running", "port": 40999, "restarts": 1, "data_dir": "/dev/shm/b"}},
+            ],
+            "templates": [
+                {"name": "default", "postgres_version": "15.14 (Debian)", "state": "ready", "ready": 4, "leased": 1, "in_progress": 0, "waiting": 0, "size_bytes": 7_500_000, "last_error": null},
+                {"name": "app18", "postgres_version": "18.6", "state": "failed", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 2, "size_bytes": null, "last_error": "syntax error"},
+            ],
+            "leases": [{"id": "abc", "template": "default", "database": "pglease_x_1", "expires_at": "2026-11-23T06:00:00Z", "label": "tests/test_a.py::test_one"}],
+            "drops": {"pending": 2},
+            "limits": {"connections_in_use": 10, "connection_budget": 350, "kept": 1, "expired": 3, "refused": {"max_total": 2, "making": 1}},
+        });
+        let out = super::status(&status);
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with("18.6")
+                && l.contains("running")
+                && l.contains("40999")),
+            "{out}"
+        );
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with("app18")
+                && l.contains("18")
+                && l.contains("syntax error")),
+            "{out}"
+        );
+        assert!(out.contains("7.2 MB"), "{out}");
+        assert!(
+            out.contains("Leases (1)") && out.contains("tests/test_a.py::test_one"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "Connections 10 of 350 · drops pending 2 · kept 1 · expired 3 · refused 3"
+            ),
+            "{out}"
+        );
+    }
 
     #[test]
     fn kept_lists_each_url_on_its_own_line() {

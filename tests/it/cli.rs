@@ -406,3 +406,45 @@ async fn lease_label_shows_in_status() {
         .expect("listed");
     assert_eq!(listed["label"], "suite/test_one");
 }
+
+#[tokio::test]
+async fn status_is_a_table_on_a_terminal_and_json_otherwise() {
+    let test = "status_is_a_table_on_a_terminal_and_json_otherwise";
+    if !crate::support::tool_available("script", test, "install util-linux") {
+        return;
+    }
+    let daemon = TestDaemon::start().await;
+    let lease = daemon.lease_ok("default").await;
+    // Piped, or with --json: the JSON of GET /status.
+    for args in [&["status"][..], &["status", "--json"][..]] {
+        let out = output_of(&daemon, args).await;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(status["leases"][0]["id"], lease["id"]);
+    }
+    // On a terminal (script(1) gives it one): tables.
+    let command = format!(
+        "{} status --server {}",
+        env!("CARGO_BIN_EXE_pglease"),
+        daemon.base
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run script")
+    })
+    .await
+    .expect("join");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    for part in [
+        "PostgreSQL servers",
+        "Templates",
+        "Leases (1)",
+        "Connections ",
+    ] {
+        assert!(table.contains(part), "{part} in:\n{table}");
+    }
+    assert!(table.contains(lease["id"].as_str().expect("id")), "{table}");
+}
