@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -33,8 +34,8 @@ func Lease(t testing.TB, opts ...Option) *Database {
 	defer cancel()
 	db, err := client.Lease(ctx, s.request)
 	if err != nil {
-		t.Fatalf("pglease: cannot lease a database of template %q for %s: %v%s",
-			s.request.Template, t.Name(), err, hinted(leaseHint(err)))
+		t.Fatalf("pglease: cannot lease a database of template %q for %s: %s%s",
+			s.request.Template, t.Name(), unprefixed(err), hinted(leaseHint(err)))
 	}
 	keep := *s.keepFailed
 	t.Cleanup(func() {
@@ -98,7 +99,7 @@ func release(t testing.TB, client *Client, db *Database, keep time.Duration) {
 		}
 		var apiError *Error
 		if !errors.As(err, &apiError) || apiError.StatusCode >= 500 || apiError.Code == "lease_not_found" {
-			t.Errorf("pglease: keeping the database of %s (lease %s): %v%s", t.Name(), db.ID, err, hinted(releaseHint(err, db)))
+			t.Errorf("pglease: keeping the database of %s (lease %s): %s%s", t.Name(), db.ID, unprefixed(err), hinted(releaseHint(err, db)))
 			return
 		}
 		// A daemon without ?keep refuses the parameter (400 malformed_request): the test
@@ -107,7 +108,7 @@ func release(t testing.TB, client *Client, db *Database, keep time.Duration) {
 			client.BaseURL, apiError.StatusCode, apiError.Code, apiError.Message, db.Name)
 	}
 	if err := client.Release(ctx, db.ID, ReleaseOptions{}); err != nil {
-		t.Errorf("pglease: releasing the database of %s (lease %s): %v%s", t.Name(), db.ID, err, hinted(releaseHint(err, db)))
+		t.Errorf("pglease: releasing the database of %s (lease %s): %s%s", t.Name(), db.ID, unprefixed(err), hinted(releaseHint(err, db)))
 	}
 }
 
@@ -146,6 +147,12 @@ func withQuery(raw, key, value string) string {
 	query.Set(key, value)
 	parsed.RawQuery = query.Encode()
 	return parsed.String()
+}
+
+// unprefixed is an error of this package without its "pglease: ", for messages that already
+// start with one.
+func unprefixed(err error) string {
+	return strings.TrimPrefix(err.Error(), "pglease: ")
 }
 
 // hinted formats advice as a sentence after an error, or nothing.
