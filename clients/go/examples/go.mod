@@ -1,0 +1,21 @@
+module github.com/pglease/pglease/clients/go/examples
+
+go 1.25.0
+
+// Until the helper is published, a suite points at its copy in the repository; this module
+// does what the README tells users to do.
+replace github.com/pglease/pglease/clients/go => ../
+
+require (
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/lib/pq v1.12.3
+	github.com/pglease/pglease/clients/go v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
