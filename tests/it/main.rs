@@ -15,6 +15,7 @@ mod faults;
 mod freshness;
 mod full_tmpfs;
 mod fuzz;
+mod helpers;
 mod integresql;
 mod kept;
 mod leases;

@@ -452,10 +452,13 @@ pub const REQUIRE_TOOLS: &str = "PGLEASE_REQUIRE_TOOLS";
 /// Whether `program --version` runs. When it does not, the test is skipped with a loud
 /// message — unless `REQUIRE_TOOLS` is set (CI), where a missing tool fails the test.
 pub fn tool_available(program: &str, test: &str, install_hint: &str) -> bool {
-    let found = std::process::Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    // `--version` for most tools, `version` for Go's.
+    let found = ["--version", "version"].iter().any(|flag| {
+        std::process::Command::new(program)
+            .arg(flag)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
     if !found {
         assert!(
             std::env::var_os(REQUIRE_TOOLS).is_none(),

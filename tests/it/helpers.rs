@@ -1,0 +1,85 @@
+//! The client helpers in `clients/` (Go, Python/pytest, Node), each running its own test
+//! suite — a small real suite of parallel tests — against a real daemon serving the migrated
+//! template `app` of clients/testdata/migrations. `.ci/run` installs what each needs.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{tool_available, TestDaemon};
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients")
+}
+
+/// A daemon serving `app` with lease roles every driver accepts (lib/pq wants at least
+/// 1000 SCRAM iterations).
+async fn daemon() -> TestDaemon {
+    let migrations = clients_dir().join("testdata/migrations");
+    TestDaemon::builder()
+        .args([
+            "--template",
+            &format!("app=migrations:{}", migrations.display()),
+            "--scram-iterations",
+            "1000",
+            "--min-ready",
+            "4",
+        ])
+        .start()
+        .await
+}
+
+/// Runs a suite's command with PGLEASE_URL set; fails with its output unless it succeeds.
+async fn run_suite(daemon: &TestDaemon, dir: PathBuf, program: &str, args: &[&str]) -> String {
+    let mut command = std::process::Command::new(program);
+    command
+        .args(args)
+        .current_dir(&dir)
+        .env("PGLEASE_URL", &daemon.base)
+        .env("PGLEASE_BIN", env!("CARGO_BIN_EXE_pglease"))
+        .env_remove("PGLEASE_TOKEN");
+    let what = format!("{program} {}", args.join(" "));
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{} in {} failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
+        program,
+        dir.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+    stdout
+}
+
+/// No lease of the suite is left open, and nothing is kept but what it meant to keep.
+async fn assert_all_released(daemon: &TestDaemon) {
+    let status = daemon.status().await;
+    assert_eq!(
+        status["leases"].as_array().map(Vec::len),
+        Some(0),
+        "leases left open: {status}"
+    );
+}
+
+#[tokio::test]
+async fn the_go_helper_suite_passes_against_a_real_daemon() {
+    let test = "the_go_helper_suite_passes_against_a_real_daemon";
+    if !tool_available("go", test, "install Go (https://go.dev/dl)") {
+        return;
+    }
+    let daemon = daemon().await;
+    let go = clients_dir().join("go");
+    run_suite(&daemon, go.clone(), "go", &["test", "-count=1", "./..."]).await;
+    run_suite(
+        &daemon,
+        go.join("examples"),
+        "go",
+        &["test", "-count=1", "./..."],
+    )
+    .await;
+    assert_all_released(&daemon).await;
+    assert!(daemon.stop().await.success());
+}
