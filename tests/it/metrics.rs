@@ -105,3 +105,64 @@ async fn metrics_need_the_token_when_one_is_set() {
         .expect("GET /metrics");
     assert_eq!(response.status(), 200);
 }
+
+/// The `pglease_*` names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("pglease_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.push(name);
+    }
+    names
+}
+
+#[tokio::test]
+async fn the_grafana_dashboard_is_valid_and_queries_only_exported_metrics() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/grafana/pglease-dashboard.json");
+    let text = std::fs::read_to_string(&path).expect("read the dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    for field in ["title", "uid", "schemaVersion", "panels", "templating"] {
+        assert!(!dashboard[field].is_null(), "the dashboard has no {field}");
+    }
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8, "{} panels", panels.len());
+    let mut names = std::collections::BTreeSet::new();
+    let mut ids = std::collections::BTreeSet::new();
+    for panel in panels {
+        assert!(ids.insert(panel["id"].to_string()), "panel id twice: {panel}");
+        for field in ["type", "title", "gridPos", "targets"] {
+            assert!(!panel[field].is_null(), "panel without {field}: {panel}");
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel without queries: {panel}");
+        for target in targets {
+            let expr = target["expr"].as_str().expect("a PromQL expr");
+            let found = metric_names(expr);
+            assert!(!found.is_empty(), "a query of no pglease metric: {expr}");
+            names.extend(found);
+        }
+    }
+
+    // Every series the queries name is one a live daemon exports (its family declared).
+    let daemon = TestDaemon::start().await;
+    let lease = daemon.lease_ok("default").await;
+    daemon.release(&id_of(&lease), false).await;
+    let text = scrape(&daemon).await;
+    for name in &names {
+        let family = ["_bucket", "_count", "_sum", "_total"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(name);
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "the dashboard queries {name}, which /metrics does not export:\n{text}"
+        );
+    }
+    assert!(names.contains("pglease_lease_wait_seconds_bucket"));
+}
