@@ -69,7 +69,7 @@ pub enum Command {
 /// Options of `pglease serve`. Flags override the config file.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (see README: Configuration). Flags override it; an on/off option it
+    /// TOML config file (see docs/configuration.md). Flags override it; an on/off option it
     /// turns on is turned off by --no-NAME (see --help).
     #[arg(long, short = 'c', value_name = "FILE")]
     pub config: Option<PathBuf>,
