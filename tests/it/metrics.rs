@@ -135,7 +135,10 @@ async fn the_grafana_dashboard_is_valid_and_queries_only_exported_metrics() {
     let mut names = std::collections::BTreeSet::new();
     let mut ids = std::collections::BTreeSet::new();
     for panel in panels {
-        assert!(ids.insert(panel["id"].to_string()), "panel id twice: {panel}");
+        assert!(
+            ids.insert(panel["id"].to_string()),
+            "panel id twice: {panel}"
+        );
         for field in ["type", "title", "gridPos", "targets"] {
             assert!(!panel[field].is_null(), "panel without {field}: {panel}");
         }
