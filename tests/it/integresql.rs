@@ -241,10 +241,9 @@ async fn discard_answers_waiting_and_later_getters_410_until_initialized_again()
 
 #[tokio::test]
 async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
-    // No warm clones: a database given back is the only one ready, so the next getter
-    // gets exactly it.
+    // Warm clones are ready too: a database given back unchanged must still come first.
     let daemon = TestDaemon::builder()
-        .args(["--min-ready", "0"])
+        .args(["--min-ready", "3"])
         .start()
         .await;
     let compat = Compat::new(&daemon);
@@ -275,13 +274,18 @@ async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
         404,
         "unlocked already"
     );
-    // The same database comes back, under a new id and password.
+    // The same database comes back first, under the same id, with a new password (as
+    // IntegreSQL hands back the same id; clients name databases by it).
     let (_, second) = compat.test_database("cafe").await;
     assert_eq!(
         second["database"]["config"]["database"],
         first["database"]["config"]["database"]
     );
-    assert_ne!(second["id"], first["id"]);
+    assert_eq!(second["id"], first["id"]);
+    assert_ne!(
+        second["database"]["config"]["password"],
+        first["database"]["config"]["password"]
+    );
     assert!(connect(&first).await.is_err(), "the old password is void");
     let client = connect(&second).await.expect("connect");
     client
@@ -310,6 +314,12 @@ async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
         (compat.call("DELETE", &alias, None).await.0 == 204).then_some(())
     })
     .await;
+    let (_, fourth) = compat.test_database("cafe").await;
+    assert_eq!(fourth["id"], third["id"], "the alias unlocks too");
+    assert_eq!(
+        fourth["database"]["config"]["database"],
+        third["database"]["config"]["database"]
+    );
     assert_eq!(
         compat
             .call("POST", "/templates/cafe/tests/abc/unlock", None)

@@ -239,6 +239,7 @@ pub async fn start(
         state,
         initializers: HashMap::new(),
         finalizers: HashMap::new(),
+        unlocks: HashMap::new(),
         inputs,
         external: matches!(config.server, ServerConfig::External(_)),
         server_outlives_us: match &config.server {
@@ -404,6 +405,8 @@ struct Actor {
     initializers: HashMap<DbName, client::Reply<ConnectInfo>>,
     /// Callers of `finalize`, by the database being finalized.
     finalizers: HashMap<DbName, Vec<client::Reply<()>>>,
+    /// IntegreSQL unlocks, answered when their database's recycle ends.
+    unlocks: HashMap<DbName, client::Reply<()>>,
     inputs: UpInputs,
     external: bool,
     /// An external server, or a kept data directory: what we leave is found next time.
@@ -656,6 +659,7 @@ impl Actor {
                         Err(message)
                     }
                 };
+                self.recycled(&clone);
                 let actions =
                     self.state
                         .clone_finished(&template, &template_db, clone, outcome, now);

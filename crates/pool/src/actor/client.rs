@@ -113,6 +113,7 @@ impl Actor {
                     template,
                     number,
                     id,
+                    db,
                     recreate,
                     reply,
                 }),
@@ -130,6 +131,7 @@ impl Actor {
             template,
             number,
             id,
+            db,
             recreate,
             reply,
         } = give_back;
@@ -142,10 +144,18 @@ impl Actor {
             }),
             Ok(_) => {
                 let (result, actions) = self.state.release(&id, !recreate, Instant::now());
-                self.apply(actions);
                 if result.is_ok() {
                     tracing::info!(template = %template, number, recreate, "test database given back");
+                    if !recreate && self.state.is_being_made(&db) {
+                        // Answered once it is back in the queue (see `recycled`): a get right
+                        // after the unlock then finds it there, under its id. (Not recycled —
+                        // its version was replaced — it is dropped: answered now.)
+                        self.unlocks.insert(db, reply);
+                        self.apply(actions);
+                        return;
+                    }
                 }
+                self.apply(actions);
                 // Ended meanwhile (expired, or recreated for a waiting request).
                 result.map_err(|_| TemplateOpError::UnknownTest {
                     template: template.clone(),
@@ -154,6 +164,14 @@ impl Actor {
             }
         };
         let _ = reply.send(answer);
+    }
+
+    /// A clone job ended for `db`: an unlock waiting for its recycle is answered (also if
+    /// the recycle failed — the database was given back; its replacement has a new id).
+    pub(super) fn recycled(&mut self, db: &DbName) {
+        if let Some(reply) = self.unlocks.remove(db) {
+            let _ = reply.send(Ok(()));
+        }
     }
 
     pub(super) fn spawn_open(&mut self, template: TemplateName, db: DbName) {
@@ -253,6 +271,10 @@ impl Actor {
 
     /// Callers waiting on client-template work of a lost server are told so.
     pub(super) fn fail_client_work(&mut self, reason: &str) {
+        // Their databases went with the server; they were given back all the same.
+        for (_, reply) in self.unlocks.drain() {
+            let _ = reply.send(Ok(()));
+        }
         for (_, reply) in self.initializers.drain() {
             let _ = reply.send(Err(TemplateOpError::PostgresDown(reason.to_owned())));
         }
@@ -270,6 +292,7 @@ pub(super) struct GiveBack {
     template: TemplateName,
     number: u32,
     id: LeaseId,
+    db: DbName,
     recreate: bool,
     reply: Reply<()>,
 }

@@ -293,6 +293,7 @@ impl PoolState {
                     template: Some(template.clone()),
                     made_from: None,
                     bytes: 0,
+                    test_id: None,
                     phase: Phase::Adoptable { fingerprint },
                 },
             );

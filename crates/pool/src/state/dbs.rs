@@ -29,6 +29,10 @@ pub(super) struct Db {
     pub made_from: Option<DbName>,
     /// What it costs in the byte budget (its version's size when made).
     pub bytes: u64,
+    /// The IntegreSQL test id it carries: set when an IntegreSQL client gets it, kept when
+    /// that client gives it back unchanged (unlock), so that it comes back under the same
+    /// id; cleared when anyone else gets it.
+    pub test_id: Option<u32>,
     /// What is being done with it.
     pub phase: Phase,
 }
@@ -197,6 +201,7 @@ impl Dbs {
                         template: template.cloned(),
                         made_from: None,
                         bytes,
+                        test_id: None,
                         phase: queued,
                     },
                 );

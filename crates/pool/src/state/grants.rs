@@ -181,8 +181,17 @@ impl PoolState {
             *in_use += waiter.connections;
             entry.last_used = Some(now);
             entry.demand.taken(now);
-            let number = entry.next_number;
-            entry.next_number = entry.next_number.wrapping_add(1);
+            // An IntegreSQL test database given back unchanged keeps its id for the next
+            // IntegreSQL client; anything else gets a new number.
+            let carried = self.dbs.get(&database).and_then(|db| db.test_id);
+            let number = match carried {
+                Some(number) if waiter.reclaimable => number,
+                _ => {
+                    let number = entry.next_number;
+                    entry.next_number = entry.next_number.wrapping_add(1);
+                    number
+                }
+            };
             // A lease of its own connection limit goes out once the limit is set.
             let custom_limit = waiter.connections != self.limits.lease_connections;
             let grant = Grant {
@@ -208,6 +217,7 @@ impl PoolState {
                 });
             }
             if let Some(db) = self.dbs.get_mut(&database) {
+                db.test_id = waiter.reclaimable.then_some(number);
                 db.phase = Phase::Leased(Box::new(LeaseRecord {
                     id: waiter.lease_id.clone(),
                     fingerprint: fingerprint.clone(),
@@ -371,8 +381,11 @@ impl PoolState {
                     entry.demand.returned(now);
                 }
                 // Back in the ready queue only once the old holder is locked out; until
-                // then it is being made.
+                // then it is being made. An IntegreSQL test database keeps its id (and goes
+                // to the front of the queue: it is the next one handed out, caches warm).
+                let test_id = record.reclaimable.then_some(record.number);
                 if let Some(db) = self.dbs.get_mut(&database) {
+                    db.test_id = test_id;
                     db.phase = Phase::Making { started: None };
                 }
                 actions.push(Action::Recycle {
@@ -603,6 +616,7 @@ pub(super) fn new_clone(
         template: Some(template.clone()),
         made_from: Some(made_from.clone()),
         bytes,
+        test_id: None,
         phase: Phase::Making { started: Some(now) },
     }
 }

@@ -27,6 +27,8 @@ impl PoolState {
         }
         let mut lease_ids = HashSet::new();
         let mut waiter_ids = HashSet::new();
+        // An IntegreSQL test id names one database of its template at a time.
+        let mut test_ids = HashSet::new();
         for (name, db) in self.dbs.iter() {
             // A clone being made outlives a template forgotten meanwhile (its job drops it
             // when it reports); anything else must belong to a template.
@@ -37,6 +39,14 @@ impl PoolState {
                     "{name} ({:?}) belongs to no template ({:?})",
                     db.phase, db.template
                 ));
+            }
+            if let (Some(test_id), false) = (db.test_id, matches!(db.phase, Phase::Dropping(_))) {
+                if !test_ids.insert((db.template.clone(), test_id)) {
+                    return Err(format!(
+                        "test id {test_id} of {:?} names two databases ({name} is one)",
+                        db.template
+                    ));
+                }
             }
             match &db.phase {
                 // No grant of an old version: the ready queue holds the current one only.
@@ -53,6 +63,13 @@ impl PoolState {
                 Phase::Leased(record) => {
                     if !lease_ids.insert(record.id.clone()) {
                         return Err(format!("lease {} holds two databases", record.id));
+                    }
+                    // An IntegreSQL client finds its database by the id it was given.
+                    if record.reclaimable && db.test_id != Some(record.number) {
+                        return Err(format!(
+                            "{name} was given out as test {} but carries {:?}",
+                            record.number, db.test_id
+                        ));
                     }
                     if let Some(waiter) = record.pending.as_ref().map(|w| w.id) {
                         if !waiter_ids.insert(waiter) {

@@ -142,7 +142,13 @@ impl PoolState {
             _ if !current => self.dbs.queue_drop(clone, Some(template), 0),
             Ok(()) => {
                 entry.last_error = None;
-                let phase = self.dbs.ready_at_back();
+                // An IntegreSQL test database given back unchanged is the next one out.
+                let carries_id = self.dbs.get(&clone).is_some_and(|db| db.test_id.is_some());
+                let phase = if carries_id {
+                    self.dbs.ready_at_front()
+                } else {
+                    self.dbs.ready_at_back()
+                };
                 if let Some(db) = self.dbs.get_mut(&clone) {
                     db.phase = phase;
                 }

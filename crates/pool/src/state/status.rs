@@ -123,6 +123,13 @@ impl PoolState {
                 .is_some_and(|e| e.current().is_some())
     }
 
+    /// Whether `db` is being made (cloned or recycled) now.
+    pub fn is_being_made(&self, db: &DbName) -> bool {
+        self.dbs
+            .get(db)
+            .is_some_and(|d| matches!(d.phase, Phase::Making { .. }))
+    }
+
     /// Whether `template_db` is the current version of `template`.
     pub fn is_current(&self, template: &TemplateName, template_db: &DbName) -> bool {
         self.templates

@@ -1436,3 +1436,57 @@ fn kept_databases_are_evicted_first_when_a_clone_needs_room() {
     assert!(driver.state.kept_list().is_empty());
     assert_eq!(default_status(&driver.state).ready, 1);
 }
+
+#[test]
+fn an_unlocked_test_database_comes_back_under_its_id_before_any_other() {
+    let mut driver = Driver::new(pool(2, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize");
+    finalize(&mut driver, "abc123");
+    driver.settle();
+    let first = driver.lease_with(&test_request("abc123"));
+    let second = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let grant = |driver: &Driver, waiter| driver.grant_of(waiter).expect("granted").clone();
+    let (first, second) = (grant(&driver, first), grant(&driver, second));
+    assert_eq!((first.number, second.number), (0, 1));
+    // Test 0 unlocked (given back unchanged): recycled, then first in line under id 0.
+    let (released, actions) = driver.state.release(&first.lease_id, true, driver.now);
+    released.expect("released");
+    driver.pending.extend(actions);
+    driver.settle();
+    let again = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let again = grant(&driver, again);
+    assert_eq!(
+        (again.number, &again.database),
+        (0, &first.database),
+        "the same database under the same id"
+    );
+    // Recreated (dropped and replaced): its id is not handed out again.
+    let (released, actions) = driver.state.release(&second.lease_id, false, driver.now);
+    released.expect("released");
+    driver.pending.extend(actions);
+    driver.settle();
+    let fresh = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let fresh = grant(&driver, fresh);
+    assert_ne!(fresh.number, 1);
+    assert_ne!(fresh.database, second.database);
+    // The native API may lease from the same template: a database it got carries no id.
+    let (released, actions) = driver.state.release(&again.lease_id, true, driver.now);
+    released.expect("released");
+    driver.pending.extend(actions);
+    driver.settle();
+    let native = driver.lease("abc123", 1000);
+    driver.settle();
+    let native = grant(&driver, native);
+    assert_eq!(
+        native.database, first.database,
+        "the recycled one is first in line"
+    );
+    assert_ne!(
+        native.number, 0,
+        "a native lease does not take over the test id"
+    );
+}
