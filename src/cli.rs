@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pglease_api::{ApiConfig, Token};
-use pglease_pool::config::{CommandSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS};
+use pglease_pool::config::{
+    CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS,
+};
 use pglease_pool::{
     CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
     TemplateConfig, TemplateName, TemplateSource,
@@ -118,7 +120,7 @@ pub struct ServeArgs {
     /// The longest a database is kept; a longer keep is shortened to this [default: 3600].
     #[arg(long, value_name = "SECS")]
     pub max_keep: Option<u64>,
-    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
+    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE (a pg_dump output), NAME=command:CMD or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
     /// Ready clones kept warm per template [default: 4].
@@ -459,6 +461,10 @@ struct TemplateFile {
     migrations: Option<PathBuf>,
     sql: Option<PathBuf>,
     command: Option<String>,
+    /// A pg_dump output (custom, directory, tar or plain SQL, .gz/.zst).
+    dump: Option<PathBuf>,
+    /// For `dump`: pg_restore's parallel jobs (default: the number of cores).
+    jobs: Option<usize>,
     /// For `command`: its working directory (default: the config file's directory).
     workdir: Option<PathBuf>,
     /// For `command`: files and directories whose contents enter the fingerprint.
@@ -620,14 +626,48 @@ impl ServeArgs {
                 .map(file_version)
                 .transpose()
                 .map_err(|e| format!("template {name:?}: {e}"))?;
-            if source.command.is_none()
-                && (source.workdir.is_some()
-                    || !source.watch.is_empty()
-                    || source.timeout_secs.is_some())
-            {
+            if source.command.is_none() && (source.workdir.is_some() || !source.watch.is_empty()) {
                 return Err(format!(
-                    "template {name:?}: workdir, watch and timeout_secs go with command"
+                    "template {name:?}: workdir and watch go with command"
                 ));
+            }
+            if source.command.is_none() && source.dump.is_none() && source.timeout_secs.is_some() {
+                return Err(format!(
+                    "template {name:?}: timeout_secs goes with command or dump"
+                ));
+            }
+            if source.dump.is_none() && source.jobs.is_some() {
+                return Err(format!("template {name:?}: jobs goes with dump"));
+            }
+            if let Some(dump) = &source.dump {
+                if source.migrations.is_some() || source.sql.is_some() || source.command.is_some() {
+                    return Err(format!(
+                        "template {name:?}: give one of migrations, sql, command or dump"
+                    ));
+                }
+                let timeout = match source.timeout_secs {
+                    None => pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+                    Some(secs) => {
+                        command_timeout(Some(secs)).map_err(|e| format!("timeout_secs: {e}"))?
+                    }
+                };
+                let plain = TemplateSource::Dump(DumpSource {
+                    path: absolute(&file_dir.join(dump))?,
+                    jobs: match source.jobs {
+                        Some(0) => {
+                            return Err(format!("template {name:?}: jobs must be at least 1"))
+                        }
+                        jobs => jobs,
+                    },
+                    timeout,
+                });
+                let source = if source.superuser {
+                    TemplateSource::Superuser(Box::new(plain))
+                } else {
+                    plain
+                };
+                push_template(&mut templates, name, source, version)?;
+                continue;
             }
             let plain = match (&source.migrations, &source.sql, &source.command) {
                 (Some(dir), None, None) => {
@@ -873,7 +913,7 @@ fn parse_template_flag(
     spec: &str,
 ) -> Result<(&str, Option<pglease_binaries::VersionSpec>, TemplateSource), String> {
     let usage = || {
-        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=command:CMD or NAME=empty (NAME@16=… for a PostgreSQL 16 server)")
+        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE, NAME=command:CMD or NAME=empty (NAME@16=… for a PostgreSQL 16 server)")
     };
     let (name, source) = spec.split_once('=').ok_or_else(usage)?;
     let (name, version) = match name.split_once('@') {
@@ -892,6 +932,11 @@ fn parse_template_flag(
         Some(("sql", file)) if !file.is_empty() => {
             TemplateSource::SqlFile(absolute(Path::new(file))?)
         }
+        Some(("dump", file)) if !file.is_empty() => TemplateSource::Dump(DumpSource {
+            path: absolute(Path::new(file))?,
+            jobs: None,
+            timeout: pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+        }),
         // Run in the current directory; only the command string enters the fingerprint
         // (a config file can add `watch`).
         Some(("command", command)) if !command.trim().is_empty() => {

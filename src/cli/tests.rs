@@ -549,3 +549,56 @@ fn a_template_names_its_postgres_version_in_the_flag_or_the_config_file() {
     assert!(error.contains("template \"app\""), "{error}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_dump_template_comes_from_the_flag_or_the_config_file() {
+    let config = serve_args(&["--template", "big=dump:/data/prod.dump"])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        config.pool.templates[0].source,
+        TemplateSource::Dump(DumpSource {
+            path: "/data/prod.dump".into(),
+            jobs: None,
+            timeout: pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+        })
+    );
+    let dir = std::env::temp_dir().join(format!("pglease-cli-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    let path = file.to_str().expect("utf8");
+    std::fs::write(
+        &file,
+        "[templates.big]\ndump = \"prod.dump\"\njobs = 4\ntimeout_secs = 7200\n",
+    )
+    .expect("write");
+    let config = serve_args(&["--config", path])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        config.pool.templates[0].source,
+        TemplateSource::Dump(DumpSource {
+            path: dir.join("prod.dump"),
+            jobs: Some(4),
+            timeout: Duration::from_secs(7200),
+        })
+    );
+    for (table, why) in [
+        (
+            "[templates.x]\nsql = \"a.sql\"\njobs = 2\n",
+            "jobs goes with dump",
+        ),
+        (
+            "[templates.x]\ndump = \"a.dump\"\nsql = \"a.sql\"\n",
+            "one of",
+        ),
+        ("[templates.x]\ndump = \"a.dump\"\njobs = 0\n", "at least 1"),
+    ] {
+        std::fs::write(&file, table).expect("write");
+        let error = serve_args(&["--config", path])
+            .into_config()
+            .expect_err(why);
+        assert!(error.contains(why), "{table}: {error}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

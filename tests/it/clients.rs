@@ -107,7 +107,10 @@ async fn the_python_integresql_client_runs_its_flow_unchanged() {
         serde_json::from_str(out.trim()).expect("the flow prints one JSON line");
     assert_eq!(counts["migrations"], 1, "{counts}");
     assert_eq!(counts["tests"], 10, "{counts}");
-    assert_eq!(counts["distinct_ids"], 1, "one database, given back and got again: {counts}");
+    assert_eq!(
+        counts["distinct_ids"], 1,
+        "one database, given back and got again: {counts}"
+    );
     assert!(!daemon.log().contains(" ERROR "), "{}", daemon.log());
 }
 

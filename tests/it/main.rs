@@ -10,6 +10,7 @@ mod commands;
 mod connections;
 mod credentials;
 mod daemon;
+mod dumps;
 mod external;
 mod faults;
 mod freshness;

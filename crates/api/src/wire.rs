@@ -40,6 +40,12 @@ pub struct TemplateBody {
     pub sql: Option<String>,
     /// A migration command (needs `--allow-http-commands`).
     pub command: Option<String>,
+    /// An absolute path of a pg_dump output: custom, directory or tar format (restored with
+    /// pg_restore), or plain SQL (psql), optionally .gz/.zst.
+    pub dump: Option<String>,
+    /// For `dump`: pg_restore's parallel jobs (default: the number of cores).
+    #[schema(minimum = 1, maximum = 64)]
+    pub jobs: Option<usize>,
     /// The command's absolute working directory.
     pub workdir: Option<String>,
     /// Absolute paths whose contents enter the fingerprint.

@@ -158,6 +158,10 @@ pub enum TemplateSource {
     SqlFile(PathBuf),
     /// Any migration tool, run against the template being built.
     Command(CommandSource),
+    /// A `pg_dump` output restored into the template: custom, directory or tar format with
+    /// `pg_restore` (custom and directory in parallel), plain SQL (optionally `.gz`/`.zst`)
+    /// with `psql`.
+    Dump(DumpSource),
     /// Built by a client through the IntegreSQL-compatible API: it gets an empty template
     /// database with a login role, migrates it itself and finalizes it. The template's name
     /// is the client's hash, which is also its fingerprint; pglease cannot rebuild it.
@@ -174,6 +178,18 @@ impl TemplateSource {
     pub fn is_client_built(&self) -> bool {
         matches!(self, TemplateSource::Client)
     }
+}
+
+/// A dump to restore (see [`TemplateSource::Dump`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpSource {
+    /// The dump: a file, or a directory-format dump's directory.
+    pub path: PathBuf,
+    /// `pg_restore -j`: parallel jobs for custom and directory dumps; None: the number of
+    /// cores.
+    pub jobs: Option<usize>,
+    /// Killed (with its process group) after this long.
+    pub timeout: Duration,
 }
 
 /// A migration command: run with `sh -c` in `workdir`, with `DATABASE_URL` and
@@ -193,6 +209,9 @@ pub struct CommandSource {
 /// Time a client gets from initialize to finalize by default: a dump of a few GB restores
 /// well within it, and a client that died is noticed the same quarter hour.
 pub const DEFAULT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// Time a dump's restore gets by default: tens of GB restore within it.
+pub const DEFAULT_DUMP_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
 /// Time a migration command gets by default.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);

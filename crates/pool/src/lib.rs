@@ -22,8 +22,8 @@ pub mod types;
 
 pub use actor::start;
 pub use config::{
-    CloneStrategy, CommandSource, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig,
-    PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
+    CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, LeaseAuth,
+    PoolConfig, PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
 };
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;

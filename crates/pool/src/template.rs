@@ -17,6 +17,8 @@ use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
 use crate::state::Built;
 
+mod dump;
+
 /// Sizes and modification times of a source's files: cheap to take, and compared before
 /// paying for a hash when checking whether sources changed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,6 +56,12 @@ pub fn stamp(source: &TemplateSource) -> SourceStamp {
                 for path in walk(root).unwrap_or_default() {
                     add(&path);
                 }
+            }
+        }
+        TemplateSource::Dump(dump) => {
+            add(&dump.path);
+            for path in walk(&dump.path).unwrap_or_default() {
+                add(&path);
             }
         }
     }
@@ -105,6 +113,23 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
             hasher.update(b"migrations\0");
             for path in migration_files(dir)? {
                 hash_file(&mut hasher, &path)?;
+            }
+        }
+        TemplateSource::Dump(dump) => {
+            // The contents only: the same dump anywhere is the same version.
+            hasher.update(b"dump\0");
+            let meta = std::fs::metadata(&dump.path)
+                .map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
+            if meta.is_file() {
+                hash_file(&mut hasher, &dump.path)?;
+            } else {
+                let files =
+                    walk(&dump.path).map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
+                for path in files.iter().filter(|p| p.is_file()) {
+                    let relative = path.strip_prefix(&dump.path).unwrap_or(path);
+                    hasher.update(format!("{}\0", relative.display()).as_bytes());
+                    hash_file(&mut hasher, path)?;
+                }
             }
         }
         TemplateSource::Command(command) => {
@@ -406,6 +431,15 @@ async fn apply_source(
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
             return retire_build_role(session, db, superuser).await;
+        }
+        TemplateSource::Dump(dump) => {
+            let (command, format, tool) = dump::restore_command(dump).await?;
+            tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, command = %command.command, "restoring a dump into the template");
+            let restored = run_command(session, &command, db, superuser)
+                .await
+                .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
+            let retired = retire_build_role(session, db, superuser).await;
+            return restored.and(retired);
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),

@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use pglease_pool::config::DEFAULT_COMMAND_TIMEOUT;
 use pglease_pool::{
-    CommandSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
-    VersionSpec,
+    CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource,
+    TemplateStatus, VersionSpec,
 };
 
 use super::leases::rfc3339;
@@ -148,8 +148,49 @@ fn template_source(state: &AppState, body: TemplateBody) -> Result<TemplateSourc
     )?)))
 }
 
+/// A `dump` source: alone, an absolute path, 1 to 64 jobs.
+fn dump_source(dump: &str, body: &TemplateBody) -> Result<TemplateSource, ApiError> {
+    if body.migrations.is_some() || body.sql.is_some() || body.command.is_some() {
+        return Err(ApiError::invalid(
+            "give one of migrations, sql, dump or command",
+        ));
+    }
+    if body.workdir.is_some() || !body.watch.is_empty() {
+        return Err(ApiError::invalid("workdir and watch go with command"));
+    }
+    let jobs = match body.jobs {
+        None => None,
+        Some(n @ 1..=64) => Some(n),
+        Some(n) => {
+            return Err(ApiError::invalid(format!(
+                "jobs must be between 1 and 64, got {n}"
+            )))
+        }
+    };
+    let timeout = match body.timeout_secs {
+        None => pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+        Some(secs @ 1..=86_400) => Duration::from_secs(secs),
+        Some(secs) => {
+            return Err(ApiError::invalid(format!(
+                "timeout_secs must be between 1 and 86400, got {secs}"
+            )))
+        }
+    };
+    Ok(TemplateSource::Dump(DumpSource {
+        path: checked_path("dump", dump)?,
+        jobs,
+        timeout,
+    }))
+}
+
 /// [`template_source`] without the superuser flag.
 fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, ApiError> {
+    if let Some(dump) = &body.dump {
+        return dump_source(dump, &body);
+    }
+    if body.jobs.is_some() {
+        return Err(ApiError::invalid("jobs goes with dump"));
+    }
     let is_command = body.command.is_some();
     if !is_command
         && (body.workdir.is_some() || !body.watch.is_empty() || body.timeout_secs.is_some())
@@ -199,7 +240,9 @@ fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, 
                 timeout,
             }))
         }
-        _ => Err(ApiError::invalid("give one of migrations, sql or command")),
+        _ => Err(ApiError::invalid(
+            "give one of migrations, sql, dump or command",
+        )),
     }
 }
 

@@ -1,0 +1,221 @@
+//! Templates from a `pg_dump` output: which format a dump is, which tool restores it, and
+//! the command line that does — run like a migration command (`run_command`: a temporary
+//! login role acting as the owner role, a timeout, the output's tail in errors).
+//!
+//! Custom and directory dumps restore with `pg_restore -j N` (parallel), tar dumps with
+//! `pg_restore` (tar cannot be restored in parallel), plain SQL with `psql` in one
+//! transaction, decompressed first when it is `.gz` or `.zst`. `--no-owner --no-privileges`
+//! (pg_restore) leave every object to the build role, i.e. the owner role, so leases can
+//! alter them, and a dump naming roles this server lacks still restores.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::config::{CommandSource, DumpSource};
+
+/// What a dump is, by its first bytes (not its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `pg_dump -Fc`: starts with "PGDMP".
+    Custom,
+    /// `pg_dump -Fd`: a directory with `toc.dat`.
+    Directory,
+    /// `pg_dump -Ft`: a tar archive.
+    Tar,
+    /// `pg_dump -Fp`, or any SQL script.
+    Plain,
+    /// Plain SQL compressed with gzip.
+    PlainGzip,
+    /// Plain SQL compressed with zstd.
+    PlainZstd,
+}
+
+impl Format {
+    /// Looks at `path`.
+    pub(crate) fn of(path: &Path) -> Result<Format, String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("dump {}: {e}", path.display()))?;
+        if meta.is_dir() {
+            return if path.join("toc.dat").is_file() {
+                Ok(Format::Directory)
+            } else {
+                Err(format!(
+                    "dump {} is a directory without toc.dat: not a pg_dump -Fd output",
+                    path.display()
+                ))
+            };
+        }
+        let mut head = [0u8; 512];
+        let mut file =
+            std::fs::File::open(path).map_err(|e| format!("dump {}: {e}", path.display()))?;
+        let mut read = 0;
+        while read < head.len() {
+            match file.read(&mut head[read..]) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) => return Err(format!("dump {}: {e}", path.display())),
+            }
+        }
+        let head = &head[..read];
+        Ok(if head.starts_with(b"PGDMP") {
+            Format::Custom
+        } else if head.starts_with(&[0x1f, 0x8b]) {
+            Format::PlainGzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Format::PlainZstd
+        } else if head.len() >= 262 && &head[257..262] == b"ustar" {
+            Format::Tar
+        } else {
+            Format::Plain
+        })
+    }
+
+    fn tool(self) -> &'static str {
+        match self {
+            Format::Custom | Format::Directory | Format::Tar => "pg_restore",
+            Format::Plain | Format::PlainGzip | Format::PlainZstd => "psql",
+        }
+    }
+}
+
+/// The command that restores `dump` into `$DATABASE_URL`, and the tool's version for the
+/// log and errors.
+pub(crate) async fn restore_command(
+    dump: &DumpSource,
+) -> Result<(CommandSource, Format, String), String> {
+    let path = dump.path.clone();
+    let format = tokio::task::spawn_blocking(move || Format::of(&path))
+        .await
+        .map_err(|e| format!("inspecting the dump failed: {e}"))??;
+    let tool_name = format.tool();
+    let tool = find_tool(tool_name).ok_or_else(|| {
+        format!(
+            "{tool_name} not found (on PATH or in /usr/lib/postgresql/*/bin): a {format:?} dump \
+             needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
+        )
+    })?;
+    let version = tokio::process::Command::new(&tool)
+        .arg("--version")
+        .output()
+        .await
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| tool.display().to_string());
+    let file = quote(&dump.path.display().to_string());
+    let tool_q = quote(&tool.display().to_string());
+    let jobs = dump
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let restore = "--no-owner --no-privileges --exit-on-error --dbname \"$DATABASE_URL\"";
+    let psql = format!(
+        "{tool_q} -X -q -v ON_ERROR_STOP=1 --single-transaction --dbname \"$DATABASE_URL\""
+    );
+    let command = match format {
+        Format::Custom | Format::Directory if jobs > 1 => {
+            format!("{tool_q} {restore} --jobs {jobs} {file}")
+        }
+        Format::Custom | Format::Directory | Format::Tar => format!("{tool_q} {restore} {file}"),
+        Format::Plain => format!("{psql} -f {file}"),
+        // Checked whole first: a truncated stream would otherwise reach psql as a script
+        // that merely ends early.
+        Format::PlainGzip => format!("gzip -t {file} && gzip -dc {file} | {psql} -f -"),
+        Format::PlainZstd => format!("zstd -qt {file} && zstd -qdc {file} | {psql} -f -"),
+    };
+    let workdir = dump
+        .path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    Ok((
+        CommandSource {
+            command,
+            workdir,
+            watch: vec![dump.path.clone()],
+            timeout: dump.timeout,
+        },
+        format,
+        version,
+    ))
+}
+
+/// `name` on PATH, else in the newest `/usr/lib/postgresql/<major>/bin`.
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.or_else(|| {
+        let mut majors: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let major = entry.file_name().to_str()?.parse().ok()?;
+                let tool = entry.path().join("bin").join(name);
+                tool.is_file().then_some((major, tool))
+            })
+            .collect();
+        majors.sort();
+        majors.pop().map(|(_, tool)| tool)
+    })
+}
+
+/// Single-quoted for `sh`.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pglease-dump-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    #[test]
+    fn formats_are_told_by_their_bytes_not_their_names() {
+        let dir = scratch("formats");
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).expect("write");
+            path
+        };
+        assert_eq!(
+            Format::of(&write("a.sql", b"PGDMP\x01\x0e")),
+            Ok(Format::Custom)
+        );
+        assert_eq!(
+            Format::of(&write("b.dump", b"CREATE TABLE t ();")),
+            Ok(Format::Plain)
+        );
+        assert_eq!(
+            Format::of(&write("c", &[0x1f, 0x8b, 8, 0])),
+            Ok(Format::PlainGzip)
+        );
+        assert_eq!(
+            Format::of(&write("d", &[0x28, 0xb5, 0x2f, 0xfd, 0])),
+            Ok(Format::PlainZstd)
+        );
+        let mut tar = vec![0u8; 512];
+        tar[257..262].copy_from_slice(b"ustar");
+        assert_eq!(Format::of(&write("e.tar", &tar)), Ok(Format::Tar));
+        let directory = dir.join("dir");
+        std::fs::create_dir_all(&directory).expect("dir");
+        let error = Format::of(&directory).expect_err("no toc.dat");
+        assert!(error.contains("toc.dat"), "{error}");
+        write("dir/toc.dat", b"PGDMP");
+        assert_eq!(Format::of(&directory), Ok(Format::Directory));
+        let error = Format::of(&dir.join("missing")).expect_err("missing");
+        assert!(error.contains("missing"), "{error}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn paths_are_quoted_for_the_shell() {
+        assert_eq!(quote("/a b/it's.dump"), r"'/a b/it'\''s.dump'");
+    }
+}
