@@ -167,3 +167,55 @@ async fn every_dump_format_restores_into_a_template_leases_can_alter() {
     }
     assert!(daemon.stop().await.success());
 }
+
+#[tokio::test]
+async fn a_long_restore_logs_its_progress() {
+    let test = "a_long_restore_logs_its_progress";
+    if !tool_available("pg_dump", test, "install postgresql-client") {
+        return;
+    }
+    let dir = scratch_dir("dump-progress");
+    // An index whose every entry costs 10 ms: building it takes 7 s, in the restore too.
+    let schema = dir.join("schema.sql");
+    fs::write(
+        &schema,
+        "CREATE FUNCTION slow(i int) RETURNS int LANGUAGE sql IMMUTABLE \
+           AS $$ SELECT i FROM pg_sleep(0.01) $$;\n\
+         CREATE TABLE t (id int);\n\
+         INSERT INTO t SELECT generate_series(1, 700);\n\
+         CREATE INDEX t_slow ON t (slow(id));\n",
+    )
+    .expect("write");
+    let source = TestDaemon::builder()
+        .args(["--template", &format!("src=sql:{}", schema.display())])
+        .start()
+        .await;
+    let (status, lease) = source
+        .lease(json!({"template": "src", "wait_ms": 120000}))
+        .await;
+    assert_eq!(status, 201, "{lease}");
+    let url = lease["url"].as_str().expect("url").to_owned();
+    let dump = dir.join("slow.dump");
+    let script = format!("pg_dump -Fc -f {} '{url}'", dump.display());
+    tokio::task::spawn_blocking(move || sh(&script))
+        .await
+        .expect("join");
+    assert!(source.stop().await.success());
+
+    let daemon = TestDaemon::builder()
+        .args(["--template", &format!("slow=dump:{}", dump.display())])
+        .start()
+        .await;
+    let (status, body) = daemon
+        .lease(json!({"template": "slow", "wait_ms": 120000}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let log = daemon.log();
+    let progress = log
+        .lines()
+        .find(|l| l.contains("restoring") && l.contains("entries") && l.contains("percent="))
+        .unwrap_or_else(|| panic!("no progress line while the restore ran:\n{log}"));
+    assert!(progress.contains("eta_s="), "{progress}");
+    eprintln!("{progress}");
+    assert!(daemon.stop().await.success());
+}

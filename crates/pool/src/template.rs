@@ -433,11 +433,18 @@ async fn apply_source(
             return retire_build_role(session, db, superuser).await;
         }
         TemplateSource::Dump(dump) => {
-            let (command, format, tool) = dump::restore_command(dump).await?;
-            tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, command = %command.command, "restoring a dump into the template");
-            let restored = run_command(session, &command, db, superuser)
-                .await
-                .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
+            let restore = dump::restore_command(dump).await?;
+            let (format, tool) = (restore.format, restore.tool.clone());
+            tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
+            let progress = Progress {
+                what: format!("restoring {}", dump.path.display()),
+                total: restore.entries,
+                counts: restore.counts,
+            };
+            let restored =
+                run_command_with(session, &restore.command, db, superuser, Some(progress))
+                    .await
+                    .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
             let retired = retire_build_role(session, db, superuser).await;
             return restored.and(retired);
         }
@@ -552,6 +559,28 @@ async fn run_command(
     db: &DbName,
     superuser: bool,
 ) -> Result<(), String> {
+    run_command_with(session, source, db, superuser, None).await
+}
+
+/// What a long command reports while it runs: lines of its output that `counts` picks,
+/// against an expected `total`, logged every [`PROGRESS_EVERY`].
+struct Progress {
+    what: String,
+    total: Option<u64>,
+    counts: fn(&str) -> bool,
+}
+
+/// How often a long build logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// [`run_command`], logging `progress` while it runs.
+async fn run_command_with(
+    session: &Session,
+    source: &CommandSource,
+    db: &DbName,
+    superuser: bool,
+    progress: Option<Progress>,
+) -> Result<(), String> {
     let password = create_build_role(session, db, superuser).await?;
     let host = session.lease_host.clone();
     let port = session.lease_port.to_string();
@@ -594,19 +623,41 @@ async fn run_command(
         )
     })?);
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counts = progress.as_ref().map(|p| p.counts);
     let readers = [
         child
             .0
             .stdout
             .take()
-            .map(|out| tokio::spawn(keep_tail(out, tail.clone()))),
+            .map(|out| tokio::spawn(keep_tail(out, tail.clone(), counts, done.clone()))),
         child
             .0
             .stderr
             .take()
-            .map(|err| tokio::spawn(keep_tail(err, tail.clone()))),
+            .map(|err| tokio::spawn(keep_tail(err, tail.clone(), counts, done.clone()))),
     ];
+    let reporter = progress.map(|progress| {
+        let done = done.clone();
+        let db = db.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(PROGRESS_EVERY);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                log_progress(
+                    &db,
+                    &progress,
+                    done.load(std::sync::atomic::Ordering::Relaxed),
+                    started.elapsed(),
+                );
+            }
+        })
+    });
     let waited = tokio::time::timeout(source.timeout, child.0.wait()).await;
+    if let Some(reporter) = reporter {
+        reporter.abort();
+    }
     let outcome = match waited {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(format!("`{}` failed ({status})", source.command)),
@@ -666,10 +717,39 @@ impl Drop for CommandGroup {
     }
 }
 
-/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced).
+/// One progress line: done of total (with a share and an estimate of the time left), or
+/// done alone when the total is unknown.
+fn log_progress(db: &DbName, progress: &Progress, done: u64, elapsed: Duration) {
+    let elapsed_s = elapsed.as_secs();
+    match progress.total {
+        Some(total) if total > 0 => {
+            // Serial entries count as they begin: the one still running is not done.
+            let done = done.min(total.saturating_sub(1));
+            let share = done as f64 / total as f64;
+            let left = (share > 0.0)
+                .then(|| (elapsed.as_secs_f64() / share - elapsed.as_secs_f64()).max(0.0) as u64);
+            tracing::info!(
+                database = %db,
+                done,
+                total,
+                percent = (share * 100.0).round() as u64,
+                elapsed_s,
+                eta_s = ?left,
+                "{}: about {done} of {total} entries",
+                progress.what
+            );
+        }
+        _ => tracing::info!(database = %db, elapsed_s, "{}: still running", progress.what),
+    }
+}
+
+/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced)
+/// and counting those `counts` picks into `done`.
 async fn keep_tail(
     pipe: impl tokio::io::AsyncRead + Unpin,
     tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    counts: Option<fn(&str) -> bool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     use tokio::io::AsyncBufReadExt;
     let mut reader = tokio::io::BufReader::new(pipe);
@@ -680,6 +760,9 @@ async fn keep_tail(
             Ok(0) | Err(_) => return,
             Ok(_) => {
                 let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if counts.is_some_and(|counts| counts(&text)) {
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Ok(mut tail) = tail.lock() {
                     if tail.len() == OUTPUT_TAIL_LINES {
                         tail.pop_front();

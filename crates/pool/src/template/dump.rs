@@ -77,11 +77,39 @@ impl Format {
     }
 }
 
-/// The command that restores `dump` into `$DATABASE_URL`, and the tool's version for the
-/// log and errors.
-pub(crate) async fn restore_command(
-    dump: &DumpSource,
-) -> Result<(CommandSource, Format, String), String> {
+/// A restore about to run: its command, the dump's format, the tool's version (for the log
+/// and errors), for pg_restore the number of entries in the dump's table of contents, and
+/// which of its output lines count an entry (for progress).
+pub(crate) struct Restore {
+    pub command: CommandSource,
+    pub format: Format,
+    pub tool: String,
+    pub entries: Option<u64>,
+    pub counts: fn(&str) -> bool,
+}
+
+/// A line of `pg_restore --verbose --jobs N` that counts an entry: "processing item …"
+/// (the serial first phase), "finished item …" and "skipping item …" (the parallel loop).
+/// The "creating …" lines it also prints are the same entries again.
+pub(crate) fn parallel_entry(line: &str) -> bool {
+    starts_with_any(
+        line,
+        &["processing item ", "finished item ", "skipping item "],
+    )
+}
+
+/// A line of a serial `pg_restore --verbose` that begins an entry.
+pub(crate) fn serial_entry(line: &str) -> bool {
+    starts_with_any(line, &["creating ", "processing data ", "executing "])
+}
+
+fn starts_with_any(line: &str, starts: &[&str]) -> bool {
+    line.strip_prefix("pg_restore: ")
+        .is_some_and(|rest| starts.iter().any(|start| rest.starts_with(start)))
+}
+
+/// The command that restores `dump` into `$DATABASE_URL`.
+pub(crate) async fn restore_command(dump: &DumpSource) -> Result<Restore, String> {
     let path = dump.path.clone();
     let format = tokio::task::spawn_blocking(move || Format::of(&path))
         .await
@@ -106,12 +134,13 @@ pub(crate) async fn restore_command(
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let restore = "--no-owner --no-privileges --exit-on-error --dbname \"$DATABASE_URL\"";
+    let restore = "--no-owner --no-privileges --exit-on-error --verbose --dbname \"$DATABASE_URL\"";
     let psql = format!(
         "{tool_q} -X -q -v ON_ERROR_STOP=1 --single-transaction --dbname \"$DATABASE_URL\""
     );
+    let parallel = jobs > 1 && matches!(format, Format::Custom | Format::Directory);
     let command = match format {
-        Format::Custom | Format::Directory if jobs > 1 => {
+        Format::Custom | Format::Directory if parallel => {
             format!("{tool_q} {restore} --jobs {jobs} {file}")
         }
         Format::Custom | Format::Directory | Format::Tar => format!("{tool_q} {restore} {file}"),
@@ -126,16 +155,43 @@ pub(crate) async fn restore_command(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("/"));
-    Ok((
-        CommandSource {
+    let entries = match format {
+        Format::Custom | Format::Directory | Format::Tar => toc_entries(&tool, &dump.path).await,
+        _ => None,
+    };
+    Ok(Restore {
+        command: CommandSource {
             command,
             workdir,
             watch: vec![dump.path.clone()],
             timeout: dump.timeout,
         },
         format,
-        version,
-    ))
+        tool: version,
+        entries,
+        counts: if parallel {
+            parallel_entry
+        } else {
+            serial_entry
+        },
+    })
+}
+
+/// The entries of a dump's table of contents (`pg_restore -l`), None if it cannot be read
+/// (the restore then says why).
+async fn toc_entries(tool: &Path, path: &Path) -> Option<u64> {
+    let out = tokio::process::Command::new(tool)
+        .arg("-l")
+        .arg(path)
+        .output()
+        .await
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|line| !line.trim().is_empty() && !line.starts_with(';'))
+            .count() as u64
+    })
 }
 
 /// `name` on PATH, else in the newest `/usr/lib/postgresql/<major>/bin`.
@@ -212,6 +268,38 @@ mod tests {
         let error = Format::of(&dir.join("missing")).expect_err("missing");
         assert!(error.contains("missing"), "{error}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn entries_are_counted_once_from_pg_restores_verbose_lines() {
+        // As `pg_restore -v -j 2` printed them for a function, a table, its data and an
+        // index (5 entries with the schema's ACL).
+        let parallel_run = [
+            "pg_restore: connecting to database for restore",
+            "pg_restore: processing item 215 FUNCTION slow(integer)",
+            "pg_restore: creating FUNCTION \"public.slow(integer)\"",
+            "pg_restore: processing item 214 TABLE t",
+            "pg_restore: creating TABLE \"public.t\"",
+            "pg_restore: entering main parallel loop",
+            "pg_restore: launching item 3340 TABLE DATA t",
+            "pg_restore: processing data for table \"public.t\"",
+            "pg_restore: finished item 3340 TABLE DATA t",
+            "pg_restore: launching item 3197 INDEX t_slow",
+            "pg_restore: creating INDEX \"public.t_slow\"",
+            "pg_restore: finished item 3197 INDEX t_slow",
+            "pg_restore: skipping item 3348 ACL SCHEMA public",
+            "pg_restore: finished main parallel loop",
+        ];
+        assert_eq!(parallel_run.iter().filter(|l| parallel_entry(l)).count(), 5);
+        let serial_run = [
+            "pg_restore: creating FUNCTION \"public.slow(integer)\"",
+            "pg_restore: creating TABLE \"public.t\"",
+            "pg_restore: processing data for table \"public.t\"",
+            "pg_restore: executing SEQUENCE SET t_id_seq",
+            "pg_restore: creating INDEX \"public.t_slow\"",
+            "creating TABLE",
+        ];
+        assert_eq!(serial_run.iter().filter(|l| serial_entry(l)).count(), 5);
     }
 
     #[test]
