@@ -9,9 +9,9 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName, VersionSpec};
+use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName};
 
-use super::parse_body;
+use super::{parse_body, parse_postgres_version};
 use crate::error::ApiError;
 use crate::wire::{ErrorBody, LeaseBody, LeaseResponse, ReleaseQuery, RenewBody, RenewResponse};
 use crate::AppState;
@@ -69,14 +69,7 @@ pub async fn lease(
             )))
         }
     };
-    let postgres_version = body
-        .postgres_version
-        .as_deref()
-        .map(|text| {
-            text.parse::<VersionSpec>()
-                .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
-        })
-        .transpose()?;
+    let postgres_version = parse_postgres_version(body.postgres_version.as_deref())?;
     let label = body.label.map(validate_label).transpose()?;
     // If the client goes away, axum drops this future and with it the reply receiver:
     // the pool then takes the database back.

@@ -45,3 +45,14 @@ pub async fn not_found(uri: Uri) -> ApiError {
 pub async fn method_not_allowed() -> ApiError {
     ApiError::method_not_allowed()
 }
+
+/// A body's `postgres_version` ("17", "17.6"): 422 unless a supported version.
+fn parse_postgres_version(
+    text: Option<&str>,
+) -> Result<Option<pglease_pool::VersionSpec>, ApiError> {
+    text.map(|text| {
+        text.parse()
+            .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
+    })
+    .transpose()
+}

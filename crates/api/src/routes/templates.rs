@@ -12,12 +12,11 @@ use axum::http::StatusCode;
 use axum::Json;
 use pglease_pool::config::DEFAULT_COMMAND_TIMEOUT;
 use pglease_pool::{
-    CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource,
-    TemplateStatus, VersionSpec,
+    CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
 };
 
 use super::leases::rfc3339;
-use super::parse_body;
+use super::{parse_body, parse_postgres_version};
 use crate::error::ApiError;
 use crate::wire::{ErrorBody, TemplateBody, TemplateJson};
 use crate::AppState;
@@ -115,14 +114,7 @@ pub async fn register(
         ));
     }
     let body: TemplateBody = parse_body(body)?;
-    let postgres_version = body
-        .postgres_version
-        .as_deref()
-        .map(|text| {
-            text.parse::<VersionSpec>()
-                .map_err(|e| ApiError::invalid(format!("postgres_version: {e}")))
-        })
-        .transpose()?;
+    let postgres_version = parse_postgres_version(body.postgres_version.as_deref())?;
     let source = template_source(&state, body)?;
     let (registered, status) = state.pool.register(name, source, postgres_version).await?;
     let code = match registered {

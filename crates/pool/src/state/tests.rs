@@ -29,6 +29,11 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
 }
 
 fn pool(min_ready: usize, max_total: usize) -> PoolState {
+    pool_with(limits(min_ready, max_total))
+}
+
+/// `default` and `app` (migrations) under `limits`.
+fn pool_with(limits: PoolLimits) -> PoolState {
     let templates = vec![
         TemplateConfig {
             name: TemplateName::default_name(),
@@ -41,7 +46,7 @@ fn pool(min_ready: usize, max_total: usize) -> PoolState {
             postgres_version: None,
         },
     ];
-    PoolState::new(limits(min_ready, max_total), "t1".into(), &templates, false)
+    PoolState::new(limits, "t1".into(), &templates, false)
 }
 
 fn request(template: &str, wait_ms: u64) -> LeaseRequest {
@@ -675,19 +680,7 @@ fn a_byte_budget_evicts_what_nobody_waits_for_then_refuses_with_out_of_space() {
     // Every version is 7.5 MB (see `built`); the budget holds exactly four databases.
     let mut limits = limits(2, 10);
     limits.max_bytes = Some(4 * 7_500_000);
-    let templates = vec![
-        TemplateConfig {
-            name: TemplateName::default_name(),
-            source: TemplateSource::Empty,
-            postgres_version: None,
-        },
-        TemplateConfig {
-            name: name("app"),
-            source: TemplateSource::Migrations(PathBuf::from("migrations")),
-            postgres_version: None,
-        },
-    ];
-    let mut driver = Driver::new(PoolState::new(limits, "t1".into(), &templates, false));
+    let mut driver = Driver::new(pool_with(limits));
     driver.settle();
     // default: its template and two warm clones.
     assert_eq!(default_status(&driver.state).ready, 2);
@@ -1404,19 +1397,7 @@ fn kept_databases_are_evicted_first_when_a_clone_needs_room() {
     // Every version is 7.5 MB (see `built`); the budget holds four databases.
     let mut limits = limits(1, 10);
     limits.max_bytes = Some(4 * 7_500_000);
-    let templates = vec![
-        TemplateConfig {
-            name: TemplateName::default_name(),
-            source: TemplateSource::Empty,
-            postgres_version: None,
-        },
-        TemplateConfig {
-            name: name("app"),
-            source: TemplateSource::Migrations(PathBuf::from("migrations")),
-            postgres_version: None,
-        },
-    ];
-    let mut driver = Driver::new(PoolState::new(limits, "t1".into(), &templates, false));
+    let mut driver = Driver::new(pool_with(limits));
     driver.settle();
     // default's template, a kept database and a warm clone: three of four.
     let grant = granted(&mut driver);
