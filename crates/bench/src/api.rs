@@ -71,6 +71,18 @@ pub struct PostgresStatus {
 pub struct TemplateStatus {
     /// Name.
     pub name: String,
+    /// idle, building, ready, failed, …
+    #[serde(default)]
+    pub state: Option<String>,
+    /// How long the last build took.
+    #[serde(default)]
+    pub build_ms: Option<u64>,
+    /// The current version's size.
+    #[serde(default)]
+    pub size_bytes: Option<i64>,
+    /// The last build or clone error.
+    #[serde(default)]
+    pub last_error: Option<String>,
     /// Fingerprint of the built version.
     pub fingerprint: Option<String>,
     /// Ready clones.

@@ -66,6 +66,11 @@ pub struct Plan {
     /// Scenario 9: how long each major's clone+drop loop and end-to-end loop run.
     #[serde(serialize_with = "secs")]
     pub majors_duration: Duration,
+    /// Scenario 10: `pgbench -i -s` scale of the dumped dataset (about 15 MB a unit).
+    pub dump_pgbench_scale: u32,
+    /// Scenario 10: how long the clone+drop loop of the built template runs.
+    #[serde(serialize_with = "secs")]
+    pub dump_clone_duration: Duration,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -103,6 +108,8 @@ impl Plan {
             integresql_runs: 1,
             majors: vec![15, 13, 16, 18],
             majors_duration: Duration::from_secs(3),
+            dump_pgbench_scale: 10,
+            dump_clone_duration: Duration::from_secs(5),
         }
     }
 
@@ -136,6 +143,9 @@ impl Plan {
             integresql_runs: 3,
             majors: vec![15, 13, 14, 16, 17, 18],
             majors_duration: Duration::from_secs(10),
+            // About 1 GB, as the issue asks.
+            dump_pgbench_scale: 70,
+            dump_clone_duration: Duration::from_secs(20),
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::scenarios::ceiling::CeilingResult;
 use crate::scenarios::connect::ConnectResult;
+use crate::scenarios::dumps::{self, DumpsResult};
 use crate::scenarios::integresql::SuiteResult;
 use crate::scenarios::latency::LatencyResult;
 use crate::scenarios::majors::{self, MajorsResult};
@@ -108,6 +109,8 @@ pub struct Scenarios {
     pub integresql_suite: Outcome<SuiteResult>,
     /// 9.
     pub majors: Outcome<MajorsResult>,
+    /// Scenario 10.
+    pub dumps: Outcome<DumpsResult>,
 }
 
 /// The whole run.
@@ -249,6 +252,7 @@ impl Report {
         self.render_scale(&mut out);
         self.render_integresql(&mut out);
         majors::render(&self.scenarios.majors, &mut out);
+        dumps::render(&self.scenarios.dumps, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {

@@ -1,0 +1,276 @@
+//! Scenario 10, a template from a dump: a pgbench dataset (`pgbench -i -s N`: about 15 MB
+//! a scale unit) made on a daemon's tuned tmpfs server and dumped with `pg_dump -Fc`, then
+//! - restored by hand with `pg_restore -j 1` and `-j <cores>` into empty databases of the
+//!   same server (the baseline: what the team did by hand, on a tuned server);
+//! - built by pglease as a `dump` template on a fresh daemon (its `build_ms`: the restore
+//!   and sealing the template);
+//! - cloned (`CREATE DATABASE … STRATEGY FILE_COPY` of the built template, one connection).
+//!
+//! Ratios are over figures of the same run: `-j N` against `-j 1`, pglease's build against
+//! the hand-run `-j N`, and the clone's MB/s is the template's size over its p50 clone time.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::ceiling::{self, CeilingLevel};
+use super::{strings, Ctx, IDLE_LIMIT};
+use crate::admin::{self, SUPERUSER};
+use crate::daemon::ServerInfo;
+use crate::error::{BenchError, Result};
+use crate::report::{not_done, num, Outcome, Table};
+use crate::stats::round3;
+
+/// Scenario 10's figures.
+#[derive(Debug, Serialize)]
+pub struct DumpsResult {
+    /// `pgbench -i -s` scale of the dataset.
+    pub scale: u32,
+    /// The dataset's database size, MB.
+    pub dataset_mb: f64,
+    /// The custom-format dump's size, MB.
+    pub dump_mb: f64,
+    /// Parallel jobs of the `-j N` restores (the cores).
+    pub jobs: usize,
+    /// Hand-run `pg_restore -j 1`, seconds.
+    pub restore_j1_secs: f64,
+    /// Hand-run `pg_restore -j N`, seconds.
+    pub restore_jn_secs: f64,
+    /// `-j 1` over `-j N` (target ≥ 1.6 on 2 cores).
+    pub parallel_speedup: f64,
+    /// pglease's build of the `dump` template (its `build_ms`), seconds.
+    pub pglease_build_secs: f64,
+    /// pglease's build over the hand-run `-j N` (target ≤ 1.1).
+    pub build_vs_hand: f64,
+    /// The built template's size, MB.
+    pub template_mb: f64,
+    /// Clone and drop of the built template, one connection.
+    pub clone: CeilingLevel,
+    /// Template MB over the p50 clone time.
+    pub clone_mb_per_sec: f64,
+}
+
+/// Runs scenario 10.
+pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
+    let scale = ctx.plan.dump_pgbench_scale;
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = ctx.scratch_dir.join("dumps");
+    std::fs::create_dir_all(&dir).map_err(|e| BenchError::io("creating the dump dir", e))?;
+    let dump = dir.join("pgbench.dump");
+
+    eprintln!("[bench] 10 making a pgbench dataset of scale {scale} and dumping it");
+    let daemon = ctx
+        .launcher
+        .start("dumps-source", &strings(&["--min-ready", "0"]))
+        .await?;
+    let figures = async {
+        let server = daemon.server_info().await?;
+        let admin_conn = admin::superuser(&server, "postgres").await?;
+        let sql = |text: String| {
+            let client = &admin_conn.client;
+            async move {
+                client
+                    .batch_execute(&text)
+                    .await
+                    .map_err(|e| BenchError::postgres("scenario 10 SQL", e))
+            }
+        };
+        sql("CREATE DATABASE bench_dump_src".into()).await?;
+        tool(
+            &server,
+            "pgbench",
+            &["-i", "-q", "-s", &scale.to_string(), "bench_dump_src"],
+        )
+        .await?;
+        let dataset_mb = db_mb(&admin_conn.client, "bench_dump_src").await?;
+        let path = dump.display().to_string();
+        tool(&server, "pg_dump", &["-Fc", "-f", &path, "bench_dump_src"]).await?;
+        let dump_mb = file_mb(&dump)?;
+
+        eprintln!("[bench] 10 pg_restore -j 1 and -j {jobs} by hand");
+        let mut timed = Vec::new();
+        for (db, j) in [("bench_restore_j1", 1), ("bench_restore_jn", jobs)] {
+            sql(format!("CREATE DATABASE {db}")).await?;
+            let started = Instant::now();
+            let jobs_arg = j.to_string();
+            tool(
+                &server,
+                "pg_restore",
+                &[
+                    "--no-owner",
+                    "--no-privileges",
+                    "--exit-on-error",
+                    "-j",
+                    &jobs_arg,
+                    "-d",
+                    db,
+                    &path,
+                ],
+            )
+            .await?;
+            timed.push(started.elapsed().as_secs_f64());
+        }
+        admin_conn.close().await;
+        Ok::<_, BenchError>((dataset_mb, dump_mb, timed[0], timed[1]))
+    }
+    .await;
+    daemon.stop().await?;
+    let (dataset_mb, dump_mb, restore_j1_secs, restore_jn_secs) = figures?;
+
+    eprintln!("[bench] 10 pglease builds the dump template");
+    let args = vec![
+        "--template".to_owned(),
+        format!("big=dump:{}", dump.display()),
+        "--prebuild".to_owned(),
+        "--min-ready".to_owned(),
+        "0".to_owned(),
+    ];
+    let daemon = ctx.launcher.start("dumps-build", &args).await?;
+    let built = async {
+        let server = daemon.server_info().await?;
+        let api = daemon.api()?.clone();
+        let deadline = Instant::now() + IDLE_LIMIT.max(Duration::from_secs(3600));
+        let template = loop {
+            let status = api.status().await?;
+            let big = status
+                .template("big")
+                .ok_or_else(|| BenchError::Other("no template big".into()))?;
+            match big.state.as_deref() {
+                Some("ready") => break big.clone(),
+                Some("failed") => {
+                    return Err(BenchError::Other(format!(
+                        "the dump template failed: {}",
+                        big.last_error.clone().unwrap_or_default()
+                    )))
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(BenchError::Other(
+                        "the dump template was not built in time".into(),
+                    ))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let build_secs = template.build_ms.unwrap_or_default() as f64 / 1000.0;
+        let template_mb = template.size_bytes.unwrap_or_default() as f64 / 1e6;
+        let admin_conn = admin::superuser(&server, "postgres").await?;
+        let fingerprint = template
+            .fingerprint
+            .clone()
+            .ok_or_else(|| BenchError::Other("the dump template has no fingerprint".into()))?;
+        let template_db = admin::template_database(&admin_conn.client, &fingerprint).await?;
+        admin_conn.close().await;
+        eprintln!("[bench] 10 cloning the {template_mb:.0} MB template");
+        let clone = ceiling::level(
+            &server,
+            &template_db,
+            1,
+            ctx.plan.dump_clone_duration,
+            false,
+            " STRATEGY FILE_COPY",
+        )
+        .await?;
+        Ok::<_, BenchError>((build_secs, template_mb, clone))
+    }
+    .await;
+    daemon.stop().await?;
+    let (pglease_build_secs, template_mb, clone) = built?;
+    let ratio = |a: f64, b: f64| if b > 0.0 { round3(a / b) } else { 0.0 };
+    Ok(DumpsResult {
+        scale,
+        dataset_mb: round3(dataset_mb),
+        dump_mb: round3(dump_mb),
+        jobs,
+        restore_j1_secs: round3(restore_j1_secs),
+        restore_jn_secs: round3(restore_jn_secs),
+        parallel_speedup: ratio(restore_j1_secs, restore_jn_secs),
+        pglease_build_secs: round3(pglease_build_secs),
+        build_vs_hand: ratio(pglease_build_secs, restore_jn_secs),
+        template_mb: round3(template_mb),
+        clone_mb_per_sec: ratio(template_mb, clone.create.p50_ms / 1000.0),
+        clone,
+    })
+}
+
+/// Runs a PostgreSQL client tool against the daemon's server as the superuser, over its
+/// private socket.
+async fn tool(server: &ServerInfo, program: &str, args: &[&str]) -> Result<()> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env("PGHOST", &server.socket_dir)
+        .env("PGPORT", server.port.to_string())
+        .env("PGUSER", SUPERUSER)
+        .output()
+        .await
+        .map_err(|e| BenchError::io(format!("running {program}"), e))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(BenchError::Other(format!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+async fn db_mb(client: &tokio_postgres::Client, db: &str) -> Result<f64> {
+    let row = client
+        .query_one("SELECT pg_database_size($1)", &[&db])
+        .await
+        .map_err(|e| BenchError::postgres("pg_database_size", e))?;
+    Ok(row.get::<_, i64>(0) as f64 / 1e6)
+}
+
+fn file_mb(path: &Path) -> Result<f64> {
+    let meta = std::fs::metadata(path).map_err(|e| BenchError::io("the dump's size", e))?;
+    Ok(meta.len() as f64 / 1e6)
+}
+
+/// Scenario 10's table.
+pub(crate) fn render(outcome: &Outcome<DumpsResult>, out: &mut String) {
+    out.push_str("\n10. A template from a dump: pgbench dataset, pg_restore by hand vs pglease's build, then clones\n");
+    if not_done(outcome, out) {
+        return;
+    }
+    let Some(r) = outcome.done() else { return };
+    let mut t = Table::new(&["figure", "value", "target"]);
+    let row = |t: &mut Table, figure: &str, value: String, target: &str| {
+        t.row(vec![figure.into(), value, target.into()]);
+    };
+    row(&mut t, "pgbench scale", r.scale.to_string(), "");
+    row(&mut t, "dataset MB", num(r.dataset_mb), "");
+    row(&mut t, "dump MB (-Fc)", num(r.dump_mb), "");
+    row(&mut t, "pg_restore -j 1 s", num(r.restore_j1_secs), "");
+    row(
+        &mut t,
+        &format!("pg_restore -j {} s", r.jobs),
+        num(r.restore_jn_secs),
+        "",
+    );
+    row(
+        &mut t,
+        "speed-up -j N over -j 1 ×",
+        num(r.parallel_speedup),
+        "≥ 1.6 on 2 cores",
+    );
+    row(&mut t, "pglease build s", num(r.pglease_build_secs), "");
+    row(
+        &mut t,
+        "pglease build / hand -j N ×",
+        num(r.build_vs_hand),
+        "≤ 1.1",
+    );
+    row(&mut t, "template MB", num(r.template_mb), "");
+    row(&mut t, "clone p50 ms", num(r.clone.create.p50_ms), "");
+    row(&mut t, "drop p50 ms", num(r.clone.drop.p50_ms), "");
+    row(
+        &mut t,
+        "clone MB/s",
+        num(r.clone_mb_per_sec),
+        "near tmpfs copy speed",
+    );
+    t.render(out);
+}
