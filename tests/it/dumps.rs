@@ -219,3 +219,72 @@ async fn a_long_restore_logs_its_progress() {
     eprintln!("{progress}");
     assert!(daemon.stop().await.success());
 }
+
+#[tokio::test]
+async fn a_dump_naming_missing_roles_restores_and_a_template_too_big_for_its_clones_is_told() {
+    let test = "a_dump_naming_missing_roles_restores_and_a_template_too_big_for_its_clones_is_told";
+    if !tool_available("pg_dump", test, "install postgresql-client") {
+        return;
+    }
+    let dir = scratch_dir("dump-roles");
+    // A dump whose objects name a role this server will not have: owner and grantee.
+    let source = TestDaemon::builder()
+        .args(["--lease-superuser"])
+        .start()
+        .await;
+    let lease = source.lease_ok("default").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .batch_execute(
+            "CREATE ROLE reporting_ro; \
+             CREATE TABLE orders (id int PRIMARY KEY); \
+             INSERT INTO orders SELECT generate_series(1, 100); \
+             ALTER TABLE orders OWNER TO reporting_ro; \
+             GRANT SELECT ON orders TO PUBLIC;",
+        )
+        .await
+        .expect("the source's objects");
+    let url = lease["url"].as_str().expect("url").to_owned();
+    let dump = dir.join("roles.dump");
+    let script = format!("pg_dump -Fc -f {} '{url}'", dump.display());
+    tokio::task::spawn_blocking(move || sh(&script))
+        .await
+        .expect("join");
+    assert!(source.stop().await.success());
+
+    // A budget that holds the default template and its two warm clones, and this template,
+    // but not two clones of it beside them: said when it is built.
+    let daemon = TestDaemon::builder()
+        .args([
+            "--template",
+            &format!("roles=dump:{}", dump.display()),
+            "--min-ready",
+            "2",
+            "--max-bytes",
+            "40M",
+        ])
+        .start()
+        .await;
+    let (status, lease) = daemon
+        .lease(json!({"template": "roles", "wait_ms": 60000}))
+        .await;
+    assert_eq!(status, 201, "{lease}\n{}", daemon.log());
+    let client = connect(&lease).await.expect("connect");
+    let count: i64 = client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .expect("restored without its owner role")
+        .get(0);
+    assert_eq!(count, 100);
+    client
+        .batch_execute("ALTER TABLE orders ADD COLUMN paid bool")
+        .await
+        .expect("owned by the owner role, so a lease may alter it");
+    let log = daemon.log();
+    assert!(
+        log.contains("do not fit in the byte budget") && log.contains("template roles"),
+        "{log}"
+    );
+    assert!(daemon.stop().await.success());
+}

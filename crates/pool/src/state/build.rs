@@ -186,7 +186,9 @@ impl PoolState {
                         db: built.db.clone(),
                     });
                 }
+                let size = built.size_bytes;
                 self.version_ready(template, built, &mut actions);
+                self.warn_if_clones_cannot_fit(template, size);
             }
             Err(message) => {
                 // A stale version must not hide a broken migration: it goes too.
@@ -299,6 +301,35 @@ impl PoolState {
             );
         } else {
             self.dbs.queue_drop(clone, None, 0);
+        }
+    }
+
+    /// Says at build time, before the clone storm, when a template's `min_ready` clones
+    /// cannot fit in the byte budget beside what is held now (a big dump, a small tmpfs):
+    /// requests would otherwise meet it one 507 at a time.
+    fn warn_if_clones_cannot_fit(&self, template: &TemplateName, size: i64) {
+        let (Some(budget), Ok(size)) = (self.limits.max_bytes, u64::try_from(size)) else {
+            return;
+        };
+        let in_use = self.bytes_in_use();
+        let wanted = size.saturating_mul(self.limits.min_ready.max(1) as u64);
+        if in_use.saturating_add(wanted) > budget {
+            let fit = budget.saturating_sub(in_use) / size.max(1);
+            tracing::warn!(
+                template = %template,
+                size_bytes = size,
+                in_use_bytes = in_use,
+                budget_bytes = budget,
+                min_ready = self.limits.min_ready,
+                clones_that_fit = fit,
+                "template {template} is {} MB: {} clones of it do not fit in the byte budget \
+                 ({} of {} MB in use); only {fit} will — raise --max-bytes (or the tmpfs) or \
+                 lower --min-ready",
+                size / 1_000_000,
+                self.limits.min_ready.max(1),
+                in_use / 1_000_000,
+                budget / 1_000_000,
+            );
         }
     }
 }
