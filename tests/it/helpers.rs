@@ -83,3 +83,38 @@ async fn the_go_helper_suite_passes_against_a_real_daemon() {
     assert_all_released(&daemon).await;
     assert!(daemon.stop().await.success());
 }
+
+/// Whether python3 can import the plugin and what its tests use (installed by `.ci/run`).
+fn python_suite_ready(test: &str) -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import pytest_pglease, psycopg, xdist"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os(crate::support::REQUIRE_TOOLS).is_none(),
+            "pytest-pglease, psycopg and pytest-xdist are required here: \
+             pip install ./clients/python 'psycopg[binary]' pytest-xdist"
+        );
+        eprintln!("SKIPPED {test}: pip install ./clients/python 'psycopg[binary]' pytest-xdist");
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_pytest_plugin_suite_passes_against_a_real_daemon() {
+    let test = "the_pytest_plugin_suite_passes_against_a_real_daemon";
+    if !python_suite_ready(test) {
+        return;
+    }
+    let daemon = daemon().await;
+    run_suite(
+        &daemon,
+        clients_dir().join("python"),
+        "python3",
+        &["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+    )
+    .await;
+    assert_all_released(&daemon).await;
+    assert!(daemon.stop().await.success());
+}

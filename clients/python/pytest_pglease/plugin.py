@@ -1,0 +1,309 @@
+"""The pytest plugin: options, the daemon it may start, and the fixtures.
+
+- `pglease_db`: a fresh database for each test, released in its teardown (kept as the test
+  left it when the test failed and --pglease-keep-failed is given);
+- `pglease_session_db`: one database for the session (one per xdist worker);
+- `pglease_lease`: a factory, for several databases or other templates in one test;
+- `pglease_client`: the HTTP client itself.
+
+Each lease is labelled with the test's node id, so `pglease status` shows who holds what.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import pytest
+
+from .client import Client, Database, PgleaseError, PgleaseUnavailable
+
+#: --pglease-keep-failed without a value: an hour to look at a failed test's database.
+DEFAULT_KEEP_SECS = 3600
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pglease", "pglease: a fresh PostgreSQL database per test")
+    group.addoption(
+        "--pglease-url",
+        help="the daemon's URL [env PGLEASE_URL, ini pglease_url; default http://127.0.0.1:5480]",
+    )
+    group.addoption("--pglease-token", help="the daemon's API token [env PGLEASE_TOKEN]")
+    group.addoption(
+        "--pglease-template",
+        help="template of pglease_db and pglease_session_db [env PGLEASE_TEMPLATE, ini "
+        "pglease_template; default: default]; @pytest.mark.pglease(template=...) per test",
+    )
+    group.addoption("--pglease-ttl", type=int, help="a lease's time to live, seconds")
+    group.addoption(
+        "--pglease-wait-ms", type=int, help="how long a lease may wait for a database"
+    )
+    group.addoption(
+        "--pglease-keep-failed",
+        nargs="?",
+        type=int,
+        const=DEFAULT_KEEP_SECS,
+        help=f"keep a failed test's database for SECS [default {DEFAULT_KEEP_SECS}] and show "
+        "its URL in the test's report [env PGLEASE_KEEP_FAILED]",
+    )
+    group.addoption(
+        "--pglease-start",
+        action="store_true",
+        help="start `pglease serve` on the URL's port when no daemon answers there, and "
+        "stop it at the end (once, also under pytest-xdist)",
+    )
+    group.addoption(
+        "--pglease-bin", help="the pglease binary for --pglease-start [env PGLEASE_BIN; PATH]"
+    )
+    group.addoption(
+        "--pglease-serve-arg",
+        action="append",
+        default=[],
+        help="an argument for the started daemon, repeatable, e.g. "
+        "--pglease-serve-arg=--template=app=migrations:db/migrations",
+    )
+    parser.addini("pglease_url", "the daemon's URL")
+    parser.addini("pglease_template", "the template of pglease_db")
+    parser.addini("pglease_serve_args", "arguments for a daemon --pglease-start starts", "args")
+
+
+@dataclass
+class Settings:
+    url: str
+    token: Optional[str]
+    template: str
+    ttl: Optional[int]
+    wait_ms: Optional[int]
+    keep_failed: Optional[int]
+    start: bool
+    binary: Optional[str]
+    serve_args: list
+    daemon: Optional[subprocess.Popen] = None
+    daemon_log: Optional[str] = None
+    #: Leases not released yet, so that an interrupted run still gives them back.
+    open_leases: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "Settings":
+        option = config.getoption
+        keep = option("--pglease-keep-failed")
+        if keep is None and os.environ.get("PGLEASE_KEEP_FAILED"):
+            keep = int(os.environ["PGLEASE_KEEP_FAILED"])
+        return cls(
+            url=option("--pglease-url")
+            or os.environ.get("PGLEASE_URL")
+            or config.getini("pglease_url")
+            or "http://127.0.0.1:5480",
+            token=option("--pglease-token") or os.environ.get("PGLEASE_TOKEN") or None,
+            template=option("--pglease-template")
+            or os.environ.get("PGLEASE_TEMPLATE")
+            or config.getini("pglease_template")
+            or "default",
+            ttl=option("--pglease-ttl"),
+            wait_ms=option("--pglease-wait-ms"),
+            keep_failed=keep,
+            start=option("--pglease-start"),
+            binary=option("--pglease-bin") or os.environ.get("PGLEASE_BIN"),
+            serve_args=list(config.getini("pglease_serve_args"))
+            + list(option("--pglease-serve-arg")),
+        )
+
+    def client(self) -> Client:
+        return Client(self.url, self.token)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pglease(template): the template this test's pglease_db comes from"
+    )
+    settings = Settings.from_config(config)
+    config.stash[SETTINGS] = settings
+    # Under pytest-xdist only the controller starts the daemon, before it starts workers.
+    if settings.start and not hasattr(config, "workerinput"):
+        start_daemon(settings)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None:
+        return
+    client = settings.client()
+    for lease_id in list(settings.open_leases):
+        try:
+            client.release(lease_id)
+        except (PgleaseError, PgleaseUnavailable):
+            pass
+    if settings.daemon is not None:
+        stop_daemon(settings)
+
+
+SETTINGS = pytest.StashKey[Settings]()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """Keeps each phase's report on the item: the teardown asks whether the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"_pglease_rep_{report.when}", report)
+
+
+def start_daemon(settings: Settings) -> None:
+    client = settings.client()
+    if client.healthy():
+        return
+    binary = settings.binary or shutil.which("pglease")
+    if not binary:
+        raise pytest.UsageError(
+            "--pglease-start: no pglease binary (give --pglease-bin, PGLEASE_BIN, or put "
+            "pglease on PATH)"
+        )
+    address = urllib.parse.urlsplit(settings.url)
+    listen = f"{address.hostname or '127.0.0.1'}:{address.port or 5480}"
+    log = tempfile.NamedTemporaryFile(prefix="pglease-", suffix=".log", delete=False)
+    settings.daemon_log = log.name
+    settings.daemon = subprocess.Popen(
+        [binary, "serve", "--listen", listen, *settings.serve_args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if settings.daemon.poll() is not None:
+            raise pytest.UsageError(
+                f"--pglease-start: `pglease serve` exited ({settings.daemon.returncode}); "
+                f"its log: {log.name}\n{tail(log.name)}"
+            )
+        try:
+            client._call("GET", "/readyz", timeout=2)
+            return
+        except (PgleaseError, PgleaseUnavailable):
+            time.sleep(0.2)
+    stop_daemon(settings)
+    raise pytest.UsageError(f"--pglease-start: the daemon was not ready in 180 s; log {log.name}")
+
+
+def stop_daemon(settings: Settings) -> None:
+    daemon = settings.daemon
+    settings.daemon = None
+    if daemon is None or daemon.poll() is not None:
+        return
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+
+
+def tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as log:
+            return "".join(log.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _lease(settings: Settings, template: str, label: str) -> Database:
+    try:
+        database = settings.client().lease(
+            template, label=label, ttl_secs=settings.ttl, wait_ms=settings.wait_ms
+        )
+    except PgleaseError as error:
+        pytest.fail(
+            f"pglease: cannot lease a database of template {template!r} for {label}: "
+            f"{error.status} {error.code}: {error.message}",
+            pytrace=False,
+        )
+    except PgleaseUnavailable as error:
+        pytest.fail(f"pglease: {error}", pytrace=False)
+    settings.open_leases[database.id] = database
+    return database
+
+
+def _release(settings: Settings, database: Database, keep_secs: Optional[int] = None) -> Optional[str]:
+    """Gives the database back; with `keep_secs` keeps it. Returns a note for the report."""
+    client = settings.client()
+    settings.open_leases.pop(database.id, None)
+    note = None
+    try:
+        if keep_secs:
+            try:
+                client.release(database.id, keep_secs=keep_secs)
+                return (
+                    f"database {database.database} kept as the test left it for up to "
+                    f"{keep_secs} s: {database.url}"
+                )
+            except PgleaseError as error:
+                if error.status >= 500 or error.code == "lease_not_found":
+                    raise
+                note = (
+                    f"the daemon at {settings.url} is too old to keep databases "
+                    f"({error.status} {error.code}); dropped it instead"
+                )
+        client.release(database.id)
+    except (PgleaseError, PgleaseUnavailable) as error:
+        import warnings
+
+        warnings.warn(f"pglease: could not release lease {database.id}: {error}")
+    return note
+
+
+def _template_of(request: pytest.FixtureRequest, settings: Settings) -> str:
+    marker = request.node.get_closest_marker("pglease")
+    if marker is not None:
+        return marker.kwargs.get("template") or (marker.args[0] if marker.args else settings.template)
+    return settings.template
+
+
+@pytest.fixture(scope="session")
+def pglease_client(pytestconfig: pytest.Config) -> Client:
+    """The HTTP client of the daemon the fixtures lease from."""
+    return pytestconfig.stash[SETTINGS].client()
+
+
+@pytest.fixture
+def pglease_db(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> Iterator[Database]:
+    """A fresh database for this test, released in its teardown (also when it failed)."""
+    settings = pytestconfig.stash[SETTINGS]
+    database = _lease(settings, _template_of(request, settings), request.node.nodeid)
+    yield database
+    call = getattr(request.node, "_pglease_rep_call", None)
+    failed = call is not None and call.failed
+    note = _release(settings, database, settings.keep_failed if failed else None)
+    if note:
+        request.node.add_report_section("teardown", "pglease", note)
+
+
+@pytest.fixture(scope="session")
+def pglease_session_db(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> Iterator[Database]:
+    """One database for the whole session (under pytest-xdist, one per worker)."""
+    settings = pytestconfig.stash[SETTINGS]
+    worker = getattr(pytestconfig, "workerinput", {}).get("workerid", "main")
+    database = _lease(settings, settings.template, f"pytest session ({worker})")
+    yield database
+    _release(settings, database)
+
+
+@pytest.fixture
+def pglease_lease(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> Iterator[Callable[..., Database]]:
+    """A factory: `pglease_lease("reports")` leases another database for this test."""
+    settings = pytestconfig.stash[SETTINGS]
+    leased = []
+
+    def lease(template: Optional[str] = None) -> Database:
+        database = _lease(settings, template or settings.template, request.node.nodeid)
+        leased.append(database)
+        return database
+
+    yield lease
+    for database in leased:
+        _release(settings, database)

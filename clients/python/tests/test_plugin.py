@@ -1,0 +1,208 @@
+"""The plugin against a real daemon, through suites run the way users run them."""
+
+import os
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import daemon_url, get, open_leases
+
+TESTDATA = Path(__file__).resolve().parents[2] / "testdata" / "migrations"
+
+
+def run(pytester, *args):
+    return pytester.runpytest_subprocess(
+        f"--pglease-url={daemon_url()}", "--pglease-template=app", "-p", "no:cacheprovider", *args
+    )
+
+
+def test_every_test_gets_a_fresh_migrated_database(pytester):
+    pytester.makepyfile(
+        test_orders="""
+        import psycopg, pytest
+
+        @pytest.mark.parametrize("n", range(3))
+        def test_write(pglease_db, n):
+            with psycopg.connect(pglease_db.dsn) as conn:
+                assert conn.execute("SELECT count(*) FROM customers").fetchone()[0] == 2
+                # Another test's committed order would show here if a database came twice.
+                assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+                conn.execute("INSERT INTO orders (customer_id, total_cents) VALUES (1, %s)", (n,))
+
+        def test_url_works_too(pglease_db):
+            with psycopg.connect(pglease_db.url) as conn:
+                assert conn.execute("SELECT current_database()").fetchone()[0] == pglease_db.database
+        """
+    )
+    run(pytester).assert_outcomes(passed=4)
+    assert open_leases("test_orders.py") == []
+
+
+def test_parallel_workers_each_lease_their_own_and_label_them(pytester):
+    pytester.makepyfile(
+        test_parallel="""
+        import json, os, urllib.request
+        import psycopg, pytest
+
+        @pytest.mark.parametrize("n", range(12))
+        def test_isolated(pglease_db, request, n):
+            with psycopg.connect(pglease_db.dsn) as conn:
+                conn.execute("INSERT INTO orders (customer_id, total_cents) VALUES (2, %s)", (n,))
+                conn.commit()
+                rows = conn.execute("SELECT total_cents FROM orders").fetchall()
+                assert rows == [(n,)], "another test's order is in this database"
+            url = os.environ["PGLEASE_URL"].rstrip("/") + "/status"
+            leases = json.load(urllib.request.urlopen(url))["leases"]
+            mine = [l for l in leases if l["id"] == pglease_db.id]
+            assert mine and mine[0]["label"] == request.node.nodeid
+        """
+    )
+    result = run(pytester, "-n", "4")
+    result.assert_outcomes(passed=12)
+    assert open_leases("test_parallel.py") == []
+
+
+def test_failed_and_erroring_tests_give_their_databases_back(pytester):
+    pytester.makepyfile(
+        test_broken="""
+        import json, os, urllib.request
+
+        seen = []
+
+        def test_fails(pglease_db):
+            seen.append(pglease_db.id)
+            assert False, "a failing test"
+
+        def test_raises(pglease_db):
+            seen.append(pglease_db.id)
+            raise RuntimeError("an erroring test")
+
+        def test_after_them():
+            # Released in their own teardown, not at the end of the session.
+            url = os.environ["PGLEASE_URL"].rstrip("/") + "/status"
+            open_ids = {l["id"] for l in json.load(urllib.request.urlopen(url))["leases"]}
+            assert len(seen) == 2 and not open_ids & set(seen)
+        """
+    )
+    run(pytester).assert_outcomes(failed=2, passed=1)
+    assert open_leases("test_broken.py") == []
+
+
+def test_a_failed_tests_database_is_kept_with_its_url(pytester):
+    pytester.makepyfile(
+        test_keep="""
+        import psycopg
+
+        def test_breaks(pglease_db):
+            with psycopg.connect(pglease_db.dsn) as conn:
+                conn.execute("INSERT INTO orders (customer_id, total_cents) VALUES (1, 4242)")
+            assert False, "look at my database"
+
+        def test_passes(pglease_db):
+            pass
+        """
+    )
+    result = run(pytester, "--pglease-keep-failed=120")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*kept as the test left it for up to 120 s: postgres://*"])
+    kept = [k for k in get("/kept")["kept"] if k["label"] == "test_keep.py::test_breaks"]
+    assert len(kept) == 1, kept
+    with psycopg.connect(kept[0]["url"]) as conn:
+        assert conn.execute("SELECT total_cents FROM orders").fetchall() == [(4242,)]
+    # The passing test's database was not kept; clean up the kept one.
+    assert not [k for k in get("/kept")["kept"] if k["label"] == "test_keep.py::test_passes"]
+    request = urllib.request.Request(daemon_url() + f"/kept/{kept[0]['id']}", method="DELETE")
+    urllib.request.urlopen(request).close()
+
+
+def test_the_session_database_is_shared_by_the_sessions_tests(pytester):
+    pytester.makepyfile(
+        test_session="""
+        import psycopg
+
+        def test_one(pglease_session_db):
+            with psycopg.connect(pglease_session_db.dsn) as conn:
+                conn.execute("INSERT INTO orders (customer_id, total_cents) VALUES (1, 1)")
+
+        def test_two(pglease_session_db):
+            with psycopg.connect(pglease_session_db.dsn) as conn:
+                assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+        """
+    )
+    run(pytester).assert_outcomes(passed=2)
+    assert open_leases("pytest session") == []
+
+
+def test_a_marker_and_the_factory_pick_other_templates(pytester):
+    pytester.makepyfile(
+        test_templates="""
+        import psycopg, pytest
+
+        def tables(db):
+            with psycopg.connect(db.dsn) as conn:
+                return conn.execute(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+                ).fetchone()[0]
+
+        @pytest.mark.pglease(template="default")
+        def test_marker(pglease_db):
+            assert pglease_db.template == "default" and tables(pglease_db) == 0
+
+        def test_factory(pglease_db, pglease_lease):
+            other = pglease_lease("default")
+            assert other.database != pglease_db.database
+            assert tables(other) == 0 and tables(pglease_db) == 2
+        """
+    )
+    run(pytester).assert_outcomes(passed=2)
+    assert open_leases("test_templates.py") == []
+
+
+def test_an_unknown_template_is_a_clear_error(pytester):
+    pytester.makepyfile(test_unknown="def test_it(pglease_db): pass")
+    result = pytester.runpytest_subprocess(
+        f"--pglease-url={daemon_url()}", "--pglease-template=nope", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*template 'nope'*404 unknown_template*"])
+
+
+def test_no_daemon_is_a_clear_error(pytester):
+    pytester.makepyfile(test_nothing="def test_it(pglease_db): pass")
+    result = pytester.runpytest_subprocess(
+        "--pglease-url=http://127.0.0.1:9", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no pglease daemon answers at http://127.0.0.1:9*--pglease-start*"])
+
+
+def test_pglease_start_runs_a_daemon_for_the_session_and_stops_it(pytester):
+    binary = os.environ.get("PGLEASE_BIN")
+    if not binary:
+        pytest.fail("PGLEASE_BIN is not set: the pglease binary to start", pytrace=False)
+    url = "http://127.0.0.1:55491"
+    pytester.makepyfile(
+        test_started="""
+        import psycopg
+
+        def test_it(pglease_db):
+            with psycopg.connect(pglease_db.dsn) as conn:
+                assert conn.execute("SELECT count(*) FROM customers").fetchone()[0] == 2
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        f"--pglease-url={url}",
+        "--pglease-start",
+        f"--pglease-bin={binary}",
+        f"--pglease-serve-arg=--template=app=migrations:{TESTDATA}",
+        "--pglease-template=app",
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(passed=1)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/healthz", timeout=5)
