@@ -118,3 +118,22 @@ async fn the_pytest_plugin_suite_passes_against_a_real_daemon() {
     assert_all_released(&daemon).await;
     assert!(daemon.stop().await.success());
 }
+
+#[tokio::test]
+async fn the_node_helper_suite_passes_against_a_real_daemon() {
+    let test = "the_node_helper_suite_passes_against_a_real_daemon";
+    let node = clients_dir().join("node");
+    let installed = node.join("node_modules/.bin/vitest").is_file();
+    if !tool_available("node", test, "install Node.js") || !installed {
+        assert!(
+            std::env::var_os(crate::support::REQUIRE_TOOLS).is_none(),
+            "clients/node's dev dependencies are required here: cd clients/node && npm ci"
+        );
+        eprintln!("SKIPPED {test}: cd clients/node && npm ci");
+        return;
+    }
+    let daemon = daemon().await;
+    run_suite(&daemon, node, "node", &["test/run.mjs"]).await;
+    assert_all_released(&daemon).await;
+    assert!(daemon.stop().await.success());
+}
