@@ -27,6 +27,21 @@ fn sh(script: &str) {
     );
 }
 
+/// `pg_dump -Fc` of a lease's database into `path`, then the source daemon stops.
+async fn dump_lease(
+    source: TestDaemon,
+    lease: &serde_json::Value,
+    path: &Path,
+) -> std::path::PathBuf {
+    let url = lease["url"].as_str().expect("url").to_owned();
+    let script = format!("pg_dump -Fc -f {} '{url}'", path.display());
+    tokio::task::spawn_blocking(move || sh(&script))
+        .await
+        .expect("join");
+    assert!(source.stop().await.success());
+    path.to_path_buf()
+}
+
 /// Dumps of a small schema with data, made by pg_dump from a lease, in every format.
 async fn dumps(dir: &Path) -> Vec<(&'static str, String)> {
     let schema = dir.join("schema.sql");
@@ -194,13 +209,7 @@ async fn a_long_restore_logs_its_progress() {
         .lease(json!({"template": "src", "wait_ms": 120000}))
         .await;
     assert_eq!(status, 201, "{lease}");
-    let url = lease["url"].as_str().expect("url").to_owned();
-    let dump = dir.join("slow.dump");
-    let script = format!("pg_dump -Fc -f {} '{url}'", dump.display());
-    tokio::task::spawn_blocking(move || sh(&script))
-        .await
-        .expect("join");
-    assert!(source.stop().await.success());
+    let dump = dump_lease(source, &lease, &dir.join("slow.dump")).await;
 
     let daemon = TestDaemon::builder()
         .args(["--template", &format!("slow=dump:{}", dump.display())])
@@ -245,13 +254,7 @@ async fn a_dump_naming_missing_roles_restores_and_a_template_too_big_for_its_clo
         )
         .await
         .expect("the source's objects");
-    let url = lease["url"].as_str().expect("url").to_owned();
-    let dump = dir.join("roles.dump");
-    let script = format!("pg_dump -Fc -f {} '{url}'", dump.display());
-    tokio::task::spawn_blocking(move || sh(&script))
-        .await
-        .expect("join");
-    assert!(source.stop().await.success());
+    let dump = dump_lease(source, &lease, &dir.join("roles.dump")).await;
 
     // A budget that holds the default template and its two warm clones, and this template,
     // but not two clones of it beside them: said when it is built.

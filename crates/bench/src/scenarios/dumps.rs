@@ -110,22 +110,7 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         for (db, j) in [("bench_restore_j1", 1), ("bench_restore_jn", jobs)] {
             sql(format!("CREATE DATABASE {db}")).await?;
             let started = Instant::now();
-            let jobs_arg = j.to_string();
-            tool(
-                &server,
-                "pg_restore",
-                &[
-                    "--no-owner",
-                    "--no-privileges",
-                    "--exit-on-error",
-                    "-j",
-                    &jobs_arg,
-                    "-d",
-                    db,
-                    &path,
-                ],
-            )
-            .await?;
+            restore(&server, &dump, db, j).await?;
             timed.push(started.elapsed().as_secs_f64());
         }
         admin_conn.close().await;
@@ -186,23 +171,7 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
             .map_err(|e| BenchError::postgres("scenario 10 SQL", e))?;
         admin_conn.close().await;
         let started = Instant::now();
-        let jobs_arg = jobs.to_string();
-        let path = dump.display().to_string();
-        tool(
-            &server,
-            "pg_restore",
-            &[
-                "--no-owner",
-                "--no-privileges",
-                "--exit-on-error",
-                "-j",
-                &jobs_arg,
-                "-d",
-                "bench_restore_again",
-                &path,
-            ],
-        )
-        .await?;
+        restore(&server, &dump, "bench_restore_again", jobs).await?;
         let hand_again = started.elapsed().as_secs_f64();
         eprintln!("[bench] 10 cloning the {template_mb:.0} MB template");
         let clone = ceiling::level(
@@ -235,6 +204,23 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         clone_mb_per_sec: ratio(template_mb, clone.create.p50_ms / 1000.0),
         clone,
     })
+}
+
+/// `pg_restore -j jobs` of `dump` into the empty database `db`, by hand: what pglease runs
+/// but its --verbose.
+async fn restore(server: &ServerInfo, dump: &Path, db: &str, jobs: usize) -> Result<()> {
+    let (jobs, path) = (jobs.to_string(), dump.display().to_string());
+    let args = [
+        "--no-owner",
+        "--no-privileges",
+        "--exit-on-error",
+        "-j",
+        &jobs,
+        "-d",
+        db,
+        &path,
+    ];
+    tool(server, "pg_restore", &args).await
 }
 
 /// Runs a PostgreSQL client tool against the daemon's server as the superuser, over its
