@@ -127,9 +127,9 @@ async fn the_node_helper_suite_passes_against_a_real_daemon() {
     if !tool_available("node", test, "install Node.js") || !installed {
         assert!(
             std::env::var_os(crate::support::REQUIRE_TOOLS).is_none(),
-            "clients/node's dev dependencies are required here: cd clients/node && npm ci"
+            "clients/node's dev dependencies are required here: cd clients/node && npm install"
         );
-        eprintln!("SKIPPED {test}: cd clients/node && npm ci");
+        eprintln!("SKIPPED {test}: cd clients/node && npm install");
         return;
     }
     let daemon = daemon().await;
