@@ -18,8 +18,16 @@ if (!process.env.PGLEASE_URL) {
 }
 const client = new PgleaseClient()
 const bin = (name) => join(root, 'node_modules', '.bin', name)
-const run = (program, args, env = {}) =>
-  spawnSync(program, args, { cwd: root, env: { ...process.env, ...env }, encoding: 'utf8' })
+// Plain text to match against: CI=true makes the runners colour their output.
+const plain = (text) => text.replace(/\x1b\[[0-9;]*m/g, '')
+const run = (program, args, env = {}) => {
+  const out = spawnSync(program, args, {
+    cwd: root,
+    env: { ...process.env, NO_COLOR: '1', FORCE_COLOR: '0', ...env },
+    encoding: 'utf8',
+  })
+  return { ...out, stdout: plain(out.stdout ?? ''), stderr: plain(out.stderr ?? '') }
+}
 const openLeases = async (part) =>
   (await client.status()).leases.filter((l) => (l.label ?? '').includes(part))
 let checks = 0
