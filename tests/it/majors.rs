@@ -337,15 +337,21 @@ async fn a_server_that_cannot_start_fails_its_requests_and_not_the_daemon() {
     assert_eq!(status, 503, "{again}");
     assert_eq!(again["error"]["message"], body["error"]["message"]);
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
-    assert_eq!(
+    // The daemon's stderr is read on its own task: its line may land a moment after the
+    // answer.
+    let attempts = || {
         daemon
             .log()
             .matches("cannot start the PostgreSQL 14 server")
-            .count(),
-        1,
-        "{}",
-        daemon.log()
-    );
+            .count()
+    };
+    poll_until(
+        std::time::Duration::from_secs(5),
+        "the failed start in the log",
+        || async { (attempts() > 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(attempts(), 1, "{}", daemon.log());
     // Everyone else is served as before.
     let lease = daemon.lease_ok("default").await;
     connect(&lease).await.expect("connect");
