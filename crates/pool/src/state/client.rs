@@ -130,7 +130,12 @@ impl PoolState {
     /// whose test databases are still out stays, so that their numbers are not handed out
     /// twice.
     fn forget_if_unused(&mut self, template: &TemplateName) {
-        let unused = self.dbs.counts(template).total() == 0;
+        // Kept databases hold no place in the counts, but belong to the template too.
+        let unused = self.dbs.counts(template).total() == 0
+            && self
+                .dbs
+                .of(template, |p| matches!(p, Phase::Kept(_)))
+                .is_empty();
         let ended = matches!(
             self.templates.get(template).map(|e| &e.lifecycle),
             Some(Lifecycle::Client(ClientBuild::Failed))
@@ -280,8 +285,8 @@ impl PoolState {
         }
     }
 
-    /// Forgets every client-built template: their databases go, their open leases end
-    /// (later calls on them answer "lost"), their waiting requests fail.
+    /// Forgets every client-built template: their databases go (kept ones too), their open
+    /// leases end (later calls on them answer "lost"), their waiting requests fail.
     pub fn discard_all_client_built(
         &mut self,
         now: Instant,
@@ -305,6 +310,11 @@ impl PoolState {
                     || LeaseError::Discarded(name.clone()),
                     &mut actions,
                 );
+            }
+            // Kept ones go too ("every test database dropped"): nothing may outlive its
+            // template but a drop.
+            for database in self.dbs.of(name, |p| matches!(p, Phase::Kept(_))) {
+                self.dbs.queue_drop(database, Some(name), 0);
             }
         }
         self.dispatch(now, &mut actions);

@@ -1471,3 +1471,30 @@ fn an_unlocked_test_database_comes_back_under_its_id_before_any_other() {
         "a native lease does not take over the test id"
     );
 }
+
+#[test]
+fn the_reset_drops_the_kept_databases_of_client_templates() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize");
+    finalize(&mut driver, "abc123");
+    let test = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let test = driver.grant_of(test).expect("granted").clone();
+    let (kept, actions) = driver
+        .state
+        .keep(&test.lease_id, Duration::from_secs(60), driver.now);
+    kept.expect("kept");
+    driver.pending.extend(actions);
+    driver.settle();
+    // "Every template and test database dropped": a kept one too, not left without its
+    // template (the invariants, checked at every step of `settle`, would say so).
+    let actions = driver
+        .state
+        .discard_all_client_built(driver.now)
+        .expect("reset");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.state.kept_list().is_empty());
+    assert!(driver.drops.contains(&test.database));
+}
