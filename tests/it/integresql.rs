@@ -302,10 +302,16 @@ async fn unlock_returns_a_database_as_is_and_recreate_replaces_it() {
     drop(client);
     let (status, body) = compat.call("POST", &recreate, None).await;
     assert_eq!(status, 204, "{body}");
-    // Recreated from the template: the next one has no trace of the write.
+    // Recreated from the template: the next one has no trace of the write, and carries
+    // the recreated one's id (IntegreSQL recreates a test database under its id).
     let (_, third) = compat.test_database("cafe").await;
     let client = connect(&third).await.expect("connect");
     assert_eq!(count_items(&client).await, 1);
+    assert_eq!(third["id"], second["id"], "the recreated id");
+    assert_ne!(
+        third["database"]["config"]["database"], second["database"]["config"]["database"],
+        "a new database"
+    );
     // The deprecated alias, bad ids, unknown ids and hashes.
     let id = third["id"].as_u64().expect("id");
     drop(client);

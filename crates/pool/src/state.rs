@@ -11,7 +11,8 @@
 //!
 //! The rules are split by concern: [`grants`] (requests, grants, releases, expiry),
 //! [`refill`] (clones and drops to start, jobs that ended), [`budget`] (bytes and eviction),
-//! [`build`] (configured templates), [`client`] (templates clients build), [`status`].
+//! [`build`] (configured templates), [`client`] (templates clients build), [`test_ids`]
+//! (lease numbers and IntegreSQL test ids), [`status`].
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -33,6 +34,7 @@ mod kept;
 mod lifecycle;
 mod refill;
 mod status;
+mod test_ids;
 
 pub use build::Registered;
 pub(crate) use client::Finalize;

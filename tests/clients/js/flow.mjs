@@ -49,6 +49,7 @@ check(migrations === 1, `migrated ${migrations} times`)
 const results = await Promise.all(
   Array.from({ length: 20 }, async (_, i) => {
     const test = await client.api.getTestDatabase(hash)
+    const got = performance.now()
     const config = test.database.config
     const writes = i % 2 === 1
     const count = await withDb(config, async (db) => {
@@ -57,20 +58,23 @@ const results = await Promise.all(
       return rows[0].n
     })
     check(count === (writes ? 2 : 1), `test ${i} saw ${count} rows: databases are not isolated`)
+    const givenBack = performance.now()
     if (writes) {
       await whenDisconnected(() => client.api.recreateTestDatabase(hash, test.id))
     } else {
       await whenDisconnected(() => client.api.reuseTestDatabase(hash, test.id))
     }
-    return { id: test.id, database: config.database, writes }
+    return { id: test.id, database: config.database, writes, got, givenBack }
   }),
 )
-// An id names one database: one given back unchanged may come back to a later test, under
-// its id (as from IntegreSQL); a recreated one's id is not handed out again.
-const byId = new Map()
-for (const r of results) {
-  check(!byId.has(r.id) || byId.get(r.id) === r.database, `id ${r.id} named two databases`)
-  byId.set(r.id, r.database)
+// An id names one database at a time: one given back unchanged may come back to a later
+// test under its id, and a recreated one's id to its replacement (as from IntegreSQL) —
+// never to a test while another still holds it (from its answer to its giving back).
+for (const a of results) {
+  for (const b of results) {
+    if (a === b || a.id !== b.id) continue
+    check(a.givenBack <= b.got || b.givenBack <= a.got, `id ${a.id} held by two tests at once`)
+  }
 }
 
 // After unlock and recreate, no test sees another's rows.

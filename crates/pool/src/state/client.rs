@@ -68,9 +68,9 @@ impl PoolState {
         self.next_seq += 1;
         let mut entry = TemplateEntry::client(ClientBuild::Opening { db: db.clone() });
         // A discarded one's leases may still be out (their records count against the
-        // template's limits); their numbers are not handed out again.
+        // template's limits); their ids outlive the entry (`TestIds`), so they are not
+        // handed out again.
         if let Some(old) = self.templates.remove(template) {
-            entry.next_number = old.next_number;
             // Nothing waits on a discarded or failed one; if anything did, it now waits
             // for this initialization.
             entry.waiters = old.waiters;
@@ -126,9 +126,10 @@ impl PoolState {
         (result, actions)
     }
 
-    /// Forgets a failed or discarded client-built template nothing refers to any more. One
-    /// whose test databases are still out stays, so that their numbers are not handed out
-    /// twice.
+    /// Forgets a failed or discarded client-built template nothing refers to any more (one
+    /// whose test databases are still out stays: every record belongs to a template). Its
+    /// test ids are not forgotten with it: a client may hold one whose database was
+    /// reclaimed, and the next initialization must not hand that id to another database.
     fn forget_if_unused(&mut self, template: &TemplateName) {
         // Kept databases hold no place in the counts, but belong to the template too.
         let unused = self.dbs.counts(template).total() == 0

@@ -5,7 +5,9 @@
 //! and no counter can drift.
 //!
 //! This file knows nothing of rules: which phase follows which is decided by the callers in
-//! the sibling modules. It only keeps the records and answers questions about them.
+//! the sibling modules. It only keeps the records and answers questions about them, and
+//! frees the IntegreSQL test id of a database that leaves the pool while nobody holds it
+//! (see [`TestIds`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::lifecycle::Waiter;
+use super::test_ids::TestIds;
 use crate::names::{DbName, LeaseId, TemplateName};
 
 /// The first pause after a failed drop; doubled per attempt up to [`DROP_RETRY_MAX`].
@@ -31,10 +34,22 @@ pub(super) struct Db {
     pub bytes: u64,
     /// The IntegreSQL test id it carries: set when an IntegreSQL client gets it, kept when
     /// that client gives it back unchanged (unlock), so that it comes back under the same
-    /// id; cleared when anyone else gets it.
+    /// id; given up (vacant, see [`TestIds`]) when anyone else gets it, when its client
+    /// has it recreated, or when it leaves the pool unheld; retired with it when it leaves
+    /// while held (leased or kept).
     pub test_id: Option<u32>,
     /// What is being done with it.
     pub phase: Phase,
+}
+
+impl Db {
+    /// Whether no client can hold it: it is not leased or kept (nor dropped already).
+    fn unheld(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Adoptable { .. } | Phase::Making { .. } | Phase::Ready { .. }
+        )
+    }
 }
 
 /// Where a database is in its life.
@@ -121,10 +136,13 @@ impl Counts {
     }
 }
 
-/// All records, and the sequence that orders queues.
+/// All records, the sequence that orders queues, and the test ids.
 #[derive(Debug, Default)]
 pub(super) struct Dbs {
     map: BTreeMap<DbName, Db>,
+    /// Every template's lease numbers and IntegreSQL test ids; they outlive the records
+    /// (and [`Dbs::clear`]).
+    pub test_ids: TestIds,
     /// Orders for the back of a queue grow; orders for the front shrink.
     back: i64,
     front: i64,
@@ -159,8 +177,25 @@ impl Dbs {
         self.map.remove(name)
     }
 
+    /// Forgets every record (their server is gone). Ids of databases nobody held become
+    /// vacant; those of leased and kept ones are retired.
     pub fn clear(&mut self) {
-        self.map.clear();
+        for (_, db) in std::mem::take(&mut self.map) {
+            if let (Some(template), Some(id), true) = (&db.template, db.test_id, db.unheld()) {
+                self.test_ids.vacate(template, id);
+            }
+        }
+    }
+
+    /// The client of the test database `name` gave it back to be recreated: its id is
+    /// vacant (handed to the next getter, as IntegreSQL recreates under the same id).
+    pub fn give_back_id(&mut self, name: &DbName) {
+        let Some(db) = self.map.get_mut(name) else {
+            return;
+        };
+        if let (Some(template), Some(id)) = (&db.template, db.test_id.take()) {
+            self.test_ids.vacate(template, id);
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&DbName, &Db)> {
@@ -193,7 +228,15 @@ impl Dbs {
                 phase: Phase::Dropping(_),
                 ..
             }) => {}
-            Some(db) => db.phase = queued,
+            Some(db) => {
+                // A test database given back unchanged, on its way out: nobody holds its id.
+                if db.unheld() {
+                    if let (Some(template), Some(id)) = (&db.template, db.test_id.take()) {
+                        self.test_ids.vacate(template, id);
+                    }
+                }
+                db.phase = queued;
+            }
             None => {
                 self.map.insert(
                     name,

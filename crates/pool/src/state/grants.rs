@@ -182,14 +182,17 @@ impl PoolState {
             entry.last_used = Some(now);
             entry.demand.taken(now);
             // An IntegreSQL test database given back unchanged keeps its id for the next
-            // IntegreSQL client; anything else gets a new number.
+            // IntegreSQL client; another one gets a vacant id (or a fresh one), a native
+            // lease a fresh number, and the id it found on the database is vacant.
             let carried = self.dbs.get(&database).and_then(|db| db.test_id);
-            let number = match carried {
-                Some(number) if waiter.reclaimable => number,
-                _ => {
-                    let number = entry.next_number;
-                    entry.next_number = entry.next_number.wrapping_add(1);
-                    number
+            let number = match (carried, waiter.reclaimable) {
+                (Some(id), true) => id,
+                (None, true) => self.dbs.test_ids.take(template),
+                (carried, false) => {
+                    if let Some(id) = carried {
+                        self.dbs.test_ids.vacate(template, id);
+                    }
+                    self.dbs.test_ids.fresh(template)
                 }
             };
             // A lease of its own connection limit goes out once the limit is set.
@@ -394,7 +397,15 @@ impl PoolState {
                     clone: database,
                 });
             }
-            (_, _, template) => self.dbs.queue_drop(database, template.as_ref(), 0),
+            (_, _, template) => {
+                // Given back by its client (recreate, or an unlock of a replaced version):
+                // nobody holds its id, which goes to the next getter, as IntegreSQL
+                // recreates a test database under the same id.
+                if record.reclaimable {
+                    self.dbs.give_back_id(&database);
+                }
+                self.dbs.queue_drop(database, template.as_ref(), 0);
+            }
         }
         self.serve_all_waiters(now, &mut actions);
         self.dispatch(now, &mut actions);

@@ -47,6 +47,20 @@ impl PoolState {
                         db.template
                     ));
                 }
+                // Carried ids were handed out, and are not free to be handed out again.
+                let Some(template) = &db.template else {
+                    return Err(format!("{name} carries test id {test_id} of no template"));
+                };
+                if !self.dbs.test_ids.issued(template, test_id) {
+                    return Err(format!(
+                        "{name} carries test id {test_id} of {template}, never handed out"
+                    ));
+                }
+                if self.dbs.test_ids.is_vacant(template, test_id) {
+                    return Err(format!(
+                        "{name} carries test id {test_id} of {template}, which is vacant"
+                    ));
+                }
             }
             match &db.phase {
                 // No grant of an old version: the ready queue holds the current one only.
@@ -64,11 +78,13 @@ impl PoolState {
                     if !lease_ids.insert(record.id.clone()) {
                         return Err(format!("lease {} holds two databases", record.id));
                     }
-                    // An IntegreSQL client finds its database by the id it was given.
-                    if record.reclaimable && db.test_id != Some(record.number) {
+                    // An IntegreSQL client finds its database by the id it was given; a
+                    // native lease took its database's id away.
+                    let expected = record.reclaimable.then_some(record.number);
+                    if db.test_id != expected {
                         return Err(format!(
-                            "{name} was given out as test {} but carries {:?}",
-                            record.number, db.test_id
+                            "{name} was given out as {expected:?} but carries test id {:?}",
+                            db.test_id
                         ));
                     }
                     if let Some(waiter) = record.pending.as_ref().map(|w| w.id) {
@@ -87,6 +103,14 @@ impl PoolState {
                     }
                 }
                 Phase::Making { .. } | Phase::Adoptable { .. } | Phase::Dropping(_) => {}
+            }
+        }
+        // A vacant id was handed out once (so it is not fresh as well).
+        for (template, id) in self.dbs.test_ids.vacant() {
+            if !self.dbs.test_ids.issued(template, id) {
+                return Err(format!(
+                    "test id {id} of {template} is vacant but never issued"
+                ));
             }
         }
         for entry in self.templates.values() {

@@ -101,8 +101,6 @@ pub(super) struct TemplateEntry {
     pub last_build: Option<Built>,
     /// When a lease of it was last granted (for evicting the least recently used).
     pub last_used: Option<Instant>,
-    /// The number the next lease of this template gets.
-    pub next_number: u32,
     /// How fast its ready clones are used up, to refill ahead of that.
     pub demand: Demand,
 }
@@ -132,7 +130,6 @@ impl TemplateEntry {
             version: 0,
             last_build: None,
             last_used: None,
-            next_number: 0,
             demand: Demand::default(),
         }
     }

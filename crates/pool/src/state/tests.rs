@@ -913,10 +913,12 @@ fn a_lease_of_a_discarded_version_never_joins_the_new_one() {
     driver.pending.extend(actions);
     driver.settle();
     assert!(driver.drops.contains(&old_grant.database));
-    // Numbers go on from the discarded version's.
+    // Its client gave its id back: the new version's first test database gets it.
     let new = driver.lease_with(&test_request("v"));
     driver.settle();
-    assert_eq!(driver.grant_of(new).expect("granted").number, 1);
+    let new = driver.grant_of(new).expect("granted");
+    assert_eq!(new.number, old_grant.number);
+    assert_ne!(new.database, old_grant.database);
 }
 
 #[test]
@@ -1444,17 +1446,20 @@ fn an_unlocked_test_database_comes_back_under_its_id_before_any_other() {
         (0, &first.database),
         "the same database under the same id"
     );
-    // Recreated (dropped and replaced): its id is not handed out again.
+    // Recreated (dropped and replaced): its id goes to the replacement, as IntegreSQL
+    // recreates a test database under the same id.
     let (released, actions) = driver.state.release(&second.lease_id, false, driver.now);
     released.expect("released");
     driver.pending.extend(actions);
     driver.settle();
+    assert!(driver.drops.contains(&second.database), "dropped");
     let fresh = driver.lease_with(&test_request("abc123"));
     driver.settle();
     let fresh = grant(&driver, fresh);
-    assert_ne!(fresh.number, 1);
+    assert_eq!(fresh.number, 1, "the recreated id is handed out again");
     assert_ne!(fresh.database, second.database);
-    // The native API may lease from the same template: a database it got carries no id.
+    // The native API may lease from the same template: it gets the database first in
+    // line (the unlocked one), not its id, which goes to the next IntegreSQL getter.
     let (released, actions) = driver.state.release(&again.lease_id, true, driver.now);
     released.expect("released");
     driver.pending.extend(actions);
@@ -1466,10 +1471,63 @@ fn an_unlocked_test_database_comes_back_under_its_id_before_any_other() {
         native.database, first.database,
         "the recycled one is first in line"
     );
-    assert_ne!(
-        native.number, 0,
-        "a native lease does not take over the test id"
+    assert!(
+        ![0, 1].contains(&native.number),
+        "a native lease takes no test id ({})",
+        native.number
     );
+    let test = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let test = grant(&driver, test);
+    assert_eq!(test.number, 0, "the id the native lease freed");
+    assert_ne!(test.database, first.database);
+}
+
+#[test]
+fn a_test_id_whose_client_may_still_hold_it_is_never_handed_out_again() {
+    let mut driver = Driver::new(pool(1, 8));
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize");
+    finalize(&mut driver, "abc123");
+    let expired = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let expired = driver.grant_of(expired).expect("granted").clone();
+    // Its lease runs out; its client, who never gave it back, is not told.
+    driver.now += Duration::from_secs(61);
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    let held = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let held = driver.grant_of(held).expect("granted").clone();
+    assert_ne!(
+        held.number, expired.number,
+        "an expired test's id is retired"
+    );
+    // The reset forgets the template; its clients are not told either.
+    let actions = driver
+        .state
+        .discard_all_client_built(driver.now)
+        .expect("reset");
+    driver.pending.extend(actions);
+    driver.settle();
+    initialize(&mut driver, "abc123").expect("initialize again");
+    finalize(&mut driver, "abc123");
+    let next = driver.lease_with(&test_request("abc123"));
+    driver.settle();
+    let next = driver.grant_of(next).expect("granted").clone();
+    assert!(
+        ![expired.number, held.number].contains(&next.number),
+        "test id {} handed out again while a client may hold it",
+        next.number
+    );
+    // An unlock by the old holder reaches nobody else's database.
+    for number in [expired.number, held.number] {
+        assert!(matches!(
+            driver.state.lease_by_number(&name("abc123"), number),
+            Err(TemplateOpError::UnknownTest { .. })
+        ));
+    }
 }
 
 #[test]
