@@ -1,16 +1,18 @@
 //! The interleaving test: generated sequences of events drive [`PoolState`] the way the
 //! actor does — lease requests, deliveries and hang-ups, releases with and without reuse,
 //! renewals, expiry, rebuilds and source changes, client-built templates (initialize,
-//! finalize, discard, give back, reset), postgres lost and back, a byte budget — while the
+//! finalize, discard, unlock and recreate by test id, native leases of them too, reset),
+//! postgres lost and back, a byte budget — while the
 //! jobs the state starts (builds, clones, recycles, drops, connection limits, opens,
 //! finalizes) report back in any order, succeeding or failing, or never (their server was
 //! lost). After every step the state's own invariants and the harness's promises are
-//! checked; at the end every job is completed and time runs out, and then every request
+//! checked (among them: a test id a client holds — it never gave it back, though its
+//! database may be gone — is never handed out for another database); at the end every job is completed and time runs out, and then every request
 //! must have been answered and every database made must be dropped or still in use.
 //!
 //! `PGLEASE_INTERLEAVINGS=N` runs N cases instead of the default.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -37,6 +39,8 @@ enum Event {
         template: usize,
         own_limit: bool,
         wait_ms: u64,
+        /// For a client-built template: through the native API, not IntegreSQL's.
+        native: bool,
     },
     /// The actor hands a grant to its caller, who may have gone away.
     Deliver {
@@ -94,9 +98,10 @@ enum Event {
     Discard {
         client: usize,
     },
+    /// An IntegreSQL client gives a test database back by its id (unlock, or recreate):
+    /// one a client holds, picked by `index`, or an id nobody holds if none is.
     GiveBack {
-        client: usize,
-        number: u32,
+        index: usize,
         recreate: bool,
     },
     Reset,
@@ -105,8 +110,8 @@ enum Event {
 fn event() -> impl Strategy<Value = Event> {
     let index = 0usize..64;
     prop_oneof![
-        6 => (0usize..NAMES.len(), any::<bool>(), 0u64..3000).prop_map(|(template, own_limit, wait_ms)| {
-            Event::Lease { template, own_limit, wait_ms }
+        6 => (0usize..NAMES.len(), any::<bool>(), 0u64..3000, prop::bool::weighted(0.2)).prop_map(|(template, own_limit, wait_ms, native)| {
+            Event::Lease { template, own_limit, wait_ms, native }
         }),
         4 => (index.clone(), prop::bool::weighted(0.2)).prop_map(|(index, hung_up)| Event::Deliver { index, hung_up }),
         3 => (index.clone(), any::<bool>()).prop_map(|(index, reuse)| Event::Release { index, reuse }),
@@ -114,7 +119,7 @@ fn event() -> impl Strategy<Value = Event> {
         2 => (index.clone(), 1u64..60).prop_map(|(index, secs)| Event::Keep { index, secs }),
         1 => index.clone().prop_map(|index| Event::DropKept { index }),
         1 => index.clone().prop_map(|index| Event::Cancel { index }),
-        12 => (index, prop::bool::weighted(0.85)).prop_map(|(index, ok)| Event::Complete { index, ok }),
+        12 => (index.clone(), prop::bool::weighted(0.85)).prop_map(|(index, ok)| Event::Complete { index, ok }),
         3 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
         1 => (0usize..CONFIGURED).prop_map(|template| Event::SourcesChanged { template }),
         1 => (0usize..CONFIGURED).prop_map(|template| Event::Rebuild { template }),
@@ -123,8 +128,31 @@ fn event() -> impl Strategy<Value = Event> {
         2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
         2 => (0usize..2).prop_map(|client| Event::Finalize { client }),
         1 => (0usize..2).prop_map(|client| Event::Discard { client }),
-        1 => (0usize..2, 0u32..4, any::<bool>()).prop_map(|(client, number, recreate)| Event::GiveBack { client, number, recreate }),
+        2 => (index, any::<bool>()).prop_map(|(index, recreate)| Event::GiveBack { index, recreate }),
         1 => Just(Event::Reset),
+    ]
+}
+
+/// Events of client-built templates only (the IntegreSQL API, with the native API's view
+/// of them and the server's loss): the long chains their ids need — initialize, finalize,
+/// get, lose or reset, initialize again, get — come up far more often than among all events.
+fn client_event() -> impl Strategy<Value = Event> {
+    let index = 0usize..64;
+    prop_oneof![
+        6 => (CONFIGURED..NAMES.len(), 0u64..3000, prop::bool::weighted(0.2)).prop_map(|(template, wait_ms, native)| {
+            Event::Lease { template, own_limit: false, wait_ms, native }
+        }),
+        4 => (index.clone(), prop::bool::weighted(0.1)).prop_map(|(index, hung_up)| Event::Deliver { index, hung_up }),
+        1 => (index.clone(), any::<bool>()).prop_map(|(index, reuse)| Event::Release { index, reuse }),
+        12 => (index.clone(), prop::bool::weighted(0.9)).prop_map(|(index, ok)| Event::Complete { index, ok }),
+        1 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
+        1 => Just(Event::ServerLost),
+        2 => Just(Event::ServerUp { leftovers: 0 }),
+        3 => (0usize..2).prop_map(|client| Event::Initialize { client }),
+        3 => (0usize..2).prop_map(|client| Event::Finalize { client }),
+        1 => (0usize..2).prop_map(|client| Event::Discard { client }),
+        2 => (index, any::<bool>()).prop_map(|(index, recreate)| Event::GiveBack { index, recreate }),
+        2 => Just(Event::Reset),
     ]
 }
 
@@ -145,6 +173,12 @@ struct World {
     gone: HashSet<WaiterId>,
     /// Leases their callers hold.
     leases: Vec<Grant>,
+    /// Requests made through the IntegreSQL API.
+    integresql: HashSet<WaiterId>,
+    /// Test ids IntegreSQL clients hold, with the database each names for its client: from
+    /// delivery until the client gives it back (its database may be gone meanwhile —
+    /// expired, reclaimed, lost with the server — without the client knowing).
+    held: BTreeMap<(TemplateName, u32), DbName>,
     next_waiter: WaiterId,
     /// Each configured template's source version (its fingerprint follows it).
     versions: [u32; CONFIGURED],
@@ -187,6 +221,8 @@ impl World {
             cancelled: HashSet::new(),
             gone: HashSet::new(),
             leases: Vec::new(),
+            integresql: HashSet::new(),
+            held: BTreeMap::new(),
             next_waiter: 1,
             versions: [0; CONFIGURED],
             created: BTreeSet::new(),
@@ -276,7 +312,26 @@ impl World {
             );
         }
         self.leases.retain(|held| open.contains(&held.lease_id));
+        if self.integresql.contains(&waiter) {
+            // An id names one database for as long as a client may hold it.
+            let key = (grant.template.clone(), grant.number);
+            if let Some(old) = self.held.get(&key) {
+                panic!(
+                    "test id {} of {} handed out for {} while a client still holds it for {old}",
+                    grant.number, grant.template, grant.database
+                );
+            }
+            self.held.insert(key, grant.database.clone());
+        }
         self.leases.push(grant);
+    }
+
+    /// The holder of `lease` (if an IntegreSQL client) gives its id back.
+    fn forget_held(&mut self, lease: &Grant) {
+        let key = (lease.template.clone(), lease.number);
+        if self.held.get(&key) == Some(&lease.database) {
+            self.held.remove(&key);
+        }
     }
 
     fn complete(&mut self, index: usize, ok: bool) {
@@ -375,17 +430,24 @@ impl World {
                 template: index,
                 own_limit,
                 wait_ms,
+                native,
             } => {
                 let waiter = self.next_waiter;
                 self.next_waiter += 1;
                 self.open.insert(waiter);
+                // The IntegreSQL API asks for client-built templates; the native API may
+                // lease them too.
+                let reclaimable = index >= CONFIGURED && !native;
+                if reclaimable {
+                    self.integresql.insert(waiter);
+                }
                 let request = LeaseRequest {
                     template: template(NAMES[index]),
                     ttl: None,
                     wait: Duration::from_millis(wait_ms),
-                    connections: own_limit.then_some(2 * LEASE_CONNECTIONS),
-                    // The IntegreSQL API asks for client-built templates.
-                    reclaimable: index >= CONFIGURED,
+                    // IntegreSQL's getters never ask for a limit of their own.
+                    connections: (own_limit && !reclaimable).then_some(2 * LEASE_CONNECTIONS),
+                    reclaimable,
                     postgres_version: None,
                     label: None,
                 };
@@ -400,6 +462,7 @@ impl World {
                     return;
                 }
                 let lease = self.leases.remove(index % self.leases.len());
+                self.forget_held(&lease);
                 let (_, actions) = self.state.release(&lease.lease_id, reuse, now);
                 self.apply(actions);
             }
@@ -408,6 +471,7 @@ impl World {
                     return;
                 }
                 let lease = self.leases.remove(index % self.leases.len());
+                self.forget_held(&lease);
                 let (outcome, actions) =
                     self.state
                         .keep(&lease.lease_id, Duration::from_secs(secs), now);
@@ -495,13 +559,22 @@ impl World {
                     self.apply(actions);
                 }
             }
-            Event::GiveBack {
-                client,
-                number,
-                recreate,
-            } => {
-                let name = template(NAMES[CONFIGURED + client]);
-                if let Ok((id, _)) = self.state.lease_by_number(&name, number) {
+            Event::GiveBack { index, recreate } => {
+                let held: Vec<(TemplateName, u32)> = self.held.keys().cloned().collect();
+                let (name, number) = match held.get(index % held.len().max(1)) {
+                    Some(key) => key.clone(),
+                    None => (template(NAMES[CONFIGURED + index % 2]), (index % 4) as u32),
+                };
+                // Given back, or answered 404 (its database is gone): the client lets go.
+                let holds = self.held.remove(&(name.clone(), number));
+                let found = self.state.lease_by_number(&name, number);
+                // An id nobody holds is asked for only to be refused: one found is a grant
+                // still on its way to its client.
+                if let (Ok((id, database)), Some(holds)) = (found, holds) {
+                    assert_eq!(
+                        holds, database,
+                        "test id {number} of {name} names another database than its client's"
+                    );
                     let (_, actions) = self.state.release(&id, !recreate, now);
                     self.apply(actions);
                 }
@@ -600,6 +673,20 @@ proptest! {
         min_ready in 0usize..3,
     ) {
         let mut world = World::new(budget, min_ready);
+        world.check();
+        for event in &events {
+            world.step(event);
+            world.check();
+        }
+        world.settle();
+    }
+
+    #[test]
+    fn every_interleaving_of_client_templates_keeps_their_ids(
+        events in prop::collection::vec(client_event(), 1..120),
+        min_ready in 0usize..3,
+    ) {
+        let mut world = World::new(None, min_ready);
         world.check();
         for event in &events {
             world.step(event);
