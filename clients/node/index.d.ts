@@ -1,4 +1,7 @@
-/** What opens a leased database (a `pg` client or pool config). */
+// Types of @pglease/client, kept by hand next to lib/*.cjs; `npm test` checks them with
+// `tsc --noEmit` against typed uses (test/types/).
+
+/** What opens a leased database: a `pg` (node-postgres) `Client` or `Pool` config. */
 export interface PgConfig {
   host: string
   port: number
@@ -7,7 +10,7 @@ export interface PgConfig {
   database: string
 }
 
-/** A leased database. */
+/** A leased database, as `POST /lease` answers it, plus the label sent and a `pg` config. */
 export interface Lease {
   id: string
   template: string
@@ -17,53 +20,93 @@ export interface Lease {
   port: number
   user: string
   password: string
+  /** `postgres://user:password@host:port/database` */
   url: string
+  /** RFC 3339; the daemon drops the database after this unless renewed. */
   expires_at: string
+  /** The label sent with the lease (cleaned), or null. */
+  label: string | null
   config: PgConfig
 }
 
 export interface LeaseOptions {
+  /** The template to clone; default: the daemon's `default`. */
   template?: string
+  /** Time to live; default: the daemon's. */
   ttlSecs?: number
+  /** How long to wait for a ready clone; default: the daemon's. */
   waitMs?: number
+  /** The lease's role's connection limit; default: the daemon's `--lease-connections`. */
   maxConnections?: number
+  /** The PostgreSQL major (or major.minor) to lease on, e.g. 17. */
   postgresVersion?: string | number
+  /** Names the lease in `GET /status` (at most 256 characters; control characters removed). */
   label?: string
 }
 
 export interface ClientOptions {
   /** Default: PGLEASE_URL, else http://127.0.0.1:5480. */
   url?: string
-  /** Default: PGLEASE_TOKEN. */
+  /** Sent as `Authorization: Bearer <token>`; default: PGLEASE_TOKEN. */
   token?: string
 }
 
+/** A database kept after a failed test (`GET /kept`). */
 export interface KeptDatabase {
   id: string
   template: string | null
   database: string
   label: string | null
+  host: string
+  port: number
+  user: string
+  password: string
   url: string
   kept_at: string
   expires_at: string
+  size_bytes?: number
 }
 
+/** An open lease as `GET /status` lists it. */
+export interface LeaseStatus {
+  id: string
+  template: string
+  database: string
+  expires_at: string
+  label: string | null
+}
+
+/** `GET /status`; only `leases` is typed here. */
+export interface Status {
+  leases: LeaseStatus[]
+  [field: string]: unknown
+}
+
+/** The daemon answered with an error (`{"error": {"code", "message"}}`). */
 export class PgleaseError extends Error {
+  /** The HTTP status, e.g. 404. */
   status: number
+  /** The daemon's error code, e.g. `unknown_template`, `lease_not_found`, `timeout`. */
   code: string
+  /** The daemon's message. */
   detail: string
 }
 
-export class PgleaseUnavailableError extends Error {}
+/** No daemon answers at the URL; the message says how to start one. */
+export class PgleaseUnavailableError extends Error {
+  url: string
+}
 
 export class PgleaseClient {
   constructor(options?: ClientOptions)
-  url: string
+  readonly url: string
   lease(options?: LeaseOptions): Promise<Lease>
+  /** Drops the database, or with `keepSecs` keeps it as it is (`GET /kept`). */
   release(id: string, options?: { keepSecs?: number }): Promise<void>
   renew(id: string, ttlSecs?: number): Promise<{ id: string; expires_at: string }>
   kept(): Promise<KeptDatabase[]>
-  status(): Promise<Record<string, unknown>>
+  dropKept(id: string): Promise<void>
+  status(): Promise<Status>
 }
 
 type Hook = (fn: (context?: any) => unknown, timeout?: number) => unknown
@@ -73,13 +116,18 @@ export interface UseDatabaseOptions extends LeaseOptions, ClientOptions {
   keepFailed?: number
   /** The runner's hooks; default: the globals. */
   hooks?: { beforeEach?: Hook; afterEach?: Hook; beforeAll?: Hook; afterAll?: Hook }
+  /** A client to use instead of one made from `url` and `token`. */
   client?: PgleaseClient
+  /** The hooks' timeout; default 120000 (a lease may wait for a clone). */
   timeoutMs?: number
 }
 
 /** The current test's database: its fields are set before each test. */
 export type CurrentDatabase = Partial<Lease>
 
+/** A fresh database for every test: beforeEach leases, afterEach gives it back. */
 export function useDatabase(options?: UseDatabaseOptions): CurrentDatabase
+/** One database for the tests of a file (or describe): beforeAll leases, afterAll gives it back. */
 export function useFileDatabase(options?: UseDatabaseOptions): CurrentDatabase
+/** A label the daemon accepts: control characters removed, the last 256 characters kept. */
 export function cleanLabel(label: string): string

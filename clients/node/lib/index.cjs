@@ -1,0 +1,15 @@
+'use strict'
+// @pglease/client for `require` (jest's default CommonJS mode); ../index.js is the ESM entry
+// and re-exports these, so both load the same modules.
+
+const { PgleaseClient, PgleaseError, PgleaseUnavailableError, cleanLabel } = require('./client.cjs')
+const { useDatabase, useFileDatabase } = require('./hooks.cjs')
+
+module.exports = {
+  PgleaseClient,
+  PgleaseError,
+  PgleaseUnavailableError,
+  cleanLabel,
+  useDatabase,
+  useFileDatabase,
+}
