@@ -109,11 +109,13 @@ export class PgleaseClient {
   status(): Promise<Status>
 }
 
-type Hook = (fn: (context?: any) => unknown, timeout?: number) => unknown
+/** A runner's hook registration function: vitest's and jest's both fit. */
+export type Hook = (fn: (...args: any[]) => any, timeout?: number) => unknown
 
 export interface UseDatabaseOptions extends LeaseOptions, ClientOptions {
-  /** Keep a failed test's database for this many seconds (default: PGLEASE_KEEP_FAILED). */
-  keepFailed?: number
+  /** Keep a failed test's database this many seconds (true: 3600) and print its URL;
+   * default: PGLEASE_KEEP_FAILED. vitest, and jest with its default runner (jest-circus). */
+  keepFailed?: number | boolean
   /** The runner's hooks; default: the globals. */
   hooks?: { beforeEach?: Hook; afterEach?: Hook; beforeAll?: Hook; afterAll?: Hook }
   /** A client to use instead of one made from `url` and `token`. */
@@ -122,8 +124,9 @@ export interface UseDatabaseOptions extends LeaseOptions, ClientOptions {
   timeoutMs?: number
 }
 
-/** The current test's database: its fields are set before each test. */
-export type CurrentDatabase = Partial<Lease>
+/** The database of the test (or file) running now. Reading a field when none is leased
+ * (outside a test) throws. */
+export type CurrentDatabase = Readonly<Lease>
 
 /** A fresh database for every test: beforeEach leases, afterEach gives it back. */
 export function useDatabase(options?: UseDatabaseOptions): CurrentDatabase

@@ -56,7 +56,7 @@ await check('jest: 8 tests in 2 files on 4 workers, each on its own database', a
 await check('a failing test releases its database, kept as it was with keepFailed', async () => {
   const out = run(bin('vitest'), ['run', '--dir', 'examples/failing'], { PGLEASE_KEEP_FAILED: '90' })
   assert.notEqual(out.status, 0, 'the example fails on purpose')
-  assert.match(out.stdout + out.stderr, /its database is kept for up to 90 s: postgres:\/\//)
+  assert.match(out.stdout + out.stderr, /its database \w+ is kept as the test left it for up to 90 s \(pglease kept lists it\): postgres:\/\//)
   assert.deepEqual(await openLeases('breaks on purpose'), [], 'no lease left open')
   const kept = (await client.kept()).filter((k) => (k.label ?? '').includes('breaks on purpose'))
   assert.equal(kept.length, 1, JSON.stringify(kept))
