@@ -1,14 +1,14 @@
-import { useDatabase } from '../../index.js'
-import { checkIsolated } from '../shared.js'
+import { useDatabase } from '@pglease/client'
+import { checkOwnDatabase } from '../check.cjs'
 
-// jest's globals: beforeEach, afterEach.
+// jest's global beforeEach/afterEach.
 const db = useDatabase({ template: 'app' })
 
-for (let i = 0; i < 4; i++) {
-  test('jest isolated a ' + i, async () => {
-    const label = await checkIsolated(db, 20086 + i, (ok, why) => {
-      if (!ok) throw new Error(why)
+describe('orders a', () => {
+  for (let i = 0; i < 4; i++) {
+    test('writes its own order ' + i, async () => {
+      const label = await checkOwnDatabase(db)
+      expect(label).toBe('examples/jest/a.test.mjs > orders a > writes its own order ' + i)
     })
-    expect(label).toContain('jest isolated a ' + i)
-  })
-}
+  }
+})

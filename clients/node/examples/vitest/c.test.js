@@ -1,12 +1,14 @@
-import { afterEach, beforeEach, expect, test } from 'vitest'
-import { useDatabase } from '../../index.js'
-import { checkIsolated } from '../shared.js'
+import { afterEach, beforeEach, describe, expect, test } from 'vitest'
+import { useDatabase } from '@pglease/client'
+import { checkOwnDatabase } from '../check.cjs'
 
 const db = useDatabase({ template: 'app', hooks: { beforeEach, afterEach } })
 
-for (let i = 0; i < 4; i++) {
-  test('isolated c ' + i, async () => {
-    const label = await checkIsolated(db, 2651 + i, (ok, why) => expect(ok, why).toBe(true))
-    expect(label).toContain('isolated c ' + i)
-  })
-}
+describe('orders c', () => {
+  for (let i = 0; i < 4; i++) {
+    test('writes its own order ' + i, async () => {
+      const label = await checkOwnDatabase(db)
+      expect(label).toBe('examples/vitest/c.test.js > orders c > writes its own order ' + i)
+    })
+  }
+})
