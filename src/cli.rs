@@ -245,6 +245,12 @@ pub struct ServeArgs {
     /// Overrides keep_data = true in the config file's postgres table.
     #[arg(long, overrides_with = "keep_data", hide_short_help = true)]
     pub no_keep_data: bool,
+    /// Snapshots for cold CI runners: start from this directory's snapshot of the
+    /// server's major (its templates whose sources are unchanged are used without a
+    /// build; the others are built), and write one at a clean stop when templates were
+    /// built. Keep the directory in the CI cache (docs/snapshots.md).
+    #[arg(long, env = "PGLEASE_SNAPSHOT_DIR", value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// `--clone-strategy`.
@@ -450,6 +456,7 @@ struct PostgresFile {
     locale: Option<String>,
     encoding: Option<String>,
     keep_data: Option<bool>,
+    snapshot_dir: Option<PathBuf>,
     #[serde(default)]
     settings: BTreeMap<String, toml::Value>,
 }
@@ -720,6 +727,13 @@ impl ServeArgs {
                         .into(),
                 )
             }
+            Some(_) if self.snapshot_dir.is_some() || postgres.snapshot_dir.is_some() => {
+                return Err(
+                    "--snapshot-dir saves and restores the cluster pglease starts itself; an \
+                     external server (--postgres-url) keeps its templates across runs by itself"
+                        .into(),
+                )
+            }
             Some(url) => ServerConfig::External(ExternalConfig {
                 url,
                 advertise_host: self.advertise_host.or(postgres.advertise_host),
@@ -770,6 +784,14 @@ impl ServeArgs {
                     .or(postgres.encoding)
                     .unwrap_or(embedded.encoding);
                 embedded.keep_data = switch(self.keep_data, self.no_keep_data, postgres.keep_data);
+                embedded.snapshot_dir = self.snapshot_dir.or(postgres.snapshot_dir);
+                if embedded.keep_data && embedded.snapshot_dir.is_some() {
+                    return Err(
+                        "--snapshot-dir and --keep-data both carry templates to the next \
+                                run: give one (a snapshot is one file a CI cache can keep)"
+                            .into(),
+                    );
+                }
                 for (key, value) in postgres.settings {
                     let value = match value {
                         toml::Value::String(s) => s,

@@ -20,6 +20,8 @@ use cli::{Cli, Command, ServeArgs};
 const EXIT_CONFIG: u8 = 64;
 /// How long shutdown may take before the daemon gives up waiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// With `--snapshot-dir` a stop may write a snapshot: seconds per GB of templates.
+const SNAPSHOT_SHUTDOWN_GRACE: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -76,6 +78,12 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         Ok(listeners) => listeners,
         Err(()) => return Ok(ExitCode::FAILURE),
     };
+    let grace = match &config.pool.server {
+        pglease_pool::ServerConfig::Embedded(e) if e.snapshot_dir.is_some() => {
+            SNAPSHOT_SHUTDOWN_GRACE
+        }
+        _ => SHUTDOWN_GRACE,
+    };
     let (servers, mut pool_task) = match pglease_pool::Servers::start(config.pool).await {
         Ok(started) => started,
         Err(error) => {
@@ -118,7 +126,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     systemd::stopping();
     state.begin_shutdown();
     stop_http.cancel();
-    let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+    let stopped = tokio::time::timeout(grace, async {
         servers.shutdown().await;
         let _ = pool_task.await;
         let _ = server.await;
@@ -129,7 +137,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     .await;
     if stopped.is_err() {
         tracing::warn!(
-            grace_secs = SHUTDOWN_GRACE.as_secs(),
+            grace_secs = grace.as_secs(),
             "shutdown did not finish in time; exiting anyway"
         );
         return Ok(ExitCode::FAILURE);

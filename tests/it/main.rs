@@ -25,6 +25,7 @@ mod metrics;
 mod privileges;
 mod register;
 mod security;
+mod snapshots;
 mod support;
 mod systemd;
 mod templates;

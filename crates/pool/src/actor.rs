@@ -22,6 +22,7 @@ use crate::config::{
 use crate::error::{LeaseError, StartError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::postgres::snapshot::SnapshotTemplate;
 use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{describe_target, mark_ready, pg_message, Session, SessionParams};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
@@ -1268,6 +1269,50 @@ impl Actor {
             .collect()
     }
 
+    /// Waits (a bounded time) for the workers to finish, applying their reports, so that
+    /// what they made is known before the server is left behind or saved.
+    async fn drain_workers(&mut self, jobs: &mut mpsc::UnboundedReceiver<Report>) {
+        let tracker = self.tracker.clone();
+        let drain = async {
+            loop {
+                tokio::select! {
+                    () = tracker.wait() => break,
+                    Some(result) = jobs.recv() => self.handle_job(result),
+                }
+            }
+        };
+        if tokio::time::timeout(POSTGRES_STOP_TIMEOUT, drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!("workers still busy at shutdown; the next start sweeps what they leave");
+        }
+        while let Ok(result) = jobs.try_recv() {
+            self.handle_job(result);
+        }
+    }
+
+    /// The templates a snapshot written at this stop holds, with everything else dropped
+    /// from the server; `None` when no snapshot is to be written (the one it started from
+    /// is up to date, no template is built, or the server failed us).
+    async fn ready_snapshot(&self, session: &mut Session) -> Option<Vec<SnapshotTemplate>> {
+        let Some(Target::Embedded(embedded)) = &self.target else {
+            return None;
+        };
+        let outcome = async {
+            let templates = session.snapshot_templates(&self.inputs.templates).await?;
+            if !embedded.snapshot_wanted(&templates) {
+                return Ok(None);
+            }
+            session.clear_for_snapshot(&self.inputs.templates).await?;
+            Ok::<_, String>(Some(templates))
+        };
+        outcome.await.unwrap_or_else(|message| {
+            tracing::warn!(error = %message, "could not ready the cluster for a snapshot; none is written");
+            None
+        })
+    }
+
     async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<Report>) {
         tracing::info!("pool stopping");
         self.stopping = true;
@@ -1278,26 +1323,7 @@ impl Actor {
         // reuse, ready clones stay marked for adoption, the rest is dropped. Clones still
         // being made are waited for first, or they would outlive us unseen.
         if self.server_outlives_us {
-            let tracker = self.tracker.clone();
-            let drain = async {
-                loop {
-                    tokio::select! {
-                        () = tracker.wait() => break,
-                        Some(result) = jobs.recv() => self.handle_job(result),
-                    }
-                }
-            };
-            if tokio::time::timeout(POSTGRES_STOP_TIMEOUT, drain)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    "workers still busy at shutdown; the next start sweeps what they leave"
-                );
-            }
-            while let Ok(result) = jobs.try_recv() {
-                self.handle_job(result);
-            }
+            self.drain_workers(jobs).await;
             if let Some(session) = self.session.clone() {
                 // Ready clones stay, marked, for the next run to adopt; the rest go.
                 let (keep, lose) = self.state.clones_at_shutdown();
@@ -1312,6 +1338,17 @@ impl Actor {
                         tracing::warn!(database = %db, error = %message, "could not drop a clone at shutdown");
                     }
                 }
+            }
+        }
+        // --snapshot-dir: only the configured templates stay, for the snapshot written once
+        // postgres has stopped.
+        let mut snapshot = None;
+        if let (Some(Target::Embedded(embedded)), Some(mut session)) =
+            (&self.target, self.session.clone())
+        {
+            if embedded.saves_snapshots() {
+                self.drain_workers(jobs).await;
+                snapshot = self.ready_snapshot(&mut session).await;
             }
         }
         // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
@@ -1332,13 +1369,23 @@ impl Actor {
         }
         self.session = None;
         self.monitor = None;
+        let mut cluster = None;
         if let Some(running) = self.running.take() {
+            cluster = Some(running.data_dir.clone());
             running.shutdown(POSTGRES_STOP_TIMEOUT).await;
         }
         // Workers fail fast once postgres is gone; give them a moment to finish.
         let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
         if let Some(Target::Embedded(embedded)) = self.target.take() {
-            let _ = tokio::task::spawn_blocking(move || embedded.cleanup()).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                // Only a cluster postgres stopped cleanly (no postmaster.pid left) is saved.
+                let stopped = cluster.filter(|dir| !dir.join("postmaster.pid").exists());
+                if let (Some(templates), Some(cluster)) = (snapshot, stopped) {
+                    embedded.save_snapshot(&cluster, templates);
+                }
+                embedded.cleanup();
+            })
+            .await;
         }
         tracing::info!("pool stopped");
     }

@@ -270,6 +270,9 @@ pub struct EmbeddedConfig {
     pub settings: Vec<(String, String)>,
     /// Keep the instance directory at exit.
     pub keep_data: bool,
+    /// Where snapshots live (`--snapshot-dir`): the first start adopts this major's one
+    /// instead of a fresh cluster, and a clean stop writes one when its templates changed.
+    pub snapshot_dir: Option<PathBuf>,
     /// `max_connections`, sized by the caller from the pool.
     pub max_connections: u32,
     /// `shared_buffers`, e.g. "128MB", sized by the caller from the pool.
@@ -310,6 +313,7 @@ impl EmbeddedConfig {
             advertise_host: None,
             settings: Vec::new(),
             keep_data: false,
+            snapshot_dir: None,
             max_connections,
             // Small on purpose: every clone checkpoint flushes all dirty buffers.
             shared_buffers: "128MB".into(),

@@ -25,6 +25,7 @@ pub(crate) use bounded::{add_options, PINNED_SEARCH_PATH};
 mod lock;
 mod recycle;
 mod settings;
+mod snapshot;
 
 pub use bounded::DEFAULT_ADMIN_TIMEOUT;
 
@@ -80,6 +81,16 @@ pub struct SessionParams {
     /// limit, counting sessions) may take; [`DEFAULT_ADMIN_TIMEOUT`] unless a test needs
     /// a short one.
     pub admin_timeout: Duration,
+}
+
+/// What a sweep keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// At start: complete current templates, complete client-built templates, ready clones
+    /// marked at a clean stop.
+    Start,
+    /// Before a snapshot: complete current templates only.
+    Snapshot,
 }
 
 /// An open session with the server. Cheap to clone: the pool is shared.
@@ -239,7 +250,7 @@ impl Session {
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         let mut session = session;
-        if let Err(message) = session.sweep(&params.templates).await {
+        if let Err(message) = session.sweep(&params.templates, Sweep::Start).await {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
         }
         Ok(session)
@@ -251,7 +262,14 @@ impl Session {
     /// that is a member of the owner role (or carries our comment), created before the
     /// database, so a daemon killed at any point leaves nothing unrecognisable. Failures to
     /// drop one leftover are logged and the sweep goes on.
-    async fn sweep(&mut self, templates: &[TemplateConfig]) -> Result<(), String> {
+    ///
+    /// [`Sweep::Snapshot`] keeps only the configured templates: client-built templates and
+    /// every clone go too.
+    pub(crate) async fn sweep(
+        &mut self,
+        templates: &[TemplateConfig],
+        mode: Sweep,
+    ) -> Result<(), String> {
         // The current fingerprint of every configured template, by name.
         let current: Vec<(TemplateName, String)> = templates
             .iter()
@@ -289,9 +307,9 @@ impl Session {
         for row in &rows {
             let (name, complete, comment): (String, bool, String) =
                 (row.get(0), row.get(1), row.get(2));
-            if let (true, Some(template)) =
-                (complete, template::parse_client_template_marker(&comment))
-            {
+            let client_template = template::parse_client_template_marker(&comment)
+                .filter(|_| complete && mode == Sweep::Start);
+            if let Some(template) = client_template {
                 let db = DbName::from_server(name.clone());
                 let size = match self.database_size(&db).await {
                     Ok(size) => size,
@@ -316,7 +334,8 @@ impl Session {
                 continue;
             }
             // A ready clone a clean shutdown left, of a template version still current.
-            if let Some((template, fingerprint)) = parse_ready_marker(&comment) {
+            let ready = parse_ready_marker(&comment).filter(|_| mode == Sweep::Start);
+            if let Some((template, fingerprint)) = ready {
                 let current_version = current
                     .iter()
                     .any(|(n, f)| *n == template && *f == fingerprint);
@@ -331,7 +350,20 @@ impl Session {
                     continue;
                 }
             }
-            tracing::info!(database = %name, "dropping a database left by an earlier run");
+            match comment.strip_prefix(&format!("{MARKER}; template ")) {
+                // A template built from other sources than the current ones (a snapshot's,
+                // a kept data directory's, an external server's): never used.
+                Some(template) if complete => tracing::info!(
+                    database = %name,
+                    template,
+                    "dropping a template database built from other sources than the \
+                     template's current ones (or of a template no longer configured)"
+                ),
+                _ if mode == Sweep::Snapshot => {
+                    tracing::debug!(database = %name, "dropping before the snapshot");
+                }
+                _ => tracing::info!(database = %name, "dropping a database left by an earlier run"),
+            }
             if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
                 tracing::warn!(database = %name, error = %message, "could not drop a leftover database");
             }
@@ -353,7 +385,9 @@ impl Session {
             if adopted.contains(&name) {
                 continue;
             }
-            tracing::info!(role = %name, "dropping a role left by an earlier run");
+            if mode == Sweep::Start {
+                tracing::info!(role = %name, "dropping a role left by an earlier run");
+            }
             let dropped = client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
                 .await;

@@ -352,6 +352,16 @@ impl TestDaemon {
         status.unwrap_or_else(|| panic!("pglease did not exit after SIGTERM. Log:\n{}", self.log()))
     }
 
+    /// SIGTERM, then waits for the exit status; returns it with everything logged.
+    pub async fn stop_with_log(self) -> (ExitStatus, String) {
+        let log = Arc::clone(&self.log);
+        let status = self.stop().await;
+        // The reader thread may still hold the last lines for a moment.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let log = log.lock().expect("log lock").join("\n");
+        (status, log)
+    }
+
     /// SIGKILL, and reap.
     pub fn kill(mut self) {
         if let Some(mut child) = self.child.take() {

@@ -12,6 +12,7 @@
 mod binaries;
 mod initdb;
 mod instance;
+pub mod snapshot;
 mod spawn;
 #[cfg(test)]
 mod tests;
@@ -79,6 +80,8 @@ pub enum ClusterOrigin {
     /// The cluster a clean stop left in a kept data directory (`keep_data` with `data_dir`),
     /// with its templates and ready clones.
     Kept,
+    /// Unpacked from a snapshot (`snapshot_dir`), with its templates.
+    Snapshot,
 }
 
 impl ClusterOrigin {
@@ -109,6 +112,11 @@ pub struct Embedded {
     kept_generation: Option<u32>,
     /// The port of the last start, reused when still free so clients' settings survive.
     last_port: Option<u16>,
+    /// The snapshot the first start unpacks (taken by it).
+    snapshot: Option<snapshot::Found>,
+    /// The manifest of the snapshot this server started from, if it did: a stop writes a
+    /// new one only when the templates differ.
+    adopted: Option<snapshot::Manifest>,
 }
 
 impl Embedded {
@@ -150,6 +158,12 @@ impl Embedded {
             .then(|| instance.cluster_dir(generation))
             .filter(|dir| dir.join("PG_VERSION").exists() && !dir.join("postmaster.pid").exists())
             .map(|_| generation);
+        let snapshot = match &config.snapshot_dir {
+            Some(dir) if kept_generation.is_none() => {
+                snapshot::find(dir, &binaries.version, &initdb_args)
+            }
+            _ => None,
+        };
         info!(
             instance_dir = %instance.dir.display(),
             bin_dir = %binaries.bin_dir.display(),
@@ -168,6 +182,8 @@ impl Embedded {
             generation,
             kept_generation,
             last_port: None,
+            snapshot,
+            adopted: None,
         })
     }
 
@@ -178,6 +194,39 @@ impl Embedded {
     /// down: its data directory is removed here. On error the new data directory is kept
     /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
+        let snapshot = self.snapshot.take();
+        match self
+            .start_once(snapshot.as_ref().map(|s| s.path.clone()))
+            .await
+        {
+            Ok(running) => {
+                if let (ClusterOrigin::Snapshot, Some(found)) = (running.cluster_origin, snapshot) {
+                    info!(
+                        snapshot = %found.path.display(),
+                        templates = %found.manifest.describe(),
+                        postgres = %found.manifest.postgres_version,
+                        "started from the snapshot; its templates whose sources are unchanged \
+                         are used as they are, the others are built again"
+                    );
+                    self.adopted = Some(found.manifest);
+                }
+                Ok(running)
+            }
+            // A snapshot that does not start (damaged in a way unpacking could not see):
+            // a fresh cluster instead.
+            Err(error) if snapshot.is_some() => {
+                warn!(%error, "postgres did not start from the snapshot; starting a fresh cluster");
+                self.start_once(None).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// One start: the kept cluster, else `snapshot` unpacked, else a fresh cluster.
+    async fn start_once(
+        &mut self,
+        snapshot: Option<PathBuf>,
+    ) -> Result<RunningPostgres, StartError> {
         let started = Instant::now();
         let reuse = self.kept_generation.take();
         match reuse {
@@ -198,6 +247,7 @@ impl Embedded {
             generation: self.generation,
             previous_port: self.last_port,
             reuse_existing: reuse.is_some(),
+            snapshot,
         };
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
@@ -249,6 +299,53 @@ impl Embedded {
         self.cache.as_ref().map(|cache| cache.entry.as_path())
     }
 
+    /// Whether a stop saves a snapshot (`snapshot_dir` is set).
+    pub fn saves_snapshots(&self) -> bool {
+        self.config.snapshot_dir.is_some()
+    }
+
+    /// Whether a stop with these templates built writes a snapshot: some are, and the
+    /// snapshot this server started from (if any, and still there) holds other ones.
+    pub fn snapshot_wanted(&self, templates: &[snapshot::SnapshotTemplate]) -> bool {
+        let Some(dir) = &self.config.snapshot_dir else {
+            return false;
+        };
+        let manifest = snapshot::Manifest::new(
+            &self.binaries.version,
+            &self.initdb_args,
+            templates.to_vec(),
+        );
+        let path = snapshot::path_for(dir, manifest.postgres_major);
+        if manifest.templates.is_empty() {
+            info!(snapshot = %path.display(), "no template was built: no snapshot to write");
+            return false;
+        }
+        let unchanged = self
+            .adopted
+            .as_ref()
+            .is_some_and(|adopted| same_templates(adopted, &manifest) && path.exists());
+        if unchanged {
+            info!(snapshot = %path.display(), templates = %manifest.describe(), "the snapshot is up to date");
+        }
+        !unchanged
+    }
+
+    /// Writes the stopped cluster at `cluster` as this major's snapshot, holding
+    /// `templates` (see [`Embedded::snapshot_wanted`]). Failures are logged: a snapshot is
+    /// a shortcut, never a reason to fail a stop.
+    pub fn save_snapshot(&self, cluster: &Path, templates: Vec<snapshot::SnapshotTemplate>) {
+        let Some(dir) = &self.config.snapshot_dir else {
+            return;
+        };
+        let manifest =
+            snapshot::Manifest::new(&self.binaries.version, &self.initdb_args, templates);
+        let path = snapshot::path_for(dir, manifest.postgres_major);
+        info!(snapshot = %path.display(), templates = %manifest.describe(), "writing a snapshot of the stopped cluster");
+        if let Err(error) = snapshot::write(cluster, &manifest, &path) {
+            warn!(snapshot = %path.display(), %error, "could not write the snapshot");
+        }
+    }
+
     /// Removes the instance directory (unless `keep_data`) and unmounts its tmpfs.
     /// Call it after the [`RunningPostgres`] has been shut down.
     pub fn cleanup(self) {
@@ -272,6 +369,8 @@ struct Launch {
     previous_port: Option<u16>,
     /// Start the cluster already in `data_dir` (a kept one) instead of making one.
     reuse_existing: bool,
+    /// A snapshot to unpack instead of a fresh cluster.
+    snapshot: Option<PathBuf>,
 }
 
 /// A spawned (not yet ready) postmaster.
@@ -296,7 +395,10 @@ impl Launch {
                 std::fs::remove_dir_all(&self.data_dir)
                     .map_err(|e| io_error("cannot remove", &self.data_dir, e))?;
             }
-            self.make_cluster()?
+            match self.unpack_snapshot() {
+                Some(origin) => origin,
+                None => self.make_cluster()?,
+            }
         };
         let hba = self.data_dir.join("pg_hba.conf");
         // Overwriting keeps the file's owner (the server's user) and mode.
@@ -358,6 +460,19 @@ impl Launch {
             port,
             origin,
         })
+    }
+
+    /// Fills the data directory from the snapshot, if there is one and it unpacks.
+    fn unpack_snapshot(&self) -> Option<ClusterOrigin> {
+        let path = self.snapshot.as_ref()?;
+        match snapshot::extract(path, &self.data_dir, self.run_as.owner()) {
+            Ok(_) => Some(ClusterOrigin::Snapshot),
+            Err(error) => {
+                warn!(snapshot = %path.display(), %error, "cannot unpack the snapshot; starting a fresh cluster");
+                let _ = std::fs::remove_dir_all(&self.data_dir);
+                None
+            }
+        }
     }
 
     /// Fills the data directory: from the cache, else by initdb (filling the cache).
@@ -423,6 +538,17 @@ impl Launch {
             .map_err(|e| io_error("cannot rename into", &self.data_dir, e))?;
         Ok(origin)
     }
+}
+
+/// Whether two manifests hold the same template versions (sizes aside).
+fn same_templates(a: &snapshot::Manifest, b: &snapshot::Manifest) -> bool {
+    let versions = |m: &snapshot::Manifest| {
+        m.templates
+            .iter()
+            .map(|t| (t.name.clone(), t.fingerprint.clone()))
+            .collect::<Vec<_>>()
+    };
+    versions(a) == versions(b)
 }
 
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.

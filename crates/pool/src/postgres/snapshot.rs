@@ -1,0 +1,608 @@
+//! Snapshots for cold runners (`--snapshot-dir`): a cleanly stopped cluster holding built
+//! template databases, in one file a CI cache can keep between jobs.
+//!
+//! The format is physical, the whole cluster: a zstd-compressed tar whose first entry is
+//! `pglease-snapshot.json` (the [`Manifest`]: postgres major, initdb settings, each
+//! template's name and fingerprint), followed by the data directory's files. A cleanly
+//! stopped cluster is exactly what postgres itself starts from, so adopting one is as safe
+//! as a restart; a single database's files could not be moved into another cluster (their
+//! transaction ids, WAL positions and role OIDs belong to the cluster they came from). A
+//! logical dump would be portable, but restoring it costs about what building does for a
+//! small schema (measured in `bench/`, scenario 11, and docs/templates.md).
+//!
+//! One file per postgres major: `pglease-pg<major>.pgsnap`. It is adopted at start instead
+//! of the initdb cache's copy; the session's sweep then keeps the templates whose
+//! fingerprint matches the current sources and drops the others (which are built again),
+//! so a stale template is never used. This file knows nothing of templates beyond the
+//! manifest's list.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+/// The snapshot files' extension.
+pub const EXTENSION: &str = "pgsnap";
+/// The archive's first entry.
+const MANIFEST_ENTRY: &str = "pglease-snapshot.json";
+/// This code's format; another one is ignored.
+const FORMAT: u32 = 1;
+/// A manifest is a few hundred bytes; anything much bigger is not one.
+const MANIFEST_LIMIT: u64 = 1 << 20;
+/// zstd level 1: compression keeps up with the disk; higher levels cost seconds per GB
+/// at save for a few percent.
+const ZSTD_LEVEL: i32 = 1;
+
+/// What a snapshot holds, as its first entry says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The full server version it was made with, e.g. `15.14`.
+    pub postgres_version: String,
+    /// Its major: a data directory starts only under the same major.
+    pub postgres_major: u32,
+    /// initdb's arguments (encoding, locale, superuser name): they must match this run's.
+    pub initdb_args: Vec<String>,
+    /// The complete template databases it holds.
+    pub templates: Vec<SnapshotTemplate>,
+    /// When it was written, seconds since the Unix epoch.
+    pub created_unix: u64,
+    /// The pglease version that wrote it.
+    pub pglease_version: String,
+}
+
+/// One template database in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SnapshotTemplate {
+    /// The template's name.
+    pub name: String,
+    /// The fingerprint of the sources it was built from.
+    pub fingerprint: String,
+    /// `pg_database_size` when saved.
+    pub size_bytes: i64,
+}
+
+impl Manifest {
+    /// A manifest for a snapshot made now.
+    pub fn new(
+        postgres_version: &str,
+        initdb_args: &[String],
+        mut templates: Vec<SnapshotTemplate>,
+    ) -> Manifest {
+        templates.sort();
+        Manifest {
+            format: FORMAT,
+            postgres_version: version_number(postgres_version).to_owned(),
+            postgres_major: major_of(postgres_version),
+            initdb_args: initdb_args.to_vec(),
+            templates,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            pglease_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// `name@fingerprint…` of each template, for logs.
+    pub fn describe(&self) -> String {
+        let list: Vec<String> = self
+            .templates
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}@{}",
+                    t.name,
+                    t.fingerprint.get(..12).unwrap_or(&t.fingerprint)
+                )
+            })
+            .collect();
+        if list.is_empty() {
+            "no templates".into()
+        } else {
+            list.join(", ")
+        }
+    }
+}
+
+/// A snapshot found for this server.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The file.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+/// The file of `major`'s snapshot in `dir`.
+pub fn path_for(dir: &Path, major: u32) -> PathBuf {
+    dir.join(format!("pglease-pg{major}.{EXTENSION}"))
+}
+
+/// The version number in what `postgres --version` prints: `postgres (PostgreSQL) 15.18
+/// (Debian …)` → `15.18`.
+pub fn version_number(version: &str) -> &str {
+    version
+        .split_whitespace()
+        .find(|word| word.starts_with(|c: char| c.is_ascii_digit()))
+        .unwrap_or(version)
+}
+
+/// The major of a version (`15.14`, or `postgres --version`'s line → 15; 0 when unreadable).
+pub fn major_of(version: &str) -> u32 {
+    pglease_binaries::parse_version_number(version_number(version)).map_or(0, |(major, _)| major)
+}
+
+/// The snapshot for `version` with `initdb_args` in `dir`, when there is a usable one.
+/// Every reason to pass one over is logged: a snapshot never fails a start.
+pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> {
+    let major = major_of(version);
+    let path = path_for(dir, major);
+    if !path.exists() {
+        info!(
+            snapshot = %path.display(),
+            "no snapshot for postgres {major} yet; templates are built, and a snapshot is \
+             written at a clean stop"
+        );
+        return None;
+    }
+    let manifest = match read_manifest(&path) {
+        Ok(manifest) => manifest,
+        Err(error) => {
+            warn!(snapshot = %path.display(), %error, "ignoring an unreadable snapshot; it is replaced at the next clean stop");
+            return None;
+        }
+    };
+    let refused = if manifest.format != FORMAT {
+        Some(format!(
+            "it is format {}, this pglease reads {FORMAT}",
+            manifest.format
+        ))
+    } else if manifest.postgres_major != major {
+        Some(format!(
+            "it is of postgres {}, this server is {major}",
+            manifest.postgres_major
+        ))
+    } else if manifest.initdb_args != initdb_args {
+        Some(format!(
+            "it was made with initdb {:?}, this server uses {:?} (encoding or locale changed)",
+            manifest.initdb_args, initdb_args
+        ))
+    } else {
+        None
+    };
+    if let Some(reason) = refused {
+        warn!(snapshot = %path.display(), "ignoring the snapshot: {reason}; it is replaced at the next clean stop");
+        return None;
+    }
+    Some(Found { path, manifest })
+}
+
+/// Reads only the manifest (the first entry).
+pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
+    let mut archive = open_archive(path)?;
+    let mut entries = archive
+        .entries()
+        .map_err(|e| format!("not a snapshot (tar): {e}"))?;
+    let first = entries
+        .next()
+        .ok_or("an empty archive, not a snapshot")?
+        .map_err(|e| format!("not a snapshot (tar): {e}"))?;
+    let name = first
+        .path()
+        .map_err(|e| format!("not a snapshot (tar): {e}"))?
+        .into_owned();
+    if name != Path::new(MANIFEST_ENTRY) {
+        return Err(format!(
+            "not a pglease snapshot: its first entry is {}, not {MANIFEST_ENTRY}",
+            name.display()
+        ));
+    }
+    let mut text = String::new();
+    first
+        .take(MANIFEST_LIMIT)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read its manifest: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("its manifest is not valid: {e}"))
+}
+
+/// The archive in `path`, once its first bytes say it is zstd.
+fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
+    const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    let mut file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut magic = [0u8; 4];
+    let is_zstd = file.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
+    if !is_zstd {
+        return Err("not a snapshot: not a zstd stream".into());
+    }
+    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let decoder = zstd::stream::read::Decoder::new(BufReader::new(file))
+        .map_err(|e| format!("not a snapshot: {e}"))?;
+    Ok(tar::Archive::new(decoder))
+}
+
+/// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist), owned by
+/// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. On error
+/// the caller removes `data_dir`.
+pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
+    let started = Instant::now();
+    let mut archive = open_archive(snapshot)?;
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(false);
+    std::fs::create_dir(data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let mut bytes = 0u64;
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("cannot read the archive: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
+        let path = entry
+            .path()
+            .map_err(|e| format!("cannot read the archive: {e}"))?
+            .into_owned();
+        if path == Path::new(MANIFEST_ENTRY) {
+            continue;
+        }
+        bytes += entry.size();
+        // unpack_in refuses `..` and absolute paths: nothing lands outside data_dir.
+        let inside = entry
+            .unpack_in(data_dir)
+            .map_err(|e| format!("cannot unpack {}: {e}", path.display()))?;
+        if !inside {
+            return Err(format!(
+                "the archive names {} outside the cluster",
+                path.display()
+            ));
+        }
+    }
+    let complete = data_dir.join("PG_VERSION").is_file()
+        && data_dir.join("global").join("pg_control").is_file();
+    if !complete {
+        return Err("the archive holds no complete cluster (PG_VERSION, global/pg_control)".into());
+    }
+    chown_tree(data_dir, owner)?;
+    set_mode(data_dir, 0o700)?;
+    info!(
+        snapshot = %snapshot.display(),
+        to = %data_dir.display(),
+        bytes,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "unpacked the snapshot"
+    );
+    Ok(bytes)
+}
+
+/// Writes the stopped cluster at `cluster` with `manifest` as `path` (through a temporary
+/// file renamed into place, so a reader never sees half a snapshot). Returns the file's
+/// size.
+pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, String> {
+    let started = Instant::now();
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy()),
+        super::instance::random_hex(4)
+    ));
+    let result = write_archive(cluster, manifest, &tmp).and_then(|()| {
+        std::fs::rename(&tmp, path)
+            .map_err(|e| format!("cannot rename {} into place: {e}", tmp.display()))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    info!(
+        snapshot = %path.display(),
+        bytes = size,
+        templates = %manifest.describe(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "wrote the snapshot"
+    );
+    Ok(size)
+}
+
+fn write_archive(cluster: &Path, manifest: &Manifest, tmp: &Path) -> Result<(), String> {
+    let file = File::create(tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let mut encoder = zstd::stream::write::Encoder::new(BufWriter::new(file), ZSTD_LEVEL)
+        .map_err(|e| format!("zstd: {e}"))?;
+    // Both cores: a save runs while nothing else does (at stop).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    encoder
+        .multithread(threads)
+        .map_err(|e| format!("zstd: {e}"))?;
+    let mut builder = tar::Builder::new(encoder);
+    builder.follow_symlinks(false);
+    let json = serde_json::to_vec_pretty(manifest).map_err(|e| format!("manifest: {e}"))?;
+    let mut header = tar::Header::new_gnu();
+    header.set_size(json.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(manifest.created_unix);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, MANIFEST_ENTRY, json.as_slice())
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    let entries = std::fs::read_dir(cluster)
+        .map_err(|e| format!("cannot read {}: {e}", cluster.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read {}: {e}", cluster.display()))?;
+        let name = entry.file_name();
+        // Written by each start; a stale one would only mislead.
+        if name == "postmaster.pid" || name == "postmaster.opts" {
+            continue;
+        }
+        let from = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| format!("cannot stat {}: {e}", from.display()))?;
+        let written = if name == "pg_wal" && kind.is_dir() {
+            append_wal(&mut builder, cluster, &from)
+        } else if kind.is_dir() {
+            builder.append_dir_all(&name, &from)
+        } else {
+            builder.append_path_with_name(&from, &name)
+        };
+        written.map_err(|e| format!("cannot archive {}: {e}", from.display()))?;
+    }
+    let encoder = builder
+        .into_inner()
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    let mut writer = encoder
+        .finish()
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    writer
+        .flush()
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    writer
+        .get_ref()
+        .sync_all()
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))
+}
+
+/// Appends `pg_wal` with only the segments a start needs: those from the last checkpoint's
+/// redo point to the checkpoint record, as `global/pg_control` names them. The others are
+/// finished (before the checkpoint) or recycled for later use, and can be gigabytes after
+/// a big restore. When pg_control cannot be read as expected, every segment goes in.
+fn append_wal<W: Write>(
+    builder: &mut tar::Builder<W>,
+    cluster: &Path,
+    wal: &Path,
+) -> std::io::Result<()> {
+    let mut segments = Vec::new();
+    builder.append_dir("pg_wal", wal)?;
+    for entry in std::fs::read_dir(wal)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            builder.append_dir_all(format!("pg_wal/{name}"), &path)?;
+        } else if is_segment_name(&name) {
+            segments.push((name, path));
+        } else {
+            builder.append_path_with_name(&path, format!("pg_wal/{name}"))?;
+        }
+    }
+    let needed = needed_segments(cluster, &segments);
+    if needed.is_none() {
+        warn!("cannot tell the needed WAL segments from pg_control; the snapshot keeps them all");
+    }
+    for (name, path) in &segments {
+        if needed
+            .as_ref()
+            .is_none_or(|(first, last)| first <= name && name <= last)
+        {
+            builder.append_path_with_name(path, format!("pg_wal/{name}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// 24 hex digits: a WAL segment (not a `.history`, `.partial` or `.backup` file).
+fn is_segment_name(name: &str) -> bool {
+    name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The names of the first and last segment a start of the stopped `cluster` reads: the
+/// last checkpoint's redo point and the checkpoint record itself (one segment after a
+/// clean stop). `None` unless pg_control says the cluster was shut down cleanly and the
+/// segment it names is among `segments`.
+///
+/// `ControlFileData` begins alike in every supported major (13 to 18): system identifier
+/// (u64), pg_control version and catalog version (u32 each), state (an enum, 1 =
+/// shut down), the time (i64, aligned to 8), the checkpoint's location (u64), then the
+/// checkpoint itself, whose first fields are the redo location (u64) and the timeline
+/// (u32). The segment size is that of the segment files.
+fn needed_segments(cluster: &Path, segments: &[(String, PathBuf)]) -> Option<(String, String)> {
+    const SHUT_DOWN: u32 = 1;
+    let control = std::fs::read(cluster.join("global").join("pg_control")).ok()?;
+    let u32_at = |at: usize| {
+        Some(u32::from_ne_bytes(
+            control.get(at..at + 4)?.try_into().ok()?,
+        ))
+    };
+    let u64_at = |at: usize| {
+        Some(u64::from_ne_bytes(
+            control.get(at..at + 8)?.try_into().ok()?,
+        ))
+    };
+    if u32_at(16)? != SHUT_DOWN {
+        return None;
+    }
+    let checkpoint = u64_at(32)?;
+    let redo = u64_at(40)?;
+    let timeline = u32_at(48)?;
+    let segment_size = std::fs::metadata(&segments.first()?.1).ok()?.len();
+    if segment_size == 0 || !segment_size.is_power_of_two() || redo > checkpoint {
+        return None;
+    }
+    let name = |location: u64| {
+        let segment = location / segment_size;
+        let per_id = 0x1_0000_0000 / segment_size;
+        format!(
+            "{timeline:08X}{:08X}{:08X}",
+            segment / per_id,
+            segment % per_id
+        )
+    };
+    let (first, last) = (name(redo), name(checkpoint));
+    segments
+        .iter()
+        .any(|(n, _)| *n == first)
+        .then_some((first, last))
+}
+
+/// chown -R (without following symlinks), when `owner` is set.
+fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    let Some((uid, gid)) = owner else {
+        return Ok(());
+    };
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+        .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    if meta.is_dir() {
+        let entries =
+            std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            chown_tree(&entry.path(), owner)?;
+        }
+    }
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest::new(
+            "15.14",
+            &["--nosync".into(), "--locale=C".into()],
+            vec![SnapshotTemplate {
+                name: "app".into(),
+                fingerprint: "ab".repeat(32),
+                size_bytes: 8_000_000,
+            }],
+        )
+    }
+
+    fn fake_cluster(dir: &Path) {
+        std::fs::create_dir_all(dir.join("global")).expect("test step");
+        std::fs::create_dir_all(dir.join("base/1")).expect("test step");
+        std::fs::write(dir.join("PG_VERSION"), "15\n").expect("test step");
+        std::fs::write(dir.join("global/pg_control"), [7u8; 8192]).expect("test step");
+        std::fs::write(dir.join("base/1/1259"), vec![0u8; 100_000]).expect("test step");
+        std::fs::write(dir.join("postmaster.opts"), "stale").expect("test step");
+    }
+
+    #[test]
+    fn the_major_is_read_from_what_postgres_prints() {
+        assert_eq!(
+            major_of("postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"),
+            15
+        );
+        assert_eq!(major_of("18.6"), 18);
+        assert_eq!(version_number("postgres (PostgreSQL) 16.15"), "16.15");
+    }
+
+    #[test]
+    fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
+        let root = tempdir();
+        let cluster = root.join("cluster");
+        fake_cluster(&cluster);
+        let path = path_for(&root.join("snaps"), 15);
+        let written = manifest();
+        write(&cluster, &written, &path).expect("test step");
+        assert_eq!(read_manifest(&path).expect("test step"), written);
+        let found = find(&root.join("snaps"), "15.13", &written.initdb_args).expect("test step");
+        assert_eq!(found.manifest, written);
+        let out = root.join("out");
+        extract(&path, &out, None).expect("test step");
+        assert_eq!(
+            std::fs::read(out.join("base/1/1259"))
+                .expect("test step")
+                .len(),
+            100_000
+        );
+        assert!(!out.join("postmaster.opts").exists());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&out)
+            .expect("test step")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn a_snapshot_of_another_major_or_initdb_setting_is_passed_over() {
+        let root = tempdir();
+        let cluster = root.join("cluster");
+        fake_cluster(&cluster);
+        let written = manifest();
+        write(&cluster, &written, &path_for(&root, 15)).expect("test step");
+        // Another major looks for another file.
+        assert!(find(&root, "16.2", &written.initdb_args).is_none());
+        assert!(find(&root, "15.14", &["--locale=en_US.UTF-8".into()]).is_none());
+        assert!(find(&root, "15.14", &written.initdb_args).is_some());
+    }
+
+    #[test]
+    fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
+        let root = tempdir();
+        let path = path_for(&root, 15);
+        std::fs::write(&path, b"not a snapshot at all").expect("test step");
+        assert!(
+            read_manifest(&path).expect_err("an error").contains("zstd"),
+            "{:?}",
+            read_manifest(&path)
+        );
+        assert!(find(&root, "15.14", &[]).is_none());
+        // A valid zstd tar whose first entry is something else.
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(2);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, "hello", &b"hi"[..])
+            .expect("test step");
+        let tar = builder.into_inner().expect("test step");
+        std::fs::write(
+            &path,
+            zstd::encode_all(tar.as_slice(), 1).expect("test step"),
+        )
+        .expect("test step");
+        let error = read_manifest(&path).expect_err("an error");
+        assert!(error.contains("not a pglease snapshot"), "{error}");
+        // A cut-off file fails extraction with a message, not a panic.
+        let cluster = root.join("cluster");
+        fake_cluster(&cluster);
+        write(&cluster, &manifest(), &path).expect("test step");
+        let bytes = std::fs::read(&path).expect("test step");
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("test step");
+        let out = root.join("out");
+        assert!(extract(&path, &out, None).is_err());
+    }
+
+    fn tempdir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "pglease-snapshot-test-{}",
+            super::super::instance::random_hex(6)
+        ));
+        std::fs::create_dir_all(&dir).expect("test step");
+        dir
+    }
+}

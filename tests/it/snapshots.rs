@@ -1,0 +1,178 @@
+//! Snapshots for cold runners (`--snapshot-dir`): a clean stop writes the cluster with its
+//! built templates; the next start uses a template whose sources are unchanged without
+//! building it, builds again one whose sources changed (the snapshot's version is never
+//! leased), and starts fresh from a damaged snapshot, replacing it at its stop.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::support::{connect, scratch_dir, TestDaemon};
+
+/// A migration that records a random value when it runs: a rebuilt template has another.
+const FIRST: &str = "CREATE TABLE built (token text NOT NULL);\n\
+                     INSERT INTO built SELECT md5(random()::text);\n";
+
+fn migrations(dir: &Path) -> PathBuf {
+    let migrations = dir.join("migrations");
+    fs::create_dir_all(&migrations).expect("mkdir");
+    fs::write(migrations.join("001_built.sql"), FIRST).expect("write");
+    migrations
+}
+
+async fn daemon(snapshots: &Path, migrations: &Path) -> TestDaemon {
+    TestDaemon::builder()
+        .args([
+            "--snapshot-dir",
+            &snapshots.display().to_string(),
+            "--template",
+            &format!("app=migrations:{}", migrations.display()),
+        ])
+        .start()
+        .await
+}
+
+/// The token the lease's template recorded when it was built.
+async fn token(daemon: &TestDaemon) -> String {
+    let lease = daemon.lease_ok("app").await;
+    let client = connect(&lease).await.expect("connect");
+    let row = client
+        .query_one("SELECT token FROM built", &[])
+        .await
+        .expect("query");
+    row.get(0)
+}
+
+fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "pgsnap"));
+    files
+}
+
+#[tokio::test]
+async fn a_snapshot_is_used_while_its_sources_are_unchanged_and_never_after() {
+    let dir = scratch_dir("snapshot-adopt");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+
+    // A cold runner: built from the migrations, saved at the stop.
+    let first = daemon(&snapshots, &migrations).await;
+    let built = token(&first).await;
+    let (status, log) = first.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+    let files = snapshot_files(&snapshots);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let written = fs::metadata(&files[0])
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+
+    // The next runner: the same template, not built again.
+    let second = daemon(&snapshots, &migrations).await;
+    assert_eq!(token(&second).await, built, "the template was built again");
+    let (status, log) = second.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("started from the snapshot"), "{log}");
+    assert!(log.contains("template already built template=app"), "{log}");
+    assert!(!log.contains("template built template=app"), "{log}");
+    // Nothing changed: the file is left alone.
+    assert!(log.contains("the snapshot is up to date"), "{log}");
+    let unchanged = fs::metadata(&files[0])
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+    assert_eq!(written, unchanged);
+
+    // The sources change: the snapshot's version is dropped, the template built anew.
+    fs::write(
+        migrations.join("002_more.sql"),
+        "CREATE TABLE added (id int);\n",
+    )
+    .expect("write");
+    let third = daemon(&snapshots, &migrations).await;
+    let lease = third.lease_ok("app").await;
+    let client = connect(&lease).await.expect("connect");
+    let rebuilt: String = client
+        .query_one("SELECT token FROM built", &[])
+        .await
+        .expect("query")
+        .get(0);
+    assert_ne!(rebuilt, built, "a stale snapshot's template was leased");
+    client
+        .execute("SELECT * FROM added", &[])
+        .await
+        .expect("the new migration ran");
+    drop(client);
+    let (status, log) = third.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("built from other sources"), "{log}");
+    assert!(log.contains("template built template=app"), "{log}");
+    // ... and saved for the runner after.
+    assert!(log.contains("wrote the snapshot"), "{log}");
+    let fourth = daemon(&snapshots, &migrations).await;
+    assert_eq!(token(&fourth).await, rebuilt);
+    assert!(fourth.stop().await.success());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_damaged_snapshot_is_ignored_and_replaced_at_the_stop() {
+    let dir = scratch_dir("snapshot-damaged");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+    let first = daemon(&snapshots, &migrations).await;
+    token(&first).await;
+    assert!(first.stop().await.success());
+    let files = snapshot_files(&snapshots);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let path = files[0].clone();
+    let good = fs::read(&path).expect("read");
+
+    // Cut in half: the manifest reads, the cluster does not unpack.
+    fs::write(&path, &good[..good.len() / 2]).expect("write");
+    let second = daemon(&snapshots, &migrations).await;
+    token(&second).await;
+    let (status, log) = second.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("cannot unpack the snapshot"), "{log}");
+    assert!(log.contains("template built template=app"), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+
+    // Not a snapshot at all.
+    fs::write(&path, b"this is not a snapshot").expect("write");
+    let third = daemon(&snapshots, &migrations).await;
+    token(&third).await;
+    let (status, log) = third.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("ignoring an unreadable snapshot"), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+    assert!(fs::read(&path).expect("read").len() > 1000);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn snapshot_dir_is_refused_beside_an_external_server_or_keep_data() {
+    let (status, log) = TestDaemon::builder()
+        .args([
+            "--snapshot-dir",
+            "/tmp/x",
+            "--postgres-url",
+            "postgres://postgres@127.0.0.1:1/postgres",
+        ])
+        .run_to_exit();
+    assert_eq!(status.code(), Some(64), "{log}");
+    assert!(log.contains("external server"), "{log}");
+    let (status, log) = TestDaemon::builder()
+        .args([
+            "--snapshot-dir",
+            "/tmp/x",
+            "--keep-data",
+            "--data-dir",
+            "/dev/shm/x",
+        ])
+        .run_to_exit();
+    assert_eq!(status.code(), Some(64), "{log}");
+    assert!(log.contains("--keep-data"), "{log}");
+}
