@@ -46,7 +46,7 @@ pub(super) fn status(status: &Value) -> String {
                 vec![
                     text(&t["name"]),
                     major(&t["postgres_version"]),
-                    text(&t["state"]),
+                    state_cell(t),
                     text(&t["ready"]),
                     text(&t["leased"]),
                     text(&t["in_progress"]),
@@ -186,6 +186,29 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
+/// A template's state; while a build reports progress, a bar with the share done and the
+/// estimated time left (`building ███░░░░░░░ 31% 12s left`).
+fn state_cell(template: &Value) -> String {
+    let state = text(&template["state"]);
+    let progress = &template["progress"];
+    if progress.is_null() {
+        return state;
+    }
+    match progress["percent"].as_u64() {
+        Some(percent) => {
+            const WIDTH: u64 = 10;
+            let full = (percent.min(100) * WIDTH / 100) as usize;
+            let bar = format!("{}{}", "█".repeat(full), "░".repeat(WIDTH as usize - full));
+            let left = progress["eta_secs"]
+                .as_u64()
+                .map(|s| format!(" {s}s left"))
+                .unwrap_or_default();
+            format!("{state} {bar} {percent}%{left}")
+        }
+        None => format!("{state} ({}s)", text(&progress["elapsed_secs"])),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -201,6 +224,8 @@ mod tests {
             "templates": [
                 {"name": "default", "postgres_version": "15.14 (Debian)", "state": "ready", "ready": 4, "leased": 1, "in_progress": 0, "waiting": 0, "size_bytes": 7_500_000, "last_error": null},
                 {"name": "app18", "postgres_version": "18.6", "state": "failed", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 2, "size_bytes": null, "last_error": "syntax error"},
+                {"name": "big", "postgres_version": "15.14 (Debian)", "state": "building", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 1, "size_bytes": null, "last_error": null,
+                 "progress": {"step": "restoring /d/big.dump", "done": 31, "total": 100, "percent": 31, "elapsed_secs": 5, "eta_secs": 12}},
             ],
             "leases": [{"id": "abc", "template": "default", "database": "pglease_x_1", "expires_at": "2026-11-23T06:00:00Z", "label": "tests/test_a.py::test_one"}],
             "drops": {"pending": 2},
@@ -220,6 +245,7 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("7.2 MB"), "{out}");
+        assert!(out.contains("building ███░░░░░░░ 31% 12s left"), "{out}");
         assert!(
             out.contains("Leases (1)") && out.contains("tests/test_a.py::test_one"),
             "{out}"

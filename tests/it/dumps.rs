@@ -6,10 +6,11 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{connect, scratch_dir, tool_available, TestDaemon};
+use crate::support::{connect, poll_until, scratch_dir, tool_available, TestDaemon};
 
 const ROWS: i64 = 1000;
 
@@ -215,10 +216,35 @@ async fn a_long_restore_logs_its_progress() {
         .args(["--template", &format!("slow=dump:{}", dump.display())])
         .start()
         .await;
-    let (status, body) = daemon
-        .lease(json!({"template": "slow", "wait_ms": 120000}))
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let lease = daemon.lease_in_background(json!({"template": "slow", "wait_ms": 120000}));
+    // While it restores, GET /templates/{name} says where it is.
+    let progress = poll_until(
+        Duration::from_secs(60),
+        "progress in GET /templates/slow",
+        || async {
+            let template = daemon.template_status("slow").await;
+            let progress = template["progress"].clone();
+            (template["state"] == "building" && progress["total"].as_u64().is_some_and(|t| t > 0))
+                .then_some(progress)
+        },
+    )
+    .await;
+    assert!(
+        progress["step"]
+            .as_str()
+            .is_some_and(|s| s.contains("slow.dump")),
+        "{progress}"
+    );
+    assert!(
+        progress["percent"].as_u64().is_some_and(|p| p < 100),
+        "{progress}"
+    );
+    let answer = lease.await.expect("join");
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    // ... and nothing once it is built.
+    let template = daemon.template_status("slow").await;
+    assert_eq!(template["state"], "ready", "{template}");
+    assert!(template.get("progress").is_none(), "{template}");
     let log = daemon.log();
     let progress = log
         .lines()

@@ -44,6 +44,7 @@ use crate::wire;
         wire::ServerJson,
         wire::PostgresJson,
         wire::TemplateJson,
+        wire::ProgressJson,
         wire::LeaseJson,
         wire::DropsJson,
         wire::LimitsJson,

@@ -509,6 +509,7 @@ async fn status_renders_the_report_without_credentials() {
                 blocked_by: None,
                 last_error: None,
                 postgres_version: None,
+                progress: None,
             },
             TemplateStatus {
                 name: template("app"),
@@ -525,6 +526,7 @@ async fn status_renders_the_report_without_credentials() {
                 blocked_by: Some("making"),
                 last_error: Some("schema.sql line 3: syntax error".into()),
                 postgres_version: None,
+                progress: None,
             },
         ],
         leases: vec![LeaseSummary {

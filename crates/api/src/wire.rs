@@ -310,6 +310,26 @@ pub struct TemplateJson {
     pub last_error: Option<String>,
     /// The version of the PostgreSQL server it lives on (`server_version`).
     pub postgres_version: Option<String>,
+    /// While a build that reports progress runs (a dump's restore): where it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressJson>,
+}
+
+/// Where a running build is.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProgressJson {
+    /// What runs, e.g. `restoring /data/prod.dump`.
+    pub step: String,
+    /// Entries done (of pg_restore's table of contents).
+    pub done: u64,
+    /// Entries in all; null when unknown (plain SQL).
+    pub total: Option<u64>,
+    /// done ÷ total, in percent.
+    pub percent: Option<u64>,
+    /// Seconds since the step started.
+    pub elapsed_secs: u64,
+    /// Seconds left, estimated by entries (one big table skews it).
+    pub eta_secs: Option<u64>,
 }
 
 /// A lease in `/status` (no credentials).

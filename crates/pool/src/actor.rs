@@ -1211,7 +1211,15 @@ impl Actor {
                 last_error: self.last_error.clone(),
                 admin_timeouts: session.map_or(0, Session::admin_timeouts),
             },
-            templates: self.state.template_status(),
+            templates: self
+                .state
+                .template_status()
+                .into_iter()
+                .map(|mut template| {
+                    template.progress = session.and_then(|s| s.build_progress.get(&template.name));
+                    template
+                })
+                .collect(),
             leases: self
                 .state
                 .lease_list()

@@ -32,6 +32,6 @@ pub use pglease_binaries::{parse_version_number, VersionSpec};
 pub use servers::Servers;
 pub use state::Registered;
 pub use types::{
-    ConnectInfo, DropStatus, KeptDatabase, Lease, LeaseRequest, LeaseSummary, LimitStatus,
-    PostgresStatus, Readiness, Refusals, ServerStatus, StatusReport, TemplateStatus,
+    BuildProgress, ConnectInfo, DropStatus, KeptDatabase, Lease, LeaseRequest, LeaseSummary,
+    LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus, StatusReport, TemplateStatus,
 };

@@ -134,6 +134,8 @@ pub struct Session {
     /// How each template version's database-level settings are re-applied (a cache of
     /// server facts shared by the workers, not pool state).
     template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
+    /// Builds that report progress (a dump's restore), while they run.
+    pub(crate) build_progress: template::progress::Board,
 }
 
 impl std::fmt::Debug for Session {
@@ -246,6 +248,7 @@ impl Session {
             admin_timeouts: Arc::default(),
             _lock: Arc::new(lock),
             template_settings: Arc::default(),
+            build_progress: template::progress::Board::default(),
         };
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.

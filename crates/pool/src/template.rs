@@ -18,6 +18,7 @@ use crate::session::{pg_message, Session, OWNER_ROLE};
 use crate::state::Built;
 
 mod dump;
+pub mod progress;
 
 /// Sizes and modification times of a source's files: cheap to take, and compared before
 /// paying for a hash when checking whether sources changed.
@@ -242,17 +243,20 @@ async fn build_fresh(
     create_template_database(session, db, &format!("{MARKER}; template {name}")).await?;
     match source {
         // A command is killed at its own timeout (with its process group).
-        TemplateSource::Command(_) => apply_source(session, source, db).await?,
+        TemplateSource::Command(_) => apply_source(session, name, source, db).await?,
         // A migration that sleeps or waits on a lock would otherwise build forever. When
         // this gives up, the caller's DROP DATABASE … WITH (FORCE) ends its backend.
-        _ => tokio::time::timeout(session.build_timeout, apply_source(session, source, db))
-            .await
-            .map_err(|_| {
-                format!(
-                    "the migrations did not finish within {} s (--build-timeout)",
-                    session.build_timeout.as_secs()
-                )
-            })??,
+        _ => tokio::time::timeout(
+            session.build_timeout,
+            apply_source(session, name, source, db),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "the migrations did not finish within {} s (--build-timeout)",
+                session.build_timeout.as_secs()
+            )
+        })??,
     }
     seal_template(session, db).await
 }
@@ -409,6 +413,7 @@ pub fn parse_client_template_marker(comment: &str) -> Option<TemplateName> {
 /// role afterwards, so the lease roles (its members) can alter, truncate and drop it.
 async fn apply_source(
     session: &Session,
+    name: &TemplateName,
     source: &TemplateSource,
     db: &DbName,
 ) -> Result<(), String> {
@@ -437,6 +442,7 @@ async fn apply_source(
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {
+                template: name.clone(),
                 what: format!("restoring {}", dump.path.display()),
                 total: restore.entries,
                 counts: restore.counts,
@@ -565,6 +571,7 @@ async fn run_command(
 /// What a long command reports while it runs: lines of its output that `counts` picks,
 /// against an expected `total`, logged every [`PROGRESS_EVERY`].
 struct Progress {
+    template: TemplateName,
     what: String,
     total: Option<u64>,
     counts: fn(&str) -> bool,
@@ -637,6 +644,18 @@ async fn run_command_with(
             .take()
             .map(|err| tokio::spawn(keep_tail(err, tail.clone(), counts, done.clone()))),
     ];
+    // Shown in /status while the command runs (the guard takes it off).
+    let _shown = progress.as_ref().map(|progress| {
+        session.build_progress.show(
+            &progress.template,
+            progress::Live {
+                step: progress.what.clone(),
+                total: progress.total,
+                done: done.clone(),
+                started,
+            },
+        )
+    });
     let reporter = progress.map(|progress| {
         let done = done.clone();
         let db = db.clone();
@@ -718,28 +737,24 @@ impl Drop for CommandGroup {
 }
 
 /// One progress line: done of total (with a share and an estimate of the time left), or
-/// done alone when the total is unknown.
+/// that it still runs when the total is unknown.
 fn log_progress(db: &DbName, progress: &Progress, done: u64, elapsed: Duration) {
-    let elapsed_s = elapsed.as_secs();
-    match progress.total {
-        Some(total) if total > 0 => {
-            // Serial entries count as they begin: the one still running is not done.
-            let done = done.min(total.saturating_sub(1));
-            let share = done as f64 / total as f64;
-            let left = (share > 0.0)
-                .then(|| (elapsed.as_secs_f64() / share - elapsed.as_secs_f64()).max(0.0) as u64);
-            tracing::info!(
-                database = %db,
-                done,
-                total,
-                percent = (share * 100.0).round() as u64,
-                elapsed_s,
-                eta_s = ?left,
-                "{}: about {done} of {total} entries",
-                progress.what
-            );
+    let p = progress::estimate(&progress.what, done, progress.total, elapsed);
+    match (p.total, p.percent) {
+        (Some(total), Some(percent)) => tracing::info!(
+            database = %db,
+            done = p.done,
+            total,
+            percent,
+            elapsed_s = p.elapsed_secs,
+            eta_s = ?p.eta_secs,
+            "{}: about {} of {total} entries",
+            p.step,
+            p.done
+        ),
+        _ => {
+            tracing::info!(database = %db, elapsed_s = p.elapsed_secs, "{}: still running", p.step)
         }
-        _ => tracing::info!(database = %db, elapsed_s, "{}: still running", progress.what),
     }
 }
 

@@ -225,6 +225,25 @@ pub struct TemplateStatus {
     pub last_error: Option<String>,
     /// The `server_version` of the server it lives on (filled by [`crate::Servers`]).
     pub postgres_version: Option<String>,
+    /// Where its build is, while one that reports progress runs (a dump's restore).
+    pub progress: Option<BuildProgress>,
+}
+
+/// Where a long build is, while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildProgress {
+    /// What runs, e.g. `restoring /data/prod.dump`.
+    pub step: String,
+    /// Entries done (of pg_restore's table of contents).
+    pub done: u64,
+    /// Entries in all, when known (not for plain SQL).
+    pub total: Option<u64>,
+    /// done ÷ total, in percent.
+    pub percent: Option<u64>,
+    /// Seconds since the step started.
+    pub elapsed_secs: u64,
+    /// Seconds left, estimated by entries.
+    pub eta_secs: Option<u64>,
 }
 
 /// A database kept after its lease ended (`release` with `keep`), with what opens it.

@@ -18,7 +18,7 @@ use pglease_pool::{
 use super::leases::rfc3339;
 use super::{parse_body, parse_postgres_version};
 use crate::error::ApiError;
-use crate::wire::{ErrorBody, TemplateBody, TemplateJson};
+use crate::wire::{ErrorBody, ProgressJson, TemplateBody, TemplateJson};
 use crate::AppState;
 
 /// `GET /templates`: every template.
@@ -277,5 +277,13 @@ pub(crate) fn template_json(t: TemplateStatus) -> TemplateJson {
         blocked_by: t.blocked_by,
         last_error: t.last_error,
         postgres_version: t.postgres_version,
+        progress: t.progress.map(|p| ProgressJson {
+            step: p.step,
+            done: p.done,
+            total: p.total,
+            percent: p.percent,
+            elapsed_secs: p.elapsed_secs,
+            eta_secs: p.eta_secs,
+        }),
     }
 }

@@ -79,6 +79,7 @@ impl PoolState {
             blocked_by: self.blocked_by(name, in_use, counts).map(|b| b.name()),
             last_error: entry.last_error.clone(),
             postgres_version: None,
+            progress: None,
         }
     }
 
