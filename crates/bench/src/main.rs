@@ -21,7 +21,8 @@
 //! 8. an IntegreSQL client's suite with many templates and never-returned databases,
 //!    against pglease and (`PGLEASE_BENCH_INTEGRESQL_URL`) an IntegreSQL server;
 //! 9. PostgreSQL majors side by side: clone, drop and the end-to-end loop per major;
-//! 10. a template from a dump: pg_restore -j 1 vs -j N by hand, pglease's build, clones.
+//! 10. a template from a dump: pg_restore -j 1 vs -j N by hand, pglease's build, clones;
+//! 11. a cold CI runner: first lease after building the template vs from a snapshot.
 
 mod admin;
 mod api;
@@ -48,8 +49,8 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
 use crate::scenarios::{
-    ceiling, connect, dumps, integresql, latency, majors, scale, seeds, startup, throughput, Ctx,
-    FIXTURE,
+    ceiling, connect, dumps, integresql, latency, majors, scale, seeds, snapshots, startup,
+    throughput, Ctx, FIXTURE,
 };
 
 /// Benchmarks of pglease: lease latency, test throughput against the create+drop
@@ -79,7 +80,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1,2,3,4,5,6,7,8,9,10).
+    /// Run only these scenarios (comma-separated numbers: 1 to 11).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -245,6 +246,11 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s11 = if wanted(11) {
+        outcome("11", snapshots::run(&ctx).await)
+    } else {
+        not_run()
+    };
     let _ = std::fs::remove_dir_all(&ctx.scratch_dir);
 
     if machine.postgres_version.is_empty() {
@@ -268,6 +274,7 @@ async fn run(cli: Cli) -> ExitCode {
         matches!(s7, Outcome::Failed { .. }),
         matches!(s8, Outcome::Failed { .. }),
         matches!(s10, Outcome::Failed { .. }),
+        matches!(s11, Outcome::Failed { .. }),
         // So is a major that did not run.
         s9.done()
             .is_some_and(|r| r.majors.iter().any(|m| m.outcome.is_err())),
@@ -292,6 +299,7 @@ async fn run(cli: Cli) -> ExitCode {
             integresql_suite: s8,
             majors: s9,
             dumps: s10,
+            snapshots: s11,
         },
         isolation_ok,
         total_secs: stats::round3(started.elapsed().as_secs_f64()),

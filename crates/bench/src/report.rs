@@ -15,6 +15,7 @@ use crate::scenarios::latency::LatencyResult;
 use crate::scenarios::majors::{self, MajorsResult};
 use crate::scenarios::scale::ScaleResult;
 use crate::scenarios::seeds::SeedsResult;
+use crate::scenarios::snapshots::{self, SnapshotsResult};
 use crate::scenarios::startup::StartupResult;
 use crate::scenarios::throughput::ThroughputResult;
 use crate::stats::round3;
@@ -111,6 +112,8 @@ pub struct Scenarios {
     pub majors: Outcome<MajorsResult>,
     /// Scenario 10.
     pub dumps: Outcome<DumpsResult>,
+    /// Scenario 11.
+    pub snapshots: Outcome<SnapshotsResult>,
 }
 
 /// The whole run.
@@ -253,6 +256,7 @@ impl Report {
         self.render_integresql(&mut out);
         majors::render(&self.scenarios.majors, &mut out);
         dumps::render(&self.scenarios.dumps, &mut out);
+        snapshots::render(&self.scenarios.snapshots, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {

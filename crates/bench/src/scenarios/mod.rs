@@ -13,6 +13,7 @@ pub mod latency;
 pub mod majors;
 pub mod scale;
 pub mod seeds;
+pub mod snapshots;
 pub mod startup;
 pub mod throughput;
 

@@ -129,7 +129,7 @@ async fn one_start(
 
 /// Leases until the first 201 (503 while postgres starts is retried); the time is
 /// measured from the spawn.
-async fn first_lease(daemon: &Daemon, template: &str) -> Result<Duration> {
+pub(crate) async fn first_lease(daemon: &Daemon, template: &str) -> Result<Duration> {
     let api = daemon.api()?;
     loop {
         match api.try_lease(template, WAIT_MS).await? {
