@@ -137,6 +137,22 @@ async fn every_dump_format_restores_into_a_template_leases_can_alter() {
             .expect("the view")
             .get(0);
         assert_eq!(count, ROWS - 500, "{name}");
+        // The template was vacuumed (frozen: every page all-visible) and analyzed after the
+        // restore, so the clone reads without setting hint bits and plans with statistics.
+        let settled = client
+            .query_one(
+                "SELECT relpages > 0 AND relallvisible = relpages, \
+                        EXISTS (SELECT FROM pg_stats WHERE tablename = 'orders') \
+                 FROM pg_class WHERE relname = 'orders'",
+                &[],
+            )
+            .await
+            .expect("pg_class");
+        assert_eq!(
+            (settled.get::<_, bool>(0), settled.get::<_, bool>(1)),
+            (true, true),
+            "{name}: not vacuumed and analyzed"
+        );
         client
             .batch_execute("ALTER TABLE orders ADD COLUMN paid bool; TRUNCATE orders")
             .await

@@ -327,6 +327,37 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
     result
 }
 
+/// After a dump's restore, once, in the template: `CHECKPOINT`, then `VACUUM (FREEZE,
+/// ANALYZE)`. The restored rows carry the restore's transaction ids without hint bits, so
+/// every clone's first read of a table would set them, dirtying (and later writing) every
+/// page it reads, and a clone would have no statistics (pg_restore before 18 restores none),
+/// so the planner guesses until each clone is analyzed. Measured on PostgreSQL 15 with 300 MB
+/// of pgbench tables: a clone's first full scan of its largest table takes 153 ms unfrozen
+/// against 88 ms frozen (72 ms for the second scan either way), and the VACUUM costs 0.25 s
+/// once per template.
+///
+/// The CHECKPOINT comes first because the server commits asynchronously
+/// (`synchronous_commit=off`): until the restore's commit records are flushed, VACUUM may
+/// neither hint nor freeze its rows, and a VACUUM right after a restore left every page
+/// unfrozen (measured: a tar dump, 0 of 6 pages all-visible; after a CHECKPOINT, 6 of 6).
+async fn settle_restored(session: &Session, db: &DbName) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    // Two statements, two calls: a multi-statement string is one transaction, where VACUUM
+    // cannot run.
+    for sql in ["CHECKPOINT", "VACUUM (FREEZE, ANALYZE)"] {
+        run_in(session, db, sql)
+            .await
+            .map_err(|e| format!("{sql} after the restore: {e}"))?;
+    }
+    tracing::info!(
+        database = %db,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "froze and analyzed the restored template: its clones read it without setting hint \
+         bits, and plan with its statistics"
+    );
+    Ok(())
+}
+
 /// Hands whatever the temporary login role `db` made as itself (a tool may reset its role)
 /// to the owner role, and drops the login role.
 ///
@@ -452,7 +483,8 @@ async fn apply_source(
                     .await
                     .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
             let retired = retire_build_role(session, db, superuser).await;
-            return restored.and(retired);
+            restored.and(retired)?;
+            return settle_restored(session, db).await;
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),
