@@ -58,6 +58,10 @@ pub enum Command {
     /// Server binaries: download a version into the cache, list what is there.
     #[command(subcommand)]
     Postgres(PostgresCommand),
+    /// Snapshots for cold CI runners: build the templates and write one now, or show what
+    /// snapshot files hold (docs/snapshots.md).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Lease a database, run a command with DATABASE_URL and PG* set, release it.
     ///
     /// Exits with the command's exit status, or with 128+N when signal N killed it (as
@@ -409,6 +413,27 @@ pub enum PostgresCommand {
     Fetch(FetchArgs),
     /// List the installed servers and those in the cache.
     List(ListArgs),
+}
+
+/// `pglease snapshot …`.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Start the server as `serve` would (same options, no HTTP), build every template it
+    /// holds, stop, and write the snapshot into --snapshot-dir; prints the file's path.
+    /// `serve --snapshot-dir` writes one at each clean stop as well: this is for a step that
+    /// only prepares (a Docker image, a CI cache warm-up).
+    Save(Box<ServeArgs>),
+    /// Print what snapshot files hold: postgres version, initdb settings, each template's
+    /// name, fingerprint and size.
+    Show(ShowArgs),
+}
+
+/// `pglease snapshot show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A snapshot file, or a directory of them (--snapshot-dir).
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
 }
 
 /// `pglease postgres fetch`.

@@ -8,16 +8,17 @@ mod listen;
 mod logging;
 mod postgres;
 mod signal;
+mod snapshot;
 mod systemd;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use cli::{Cli, Command, ServeArgs};
+use cli::{Cli, Command, ServeArgs, SnapshotCommand};
 
 /// Exit code for configuration that parses but does not validate (EX_USAGE).
-const EXIT_CONFIG: u8 = 64;
+pub(crate) const EXIT_CONFIG: u8 = 64;
 /// How long shutdown may take before the daemon gives up waiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// With `--snapshot-dir` a stop may write a snapshot: seconds per GB of templates.
@@ -47,6 +48,8 @@ fn main() -> ExitCode {
             Command::Ready(args) => client::ready(args).await.map(|()| ExitCode::SUCCESS),
             Command::Run(args) => client::run(args).await,
             Command::Postgres(command) => Ok(postgres::run(command).await),
+            Command::Snapshot(SnapshotCommand::Save(args)) => Ok(snapshot::save(*args).await),
+            Command::Snapshot(SnapshotCommand::Show(args)) => Ok(snapshot::show(args)),
         }
         .or_else(|client::ClientError(message)| {
             eprintln!("pglease: {message}");

@@ -176,3 +176,87 @@ fn snapshot_dir_is_refused_beside_an_external_server_or_keep_data() {
     assert_eq!(status.code(), Some(64), "{log}");
     assert!(log.contains("--keep-data"), "{log}");
 }
+
+/// `pglease snapshot ARGS…` with the tests' initdb cache (and binaries); (status, stdout,
+/// stderr).
+async fn snapshot_command(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let mut command = crate::support::binary();
+    command.arg("snapshot").args(args);
+    if args.first() == Some(&"save") {
+        command.arg("--cache-dir").arg(crate::support::cache_dir());
+        if let Ok(bin_dir) = std::env::var(crate::support::PG_BIN_ENV) {
+            command.arg("--pg-bin-dir").arg(bin_dir);
+        }
+    }
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("run pglease snapshot");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn snapshot_save_builds_without_serving_and_serve_starts_from_it() {
+    let dir = scratch_dir("snapshot-save");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+    let template = format!("app=migrations:{}", migrations.display());
+    let snapshot_dir = snapshots.display().to_string();
+    let args = [
+        "save",
+        "--snapshot-dir",
+        &snapshot_dir,
+        "--template",
+        &template,
+    ];
+    let (status, stdout, stderr) = snapshot_command(&args).await;
+    assert!(status.success(), "{stderr}");
+    let path = PathBuf::from(stdout.trim());
+    assert_eq!(snapshot_files(&snapshots), vec![path.clone()], "{stdout}");
+
+    // show names the template and its fingerprint.
+    let (status, shown, stderr) = snapshot_command(&["show", &snapshot_dir]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(
+        shown.contains("app ") && shown.contains("postgres "),
+        "{shown}"
+    );
+
+    // serve starts from it without building.
+    let daemon = daemon(&snapshots, &migrations).await;
+    token(&daemon).await;
+    let (status, log) = daemon.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("template already built template=app"), "{log}");
+
+    // A template that fails: exit 1, naming it and postgres' message.
+    let bad = dir.join("bad.sql");
+    fs::write(&bad, "SELECT no_such_column;\n").expect("write");
+    let bad_template = format!("bad=sql:{}", bad.display());
+    let args = [
+        "save",
+        "--snapshot-dir",
+        &snapshot_dir,
+        "--template",
+        &bad_template,
+    ];
+    let (status, _, stderr) = snapshot_command(&args).await;
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("templates failed to build: bad:") && stderr.contains("no_such_column"),
+        "{stderr}"
+    );
+    // Without a directory to write into: a configuration error.
+    let (status, _, stderr) = snapshot_command(&["save", "--template", "x=empty"]).await;
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--snapshot-dir"), "{stderr}");
+    // show of a file that is not a snapshot says so.
+    let (status, shown, _) = snapshot_command(&["show", &bad.display().to_string()]).await;
+    assert_eq!(status.code(), Some(1));
+    assert!(shown.contains("not usable"), "{shown}");
+    let _ = fs::remove_dir_all(&dir);
+}
