@@ -48,12 +48,24 @@ pub struct DumpsResult {
     pub restore_jn_same_server_secs: f64,
     /// pglease's build over that hand-run `-j N` (target ≤ 1.1).
     pub build_vs_hand: f64,
+    /// Of the build: the CHECKPOINT and VACUUM (FREEZE, ANALYZE) after the restore (from the
+    /// daemon's log), seconds.
+    pub settle_secs: f64,
+    /// The build without that step over the hand-run `-j N`.
+    pub restore_vs_hand: f64,
     /// The built template's size, MB.
     pub template_mb: f64,
     /// Clone and drop of the built template, one connection.
     pub clone: CeilingLevel,
     /// Template MB over the p50 clone time.
     pub clone_mb_per_sec: f64,
+    /// The first full scan of the largest table on a fresh clone of pglease's template
+    /// (checkpointed, frozen and analyzed after the restore), ms.
+    pub first_scan_settled_ms: f64,
+    /// The same on a clone of the hand-run restore (rows without hint bits), ms.
+    pub first_scan_hand_ms: f64,
+    /// The second scan of that clone of the hand-run restore (hint bits set by the first), ms.
+    pub second_scan_hand_ms: f64,
 }
 
 /// Runs scenario 10.
@@ -129,6 +141,7 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         "0".to_owned(),
     ];
     let daemon = ctx.launcher.start("dumps-build", &args).await?;
+    let build_log = daemon.log_path.clone();
     let built = async {
         let server = daemon.server_info().await?;
         let api = daemon.api()?.clone();
@@ -173,6 +186,8 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         let started = Instant::now();
         restore(&server, &dump, "bench_restore_again", jobs).await?;
         let hand_again = started.elapsed().as_secs_f64();
+        eprintln!("[bench] 10 the first scan of a clone: pglease's template vs the hand restore");
+        let scans = first_scans(&server, &template_db).await?;
         eprintln!("[bench] 10 cloning the {template_mb:.0} MB template");
         let clone = ceiling::level(
             &server,
@@ -183,12 +198,13 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
             " STRATEGY FILE_COPY",
         )
         .await?;
-        Ok::<_, BenchError>((build_secs, template_mb, clone, hand_again))
+        Ok::<_, BenchError>((build_secs, template_mb, clone, hand_again, scans))
     }
     .await;
     daemon.stop().await?;
-    let (pglease_build_secs, template_mb, clone, restore_jn_same_server_secs) = built?;
+    let (pglease_build_secs, template_mb, clone, restore_jn_same_server_secs, scans) = built?;
     let ratio = |a: f64, b: f64| if b > 0.0 { round3(a / b) } else { 0.0 };
+    let settle_secs = settle_secs(&build_log);
     Ok(DumpsResult {
         scale,
         dataset_mb: round3(dataset_mb),
@@ -200,10 +216,64 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         pglease_build_secs: round3(pglease_build_secs),
         restore_jn_same_server_secs: round3(restore_jn_same_server_secs),
         build_vs_hand: ratio(pglease_build_secs, restore_jn_same_server_secs),
+        settle_secs: round3(settle_secs),
+        restore_vs_hand: ratio(
+            pglease_build_secs - settle_secs,
+            restore_jn_same_server_secs,
+        ),
         template_mb: round3(template_mb),
         clone_mb_per_sec: ratio(template_mb, clone.create.p50_ms / 1000.0),
         clone,
+        first_scan_settled_ms: round3(scans.0),
+        first_scan_hand_ms: round3(scans.1),
+        second_scan_hand_ms: round3(scans.2),
     })
+}
+
+/// The `elapsed_ms` of the daemon's "froze and analyzed the restored template" line, in
+/// seconds (0 when absent).
+fn settle_secs(log: &Path) -> f64 {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .find(|l| l.contains("froze and analyzed the restored template"))
+        .and_then(|l| l.split("elapsed_ms=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .map_or(0.0, |ms| ms / 1000.0)
+}
+
+/// Clones pglease's template and the hand-run restore `bench_restore_again`, then scans
+/// `accounts_2` in full on each: (first scan of pglease's, first scan of the hand one's,
+/// second scan of the hand one's), ms.
+async fn first_scans(server: &ServerInfo, template_db: &str) -> Result<(f64, f64, f64)> {
+    let admin_conn = admin::superuser(server, "postgres").await?;
+    for (clone, template) in [
+        ("bench_scan_settled", template_db),
+        ("bench_scan_hand", "bench_restore_again"),
+    ] {
+        admin_conn
+            .client
+            .batch_execute(&format!(
+                "CREATE DATABASE {clone} TEMPLATE \"{template}\" STRATEGY FILE_COPY"
+            ))
+            .await
+            .map_err(|e| BenchError::postgres("cloning for the scan", e))?;
+    }
+    admin_conn.close().await;
+    let mut times = Vec::new();
+    for (clone, scans) in [("bench_scan_settled", 1), ("bench_scan_hand", 2)] {
+        let conn = admin::superuser(server, clone).await?;
+        for _ in 0..scans {
+            let started = Instant::now();
+            conn.client
+                .query_one("SELECT count(*) FROM accounts_2", &[])
+                .await
+                .map_err(|e| BenchError::postgres("scanning accounts_2", e))?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        conn.close().await;
+    }
+    Ok((times[0], times[1], times[2]))
 }
 
 /// `pg_restore -j jobs` of `dump` into the empty database `db`, by hand: what pglease runs
@@ -304,6 +374,18 @@ pub(crate) fn render(outcome: &Outcome<DumpsResult>, out: &mut String) {
         num(r.build_vs_hand),
         "≤ 1.1",
     );
+    row(
+        &mut t,
+        "of the build: CHECKPOINT + VACUUM (FREEZE, ANALYZE) s",
+        num(r.settle_secs),
+        "",
+    );
+    row(
+        &mut t,
+        "build without it / hand -j N ×",
+        num(r.restore_vs_hand),
+        "",
+    );
     row(&mut t, "template MB", num(r.template_mb), "");
     row(&mut t, "clone p50 ms", num(r.clone.create.p50_ms), "");
     row(&mut t, "drop p50 ms", num(r.clone.drop.p50_ms), "");
@@ -312,6 +394,24 @@ pub(crate) fn render(outcome: &Outcome<DumpsResult>, out: &mut String) {
         "clone MB/s",
         num(r.clone_mb_per_sec),
         "near tmpfs copy speed",
+    );
+    row(
+        &mut t,
+        "1st scan of a clone, pglease's template ms",
+        num(r.first_scan_settled_ms),
+        "",
+    );
+    row(
+        &mut t,
+        "1st scan of a clone, hand restore ms",
+        num(r.first_scan_hand_ms),
+        "",
+    );
+    row(
+        &mut t,
+        "2nd scan of that clone ms",
+        num(r.second_scan_hand_ms),
+        "",
     );
     t.render(out);
 }
