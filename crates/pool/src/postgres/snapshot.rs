@@ -139,6 +139,7 @@ pub fn major_of(version: &str) -> u32 {
 /// The snapshot for `version` with `initdb_args` in `dir`, when there is a usable one.
 /// Every reason to pass one over is logged: a snapshot never fails a start.
 pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> {
+    remove_abandoned(dir);
     let major = major_of(version);
     let path = path_for(dir, major);
     if !path.exists() {
@@ -179,6 +180,30 @@ pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> 
         return None;
     }
     Some(Found { path, manifest })
+}
+
+/// A temporary file older than this was left by a writer that died (a save of even tens of
+/// GB takes minutes); younger ones may be another daemon's save in progress.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes temporary files of saves that never finished (a daemon killed while writing).
+fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let temporary = name.starts_with('.') && name.contains(&format!(".{EXTENSION}.tmp-"));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > ABANDONED_AFTER);
+        if temporary && old && std::fs::remove_file(entry.path()).is_ok() {
+            info!(file = %entry.path().display(), "removed the temporary file of a snapshot save that never finished");
+        }
+    }
 }
 
 /// Reads only the manifest (the first entry).
@@ -595,6 +620,24 @@ mod tests {
         std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("test step");
         let out = root.join("out");
         assert!(extract(&path, &out, None).is_err());
+    }
+
+    #[test]
+    fn an_abandoned_temporary_file_goes_and_a_fresh_one_stays() {
+        let root = tempdir();
+        let old = root.join(".pglease-pg15.pgsnap.tmp-aaaa");
+        let fresh = root.join(".pglease-pg15.pgsnap.tmp-bbbb");
+        std::fs::write(&old, b"half").expect("write");
+        std::fs::write(&fresh, b"half").expect("write");
+        let two_hours_ago = SystemTime::now() - std::time::Duration::from_secs(7200);
+        File::options()
+            .write(true)
+            .open(&old)
+            .and_then(|f| f.set_modified(two_hours_ago))
+            .expect("set mtime");
+        assert!(find(&root, "15.14", &[]).is_none());
+        assert!(!old.exists());
+        assert!(fresh.exists());
     }
 
     fn tempdir() -> PathBuf {
