@@ -48,7 +48,7 @@ pub struct DumpsResult {
     pub restore_jn_same_server_secs: f64,
     /// pglease's build over that hand-run `-j N` (target ≤ 1.1).
     pub build_vs_hand: f64,
-    /// Of the build: the CHECKPOINT and VACUUM (FREEZE, ANALYZE) after the restore (from the
+    /// Of the build: the ANALYZE, CHECKPOINT and VACUUM (FREEZE) after the restore (from the
     /// daemon's log), seconds.
     pub settle_secs: f64,
     /// The build without that step over the hand-run `-j N`.
@@ -376,7 +376,7 @@ pub(crate) fn render(outcome: &Outcome<DumpsResult>, out: &mut String) {
     );
     row(
         &mut t,
-        "of the build: CHECKPOINT + VACUUM (FREEZE, ANALYZE) s",
+        "of the build: ANALYZE + CHECKPOINT + VACUUM (FREEZE) s",
         num(r.settle_secs),
         "",
     );
