@@ -258,6 +258,7 @@ async fn build_fresh(
             )
         })??,
     }
+    settle(session, db).await?;
     seal_template(session, db).await
 }
 
@@ -327,7 +328,7 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
     result
 }
 
-/// After a dump's restore, once, in the template: `ANALYZE`, `CHECKPOINT`, `VACUUM (FREEZE)`.
+/// After a template's sources are applied, once: `ANALYZE`, `CHECKPOINT`, `VACUUM (FREEZE)`.
 /// Without it a clone has no statistics (pg_restore before 18 restores none, and a
 /// clone's autovacuum never analyzes tables nobody changes), so the planner guesses in every
 /// clone; rows whose hint bits nothing set yet (a table without indexes, or indexed before
@@ -346,21 +347,23 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
 /// all-visible; after a CHECKPOINT, 6 of 6). ANALYZE before both, because the statistics it
 /// writes are rows too: analyzed last (`VACUUM (FREEZE, ANALYZE)`), `pg_statistic` was left
 /// unhinted, and a clone's first planned query dirtied its page; in this order a clone's
-/// reads dirty no buffer at all (measured with pg_buffercache).
-async fn settle_restored(session: &Session, db: &DbName) -> Result<(), String> {
+/// reads dirty no buffer at all (measured with pg_buffercache), which is what lets the
+/// server prove a released read-only clone unchanged (`session/proof.rs`). For a template of
+/// migrations it costs tens of milliseconds.
+async fn settle(session: &Session, db: &DbName) -> Result<(), String> {
     let started = std::time::Instant::now();
     // One statement per call: a multi-statement string is one transaction, where VACUUM
     // cannot run.
     for sql in ["ANALYZE", "CHECKPOINT", "VACUUM (FREEZE)"] {
         run_in(session, db, sql)
             .await
-            .map_err(|e| format!("{sql} after the restore: {e}"))?;
+            .map_err(|e| format!("{sql} after the sources were applied: {e}"))?;
     }
     tracing::info!(
         database = %db,
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "froze and analyzed the restored template: its clones read it without setting hint \
-         bits, and plan with its statistics"
+        "froze and analyzed the template: its clones read it without setting hint bits, and \
+         plan with its statistics"
     );
     Ok(())
 }
@@ -490,8 +493,7 @@ async fn apply_source(
                     .await
                     .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
             let retired = retire_build_role(session, db, superuser).await;
-            restored.and(retired)?;
-            return settle_restored(session, db).await;
+            return restored.and(retired);
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),

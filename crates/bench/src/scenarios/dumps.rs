@@ -230,16 +230,17 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
     })
 }
 
-/// The `elapsed_ms` of the daemon's "froze and analyzed the restored template" line, in
-/// seconds (0 when absent).
+/// The `elapsed_ms` of the daemon's "froze and analyzed the template" lines, the longest
+/// (the dump template's; `default` is settled too), in seconds (0 when absent).
 fn settle_secs(log: &Path) -> f64 {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     text.lines()
-        .find(|l| l.contains("froze and analyzed the restored template"))
-        .and_then(|l| l.split("elapsed_ms=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|ms| ms.parse::<f64>().ok())
-        .map_or(0.0, |ms| ms / 1000.0)
+        .filter(|l| l.contains("froze and analyzed the template"))
+        .filter_map(|l| l.split("elapsed_ms=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|ms| ms.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+        / 1000.0
 }
 
 /// Clones pglease's template and the hand-run restore `bench_restore_again`, then scans
