@@ -175,6 +175,15 @@ pub struct ServeArgs {
     /// Overrides verify_templates = true in the config file.
     #[arg(long, overrides_with = "verify_templates", hide_short_help = true)]
     pub no_verify_templates: bool,
+    /// Put a released database back in the ready queue, without dropping and cloning it
+    /// again, when the server proves it unchanged since it was handed out (no dirty page,
+    /// no file written, no setting, grant or comment changed; docs/reuse-unchanged.md).
+    /// Only with the postgres pglease starts itself.
+    #[arg(long, overrides_with = "no_reuse_unchanged")]
+    pub reuse_unchanged: bool,
+    /// Overrides reuse_unchanged = true in the config file.
+    #[arg(long, overrides_with = "reuse_unchanged", hide_short_help = true)]
+    pub no_reuse_unchanged: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
         long,
@@ -535,6 +544,7 @@ struct ConfigFile {
     scram_iterations: Option<u32>,
     lease_superuser: Option<bool>,
     verify_templates: Option<bool>,
+    reuse_unchanged: Option<bool>,
     #[serde(default)]
     postgres: PostgresFile,
     #[serde(default)]
@@ -631,6 +641,11 @@ impl ServeArgs {
                     ))
                 }
             },
+            reuse_unchanged: switch(
+                self.reuse_unchanged,
+                self.no_reuse_unchanged,
+                file.reuse_unchanged,
+            ),
         };
         if !(1..=10_000).contains(&limits.lease_connections) {
             return Err("--lease-connections must be between 1 and 10000".into());

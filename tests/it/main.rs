@@ -23,6 +23,7 @@ mod leases;
 mod majors;
 mod metrics;
 mod privileges;
+mod proof;
 mod register;
 mod security;
 mod snapshots;

@@ -185,6 +185,16 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         counter(report.limits.expired),
     );
     registry.register(
+        "releases_reused_unchanged",
+        "Released databases the server proved unchanged, put back without a new clone",
+        counter(report.limits.reused_unchanged),
+    );
+    registry.register(
+        "releases_replaced_changed",
+        "Released databases the proof found changed, dropped and made again",
+        counter(report.limits.replaced_changed),
+    );
+    registry.register(
         "leases_reclaimed",
         "IntegreSQL test databases ended to make room for a waiting request",
         counter(report.limits.reclaimed),

@@ -552,6 +552,8 @@ async fn status_renders_the_report_without_credentials() {
             abandoned: 0,
             expired: 3,
             kept: 1,
+            reused_unchanged: 0,
+            replaced_changed: 0,
         },
         servers: Vec::new(),
     };

@@ -220,6 +220,11 @@ pub struct LimitsJson {
     pub abandoned: u64,
     /// Leases ended by their time to live since the start.
     pub expired: u64,
+    /// Released databases proven unchanged and put back without a new clone
+    /// (`--reuse-unchanged`), since the start.
+    pub reused_unchanged: u64,
+    /// Released databases the proof found changed, dropped and made again, since the start.
+    pub replaced_changed: u64,
 }
 
 /// Requests refused or timed out, by limit.

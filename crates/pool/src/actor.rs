@@ -24,7 +24,9 @@ use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
 use crate::postgres::{Embedded, RunningPostgres};
-use crate::session::{describe_target, mark_ready, pg_message, Session, SessionParams};
+use crate::session::{
+    describe_target, mark_ready, pg_message, NotReused, Session, SessionParams, Stamp,
+};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
@@ -109,6 +111,8 @@ struct UpInputs {
     lease_superuser: bool,
     lease_connections: u32,
     build_timeout: Duration,
+    /// Released clones are proven unchanged (the embedded server's session reads its files).
+    reuse_unchanged: bool,
 }
 
 /// A worker's report: what it did, and the server generation it did it against. Reports
@@ -132,6 +136,10 @@ enum JobResult {
         template_db: DbName,
         clone: DbName,
         outcome: Result<String, String>,
+        /// What it is now, when released clones are proven unchanged.
+        stamp: Option<Stamp>,
+        /// For a released clone put to the proof: whether it held.
+        proven: Option<bool>,
     },
     Dropped {
         db: DbName,
@@ -206,6 +214,7 @@ pub async fn start(
         lease_superuser: config.lease_superuser,
         lease_connections: config.limits.lease_connections,
         build_timeout: config.limits.build_timeout,
+        reuse_unchanged: config.limits.reuse_unchanged,
     };
     let mut limits = config.limits;
     let target = match &config.server {
@@ -219,7 +228,14 @@ pub async fn start(
             }
             Target::Embedded(prepared)
         }
-        ServerConfig::External(external) => Target::External(ExternalTarget::parse(external)?),
+        ServerConfig::External(external) => {
+            if limits.reuse_unchanged {
+                // The proof reads the database's files, which are not ours to read there.
+                tracing::warn!("--reuse-unchanged is off on an external server: released databases are dropped and made again");
+                limits.reuse_unchanged = false;
+            }
+            Target::External(ExternalTarget::parse(external)?)
+        }
     };
     let (target, outcome) = bring_up(target, inputs.clone()).await;
     let up = match outcome {
@@ -261,6 +277,7 @@ pub async fn start(
         probing: false,
         next_waiter: 1,
         passwords: HashMap::new(),
+        stamps: HashMap::new(),
         watches: HashMap::new(),
         verify_templates: config.verify_templates,
         verified: HashSet::new(),
@@ -300,6 +317,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     lease_connections: inputs.lease_connections,
                     build_timeout: inputs.build_timeout,
                     admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
+                    proof_dir: inputs.reuse_unchanged.then(|| running.data_dir.clone()),
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -330,6 +348,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 lease_connections: inputs.lease_connections,
                 build_timeout: inputs.build_timeout,
                 admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
+                proof_dir: None,
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,
@@ -431,6 +450,9 @@ struct Actor {
     next_waiter: WaiterId,
     /// The password of each clone's role, from its creation (or last recycle) to its drop.
     passwords: HashMap<DbName, String>,
+    /// What each ready or leased clone was when made ready, for the proof that a released
+    /// one is unchanged (`--reuse-unchanged`); a cache of server facts, like `passwords`.
+    stamps: HashMap<DbName, Stamp>,
     /// What each built template's current version was built from.
     watches: HashMap<TemplateName, Watch>,
     verify_templates: bool,
@@ -643,12 +665,38 @@ impl Actor {
                 template_db,
                 clone,
                 outcome,
+                stamp,
+                proven,
             } => {
+                match proven {
+                    Some(true) => {
+                        tracing::debug!(database = %clone, "released unchanged: back in the ready queue without a new clone");
+                    }
+                    Some(false) => {
+                        if let Err(why) = &outcome {
+                            tracing::debug!(database = %clone, why = %why, "released changed: dropped and made again");
+                        }
+                    }
+                    None => {}
+                }
+                if let Some(unchanged) = proven {
+                    self.state.count_proof(unchanged);
+                }
+                match stamp {
+                    Some(stamp) => {
+                        self.stamps.insert(clone.clone(), stamp);
+                    }
+                    None => {
+                        self.stamps.remove(&clone);
+                    }
+                }
                 let outcome = match outcome {
                     Ok(password) => {
                         self.passwords.insert(clone.clone(), password);
                         Ok(())
                     }
+                    // Changed: no failure, and nothing to warn about.
+                    Err(message) if proven == Some(false) => Err(message),
                     Err(message) => {
                         if self.state.is_current(&template, &template_db) {
                             tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
@@ -901,9 +949,11 @@ impl Actor {
                     template,
                     template_db,
                     clone,
-                } => self.spawn_recycle(template, template_db, clone),
+                    verify,
+                } => self.spawn_recycle(template, template_db, clone, verify),
                 Action::Drop { db } => {
                     self.passwords.remove(&db);
+                    self.stamps.remove(&db);
                     self.spawn_drop(db);
                 }
                 Action::OpenTemplate { template, db } => self.spawn_open(template, db),
@@ -1137,13 +1187,22 @@ impl Actor {
         let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session| async move {
             let started = std::time::Instant::now();
-            let outcome = match session {
-                Some(session) => {
-                    session
-                        .clone_database(&template_db, &clone, standard_scram)
-                        .await
-                }
-                None => Err(NOT_RUNNING.into()),
+            let Some(session) = session else {
+                return JobResult::Cloned {
+                    template,
+                    template_db,
+                    clone,
+                    outcome: Err(NOT_RUNNING.into()),
+                    stamp: None,
+                    proven: None,
+                };
+            };
+            let outcome = session
+                .clone_database(&template_db, &clone, standard_scram)
+                .await;
+            let stamp = match &outcome {
+                Ok(_) => stamp_of(&session, &clone).await,
+                Err(_) => None,
             };
             tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
             JobResult::Cloned {
@@ -1151,22 +1210,53 @@ impl Actor {
                 template_db,
                 clone,
                 outcome,
+                stamp,
+                proven: None,
             }
         });
     }
 
-    fn spawn_recycle(&mut self, template: TemplateName, template_db: DbName, clone: DbName) {
+    /// Readies a clone for its next holder: after a `reuse` release or an adoption, or —
+    /// `verify` — after a release the server must prove changed nothing, with the stamp
+    /// taken when it was made ready (none: unsure, so changed).
+    fn spawn_recycle(
+        &mut self,
+        template: TemplateName,
+        template_db: DbName,
+        clone: DbName,
+        verify: bool,
+    ) {
         let standard_scram = self.is_client_built(&template);
+        let proof = self.stamps.get(&clone).cloned();
         self.spawn_job(move |session| async move {
-            let outcome = match session {
-                Some(session) => session.recycle(&clone, standard_scram).await,
-                None => Err(NOT_RUNNING.into()),
+            let outcome = match (session.as_ref(), verify, proof.as_ref()) {
+                (None, _, _) => Err(NotReused::Failed(NOT_RUNNING.into())),
+                (Some(_), true, None) => Err(NotReused::Changed(
+                    "nothing recorded what it was when handed out".into(),
+                )),
+                (Some(session), _, proof) => {
+                    let proof = proof.filter(|_| verify);
+                    session.recycle(&clone, standard_scram, proof).await
+                }
+            };
+            let stamp = match (&outcome, session.as_ref()) {
+                // Proven unchanged: what it was is what it is.
+                (Ok(_), Some(_)) if verify => proof,
+                (Ok(_), Some(session)) => stamp_of(session, &clone).await,
+                _ => None,
+            };
+            let (outcome, proven) = match outcome {
+                Ok(password) => (Ok(password), verify.then_some(true)),
+                Err(NotReused::Changed(why)) => (Err(why), Some(false)),
+                Err(NotReused::Failed(message)) => (Err(message), None),
             };
             JobResult::Cloned {
                 template,
                 template_db,
                 clone,
                 outcome,
+                stamp,
+                proven,
             }
         });
     }
@@ -1396,6 +1486,21 @@ impl Actor {
             .await;
         }
         tracing::info!("pool stopped");
+    }
+}
+
+/// `clone`'s stamp, when the session proves released clones unchanged; a clone that cannot
+/// be stamped is simply never proven (its release drops it).
+async fn stamp_of(session: &Session, clone: &DbName) -> Option<Stamp> {
+    if !session.proves_unchanged() {
+        return None;
+    }
+    match session.stamp(clone).await {
+        Ok(stamp) => Some(stamp),
+        Err(error) => {
+            tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
+            None
+        }
     }
 }
 

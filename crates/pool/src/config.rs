@@ -87,6 +87,10 @@ pub struct PoolLimits {
     /// Bytes templates and clones may take in all; None: no limit. (The embedded server
     /// defaults to three quarters of its tmpfs when this is None; see `actor::start`.)
     pub max_bytes: Option<u64>,
+    /// A clone released without `reuse` goes back to the ready queue when the server proves
+    /// it unchanged (`session/proof.rs`), instead of being dropped and made again. Only on a
+    /// server pglease runs itself.
+    pub reuse_unchanged: bool,
 }
 
 impl Default for PoolLimits {
@@ -104,6 +108,7 @@ impl Default for PoolLimits {
             max_waiting: 1024,
             build_timeout: DEFAULT_COMMAND_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
+            reuse_unchanged: false,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! decide what to clone or drop, it only carries it out.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +24,13 @@ use crate::{scram, template};
 mod bounded;
 pub(crate) use bounded::{add_options, PINNED_SEARCH_PATH};
 mod lock;
+mod proof;
 mod recycle;
 mod settings;
 mod snapshot;
+
+pub use proof::Stamp;
+pub use recycle::NotReused;
 
 pub use bounded::DEFAULT_ADMIN_TIMEOUT;
 
@@ -81,6 +86,9 @@ pub struct SessionParams {
     /// limit, counting sessions) may take; [`DEFAULT_ADMIN_TIMEOUT`] unless a test needs
     /// a short one.
     pub admin_timeout: Duration,
+    /// The data directory of a server pglease runs, when released clones are to be proven
+    /// unchanged (`--reuse-unchanged`); None otherwise.
+    pub proof_dir: Option<PathBuf>,
 }
 
 /// What a sweep keeps.
@@ -136,6 +144,8 @@ pub struct Session {
     template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
     /// Builds that report progress (a dump's restore), while they run.
     pub(crate) build_progress: template::progress::Board,
+    /// The data directory, when released clones are proven unchanged (`session/proof.rs`).
+    proof_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Session {
@@ -249,6 +259,29 @@ impl Session {
             _lock: Arc::new(lock),
             template_settings: Arc::default(),
             build_progress: template::progress::Board::default(),
+            proof_dir: match params.proof_dir {
+                Some(dir) => match client
+                    // In a schema of its own in the `postgres` database (the daemon's
+                    // connections pin search_path to pg_catalog, where nothing may be
+                    // created; and no lease role can connect here).
+                    .batch_execute(
+                        "CREATE SCHEMA IF NOT EXISTS pglease; \
+                         CREATE EXTENSION IF NOT EXISTS pg_buffercache SCHEMA pglease",
+                    )
+                    .await
+                {
+                    Ok(()) => Some(dir),
+                    Err(error) => {
+                        tracing::warn!(
+                            error = %pg_message(&error),
+                            "cannot install pg_buffercache (postgres' contrib): released clones \
+                             are dropped and made again instead of proven unchanged"
+                        );
+                        None
+                    }
+                },
+                None => None,
+            },
         };
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.

@@ -69,6 +69,9 @@ pub(crate) enum Action {
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
+        /// Released without `reuse`: back to the ready queue only if the server proves it
+        /// unchanged since it was made ready (else it is dropped and replaced).
+        verify: bool,
     },
     /// `DROP DATABASE db WITH (FORCE)`; reported with [`PoolState::drop_finished`].
     Drop { db: DbName },
@@ -129,6 +132,13 @@ enum Server {
     Stopping,
 }
 
+/// What the proofs of released clones found.
+#[derive(Debug, Clone, Copy, Default)]
+struct Proven {
+    unchanged: u64,
+    changed: u64,
+}
+
 /// The pool's bookkeeping. See the module docs.
 #[derive(Debug)]
 pub(crate) struct PoolState {
@@ -152,6 +162,9 @@ pub(crate) struct PoolState {
     abandoned: u64,
     /// Leases ended by their time to live since the start.
     expired: u64,
+    /// Released clones proven unchanged (back to the ready queue) and found changed
+    /// (dropped and made again), since the start.
+    proven: Proven,
 }
 
 impl PoolState {
@@ -184,6 +197,7 @@ impl PoolState {
             refused: Default::default(),
             reclaimed: 0,
             expired: 0,
+            proven: Proven::default(),
             abandoned: 0,
         }
     }

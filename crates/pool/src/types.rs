@@ -136,6 +136,12 @@ pub struct LimitStatus {
     pub expired: u64,
     /// Databases kept after failed tests now.
     pub kept: usize,
+    /// Released databases the server proved unchanged, put back without a new clone
+    /// (`--reuse-unchanged`).
+    pub reused_unchanged: u64,
+    /// Released databases the proof found changed (or could not clear), dropped and made
+    /// again.
+    pub replaced_changed: u64,
 }
 
 /// Requests refused or timed out, by the limit that stopped them.

@@ -100,6 +100,8 @@ fn limits_json(limits: LimitStatus) -> LimitsJson {
         reclaimed: limits.reclaimed,
         abandoned: limits.abandoned,
         expired: limits.expired,
+        reused_unchanged: limits.reused_unchanged,
+        replaced_changed: limits.replaced_changed,
     }
 }
 

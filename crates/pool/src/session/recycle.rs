@@ -87,28 +87,68 @@ const FIRST_PASS_SQL: &str = concat!(
     ") starting WHERE pid <> pg_backend_pid())"
 );
 
+/// Why a clone is not ready to lease again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReused {
+    /// Its stamp does not hold: it was changed (or nothing proves it was not).
+    Changed(String),
+    /// The recycle failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for NotReused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReused::Changed(why) => write!(f, "changed: {why}"),
+            NotReused::Failed(message) => f.write_str(message),
+        }
+    }
+}
+
 impl Session {
     /// Gets a clone ready to lease again and returns the new password: the role is made
     /// NOLOGIN with a new password (and the database loses a "ready" marker), every
-    /// session of the previous holder is ended and waited for, then the role gets the
+    /// session of the previous holder is ended and waited for, then — with `proof`, only if
+    /// the clone is exactly what that stamp says (`session/proof.rs`) — the role gets the
     /// default connection limit and LOGIN back.
     ///
     /// On error the role is left NOLOGIN or with the old password unusable; the caller
-    /// drops a clone whose recycle failed.
-    pub async fn recycle(&self, clone: &DbName, standard_scram: bool) -> Result<String, String> {
-        self.bounded(
-            || format!("recycling {clone}"),
-            async |client| self.recycle_with(client, clone, standard_scram).await,
-        )
-        .await
+    /// drops a clone that is not reused.
+    pub async fn recycle(
+        &self,
+        clone: &DbName,
+        standard_scram: bool,
+        proof: Option<&super::Stamp>,
+    ) -> Result<String, NotReused> {
+        let mut verdict = None;
+        let outcome = self
+            .bounded(
+                || format!("recycling {clone}"),
+                async |client| {
+                    let changed = self
+                        .recycle_with(client, clone, standard_scram, proof)
+                        .await?;
+                    verdict = changed.1;
+                    Ok(changed.0)
+                },
+            )
+            .await;
+        match (outcome, verdict) {
+            (_, Some(why)) => Err(NotReused::Changed(why)),
+            (Ok(password), None) => Ok(password),
+            (Err(message), None) => Err(NotReused::Failed(message)),
+        }
     }
 
+    /// The password, and why the clone is not reused when its proof failed (then LOGIN is
+    /// not given back).
     async fn recycle_with(
         &self,
         client: &tokio_postgres::Client,
         clone: &DbName,
         standard_scram: bool,
-    ) -> Result<String, String> {
+        proof: Option<&super::Stamp>,
+    ) -> Result<(String, Option<String>), String> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         // One transaction. The password changes here, not at the end: a login that reads
@@ -124,6 +164,16 @@ impl Session {
             .await
             .map_err(|e| pg_message(&e))?;
         end_sessions(client, clone).await?;
+        if let Some(stamp) = proof {
+            // Unsure is changed: a failed check says so too.
+            let changed = match self.changed_since(client, clone, stamp).await {
+                Ok(changed) => changed,
+                Err(error) => Some(format!("the check failed: {error}")),
+            };
+            if changed.is_some() {
+                return Ok((password, changed));
+            }
+        }
         client
             .batch_execute(&format!(
                 "ALTER ROLE {role} LOGIN CONNECTION LIMIT {}",
@@ -131,7 +181,7 @@ impl Session {
             ))
             .await
             .map_err(|e| pg_message(&e))?;
-        Ok(password)
+        Ok((password, None))
     }
 }
 

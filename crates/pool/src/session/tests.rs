@@ -53,6 +53,7 @@ impl Server {
             lease_connections: 80,
             build_timeout: Duration::from_secs(60),
             admin_timeout: DEFAULT_ADMIN_TIMEOUT,
+            proof_dir: None,
         }
     }
 
@@ -159,7 +160,7 @@ async fn recycle_leaves_no_session_of_the_old_holder() {
         // Let the hammers get going, so some login is always in flight.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let new_password = session
-            .recycle(&clone, false)
+            .recycle(&clone, false, None)
             .await
             .unwrap_or_else(|e| panic!("round {round}: recycle failed: {e}"));
         stop.store(true, Ordering::Relaxed);
@@ -422,5 +423,61 @@ async fn a_hung_clone_times_out_and_is_counted() {
         .expect("clone after the timeout");
     assert_eq!(session.admin_timeouts(), 1);
     drop(session);
+    server.stop().await;
+}
+
+/// The proof's last check, the files: a change that has already reached them (flushed by a
+/// checkpoint, so no buffer is dirty any more) is still caught; and a clone nobody touched
+/// passes.
+#[tokio::test]
+async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    assert!(session.proves_unchanged());
+    let template = make_template(&session, "proof").await;
+    let admin = server.superuser().await;
+    let clone = DbName::from_server("pglease_proof_1".into());
+    session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+
+    // Untouched: the proof holds, and it is handed out again.
+    let stamp = session.stamp(&clone).await.expect("stamp");
+    let password = session
+        .recycle(&clone, false, Some(&stamp))
+        .await
+        .expect("an untouched clone is reused");
+
+    // A table created and filled by its holder, then written out by a checkpoint.
+    let holder = connect(&server.lease_config(&clone, &password))
+        .await
+        .expect("holder");
+    holder
+        .batch_execute("CREATE TABLE t AS SELECT generate_series(1, 1000) AS i")
+        .await
+        .expect("write");
+    drop(holder);
+    admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    let dirty: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pglease.pg_buffercache WHERE isdirty AND reldatabase = \
+             (SELECT oid FROM pg_database WHERE datname = $1)",
+            &[&clone.as_str()],
+        )
+        .await
+        .expect("dirty buffers")
+        .get(0);
+    assert_eq!(
+        dirty, 0,
+        "the checkpoint left dirty buffers: the test would prove nothing"
+    );
+    match session.recycle(&clone, false, Some(&stamp)).await {
+        Err(NotReused::Changed(why)) => assert!(why.starts_with("file "), "{why}"),
+        other => panic!("a written change was not caught: {other:?}"),
+    }
+    drop(admin);
     server.stop().await;
 }

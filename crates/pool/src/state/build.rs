@@ -270,6 +270,7 @@ impl PoolState {
                     template: template.clone(),
                     template_db: built.db.clone(),
                     clone,
+                    verify: false,
                 });
             } else {
                 self.dbs.queue_drop(clone, Some(template), 0);

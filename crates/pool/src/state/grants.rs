@@ -378,7 +378,10 @@ impl PoolState {
             .and_then(|e| e.current())
             .filter(|v| v.fingerprint == record.fingerprint && Some(&v.db) == made_from.as_ref())
             .map(|v| v.db.clone());
-        match (reuse, current, template) {
+        // Released without `reuse`: the server may still prove it unchanged (never an
+        // IntegreSQL test database, whose client says itself what it did).
+        let verify = !reuse && self.limits.reuse_unchanged && !record.reclaimable;
+        match (reuse || verify, current, template) {
             (true, Some(template_db), Some(template)) => {
                 if let Some(entry) = entry {
                     entry.demand.returned(now);
@@ -395,6 +398,7 @@ impl PoolState {
                     template,
                     template_db,
                     clone: database,
+                    verify,
                 });
             }
             (_, _, template) => {

@@ -188,7 +188,7 @@ struct World {
 }
 
 impl World {
-    fn new(max_bytes: Option<u64>, min_ready: usize) -> Self {
+    fn new(max_bytes: Option<u64>, min_ready: usize, reuse_unchanged: bool) -> Self {
         let limits = PoolLimits {
             min_ready,
             max_total: 3,
@@ -202,6 +202,7 @@ impl World {
             max_bytes,
             max_kept: 2,
             max_keep: Duration::from_secs(20),
+            reuse_unchanged,
         };
         let templates: Vec<TemplateConfig> = NAMES[..CONFIGURED]
             .iter()
@@ -385,6 +386,7 @@ impl World {
                 template,
                 template_db,
                 clone,
+                ..
             } => self
                 .state
                 .clone_finished(&template, &template_db, clone, outcome(), now),
@@ -671,8 +673,11 @@ proptest! {
         events in prop::collection::vec(event(), 1..120),
         budget in prop::option::of(6_000_000u64..30_000_000),
         min_ready in 0usize..3,
+        reuse_unchanged in any::<bool>(),
     ) {
-        let mut world = World::new(budget, min_ready);
+        // With reuse_unchanged, releases go through the proof: a recycle whose outcome
+        // (unchanged, changed, failed) the generated job reports decide.
+        let mut world = World::new(budget, min_ready, reuse_unchanged);
         world.check();
         for event in &events {
             world.step(event);
@@ -686,7 +691,7 @@ proptest! {
         events in prop::collection::vec(client_event(), 1..120),
         min_ready in 0usize..3,
     ) {
-        let mut world = World::new(None, min_ready);
+        let mut world = World::new(None, min_ready, false);
         world.check();
         for event in &events {
             world.step(event);

@@ -51,6 +51,17 @@ impl PoolState {
             abandoned: self.abandoned,
             expired: self.expired,
             kept: self.dbs.kept().len(),
+            reused_unchanged: self.proven.unchanged,
+            replaced_changed: self.proven.changed,
+        }
+    }
+
+    /// A released clone was put to the proof (`--reuse-unchanged`): it held, or not.
+    pub fn count_proof(&mut self, unchanged: bool) {
+        if unchanged {
+            self.proven.unchanged += 1;
+        } else {
+            self.proven.changed += 1;
         }
     }
 

@@ -25,6 +25,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         max_waiting: 1024,
         build_timeout: Duration::from_secs(300),
         initialize_timeout: Duration::from_secs(900),
+        reuse_unchanged: false,
     }
 }
 
@@ -137,6 +138,7 @@ impl Driver {
                     template,
                     template_db,
                     clone,
+                    ..
                 } => self
                     .state
                     .clone_finished(&template, &template_db, clone, Ok(()), self.now),
@@ -1294,6 +1296,7 @@ fn a_failed_recycle_replaces_the_database_and_its_waiter_keeps_waiting() {
                 template,
                 template_db,
                 clone,
+                ..
             } => {
                 let more = driver.state.clone_finished(
                     &template,

@@ -1,0 +1,222 @@
+//! Proof that a released clone is exactly what it was when it was last made ready
+//! (`--reuse-unchanged`), so that it can go back to the ready queue without a DROP and a
+//! CREATE. Only a server pglease runs itself: the proof reads the database's files.
+//!
+//! A clone is stamped when it is made ready: the files of its directory (name, size, inode,
+//! modification time in nanoseconds; tmpfs keeps them exactly), and the rows of the shared
+//! catalogs that concern it (database-level and role-level settings, comments, grants on
+//! the database, role memberships), which live outside its directory. At release, once
+//! every session of the holder has ended (the recycle does that), it is unchanged when:
+//!
+//! 1. no prepared transaction is left in it;
+//! 2. no shared buffer of it is dirty (`pg_buffercache`): a change not yet written to its
+//!    files is there;
+//! 3. the shared catalogs' rows are the same;
+//! 4. its files are the same — read after 2, so that a buffer written between the two
+//!    shows in the files.
+//!
+//! Anything else — a failed query, a missing stamp — is "changed". A read that sets hint
+//! bits dirties a buffer: templates are frozen after their build (`template.rs`) so that
+//! reads leave nothing to hint. `pg_internal.init`, the relation cache's file that the first
+//! connection writes, is not data and is left out.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::{pg_message, Session};
+use crate::names::DbName;
+
+/// The relation cache's init file: rebuilt from the catalogs, not data.
+const RELCACHE_INIT: &str = "pg_internal.init";
+
+/// The shared catalogs' rows about a clone (`$1`, its name, which is also its role's).
+const CATALOG_SQL: &str = "\
+    WITH d AS (SELECT oid, datacl, datconnlimit, datallowconn, datistemplate \
+               FROM pg_database WHERE datname = $1), \
+         r AS (SELECT oid FROM pg_roles WHERE rolname = $1) \
+    SELECT (SELECT oid FROM d)::bigint, concat_ws(' | ', \
+      (SELECT concat_ws(',', datacl::text, datconnlimit, datallowconn, datistemplate) FROM d), \
+      (SELECT string_agg(concat(setdatabase, '/', setrole, '=', array_to_string(setconfig, ',')), ';' \
+                         ORDER BY setdatabase, setrole) \
+         FROM pg_db_role_setting WHERE setdatabase = (SELECT oid FROM d) OR setrole = (SELECT oid FROM r)), \
+      (SELECT string_agg(concat(objoid, ':', description), ';' ORDER BY objoid) \
+         FROM pg_shdescription WHERE objoid IN ((SELECT oid FROM d), (SELECT oid FROM r))), \
+      (SELECT string_agg(concat(roleid, '>', member, ':', admin_option), ';' ORDER BY roleid, member) \
+         FROM pg_auth_members WHERE member = (SELECT oid FROM r) OR roleid = (SELECT oid FROM r)))";
+
+/// One file of a clone's directory: name, size, inode, mtime (seconds, nanoseconds).
+type FileStamp = (String, u64, u64, i64, i64);
+
+/// What a clone was when made ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// Its OID (and so its directory, `base/<oid>`).
+    oid: u32,
+    /// The shared catalogs' rows about it, as text.
+    catalog: String,
+    /// Its files: name, size, inode, mtime (s, ns); sorted.
+    files: Vec<FileStamp>,
+}
+
+impl Session {
+    /// Whether this session can prove a clone unchanged.
+    pub fn proves_unchanged(&self) -> bool {
+        self.proof_dir.is_some()
+    }
+
+    /// Stamps `clone` as it is now (made ready, nobody connected).
+    pub async fn stamp(&self, clone: &DbName) -> Result<Stamp, String> {
+        let Some(data_dir) = self.proof_dir.clone() else {
+            return Err("this server's files are not pglease's".into());
+        };
+        let (oid, catalog) = self
+            .bounded(
+                || format!("stamping {clone}"),
+                async |client| catalog(client, clone).await,
+            )
+            .await?;
+        let files = files_of(data_dir, oid).await?;
+        Ok(Stamp {
+            oid,
+            catalog,
+            files,
+        })
+    }
+
+    /// Why `clone` is not what `stamp` says, or `None` when it is exactly that. Its holder's
+    /// sessions must be over (the recycle ended them).
+    pub(super) async fn changed_since(
+        &self,
+        client: &tokio_postgres::Client,
+        clone: &DbName,
+        stamp: &Stamp,
+    ) -> Result<Option<String>, String> {
+        let Some(data_dir) = self.proof_dir.clone() else {
+            return Ok(Some("this server's files are not pglease's".into()));
+        };
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_prepared_xacts WHERE database = $1), \
+                        (SELECT count(*) FROM pglease.pg_buffercache \
+                          WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = $1) \
+                            AND isdirty)",
+                &[&clone.as_str()],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        let (prepared, dirty): (i64, i64) = (row.get(0), row.get(1));
+        if prepared > 0 {
+            return Ok(Some(format!(
+                "{prepared} prepared transaction(s) left in it"
+            )));
+        }
+        if dirty > 0 {
+            return Ok(Some(format!("{dirty} page(s) changed in memory")));
+        }
+        let (oid, catalog) = catalog(client, clone).await?;
+        if oid != stamp.oid || catalog != stamp.catalog {
+            return Ok(Some(format!(
+                "its settings, comments, grants or roles changed ({} → {catalog})",
+                stamp.catalog
+            )));
+        }
+        let files = files_of(data_dir, oid).await?;
+        if files != stamp.files {
+            return Ok(Some(describe_file_change(&stamp.files, &files)));
+        }
+        Ok(None)
+    }
+}
+
+/// The OID of `clone` and the shared catalogs' rows about it.
+async fn catalog(client: &tokio_postgres::Client, clone: &DbName) -> Result<(u32, String), String> {
+    let row = client
+        .query_one(CATALOG_SQL, &[&clone.as_str()])
+        .await
+        .map_err(|e| pg_message(&e))?;
+    let oid: Option<i64> = row.get(0);
+    let oid = oid
+        .and_then(|oid| u32::try_from(oid).ok())
+        .ok_or_else(|| format!("{clone} does not exist"))?;
+    Ok((oid, row.get(1)))
+}
+
+/// The files of `base/<oid>` under `data_dir`, on a thread that may block.
+async fn files_of(data_dir: PathBuf, oid: u32) -> Result<Vec<FileStamp>, String> {
+    tokio::task::spawn_blocking(move || list_files(&data_dir.join("base").join(oid.to_string())))
+        .await
+        .map_err(|e| format!("listing files failed: {e}"))?
+}
+
+fn list_files(dir: &Path) -> Result<Vec<FileStamp>, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == RELCACHE_INIT {
+            continue;
+        }
+        // A file that goes between the listing and its stat is a change too.
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("cannot stat {name}: {e}"))?;
+        files.push((
+            name,
+            meta.len(),
+            meta.ino(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+        ));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// One line saying which file changed first.
+fn describe_file_change(before: &[FileStamp], after: &[FileStamp]) -> String {
+    let names = |list: &[FileStamp]| {
+        list.iter()
+            .map(|f| f.0.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let (was, is) = (names(before), names(after));
+    if let Some(added) = is.difference(&was).next() {
+        return format!("file {added} was added");
+    }
+    if let Some(removed) = was.difference(&is).next() {
+        return format!("file {removed} was removed");
+    }
+    let changed = before
+        .iter()
+        .zip(after)
+        .find(|(a, b)| a != b)
+        .map_or_else(String::new, |(a, _)| a.0.clone());
+    format!("file {changed} was written")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_change_is_named() {
+        let before = vec![("1259".to_owned(), 8192, 7, 100, 5)];
+        let mut after = before.clone();
+        after[0].4 = 6;
+        assert_eq!(
+            describe_file_change(&before, &after),
+            "file 1259 was written"
+        );
+        after.push(("16390".into(), 0, 9, 101, 0));
+        assert_eq!(
+            describe_file_change(&before, &after),
+            "file 16390 was added"
+        );
+        assert_eq!(
+            describe_file_change(&after, &before),
+            "file 16390 was removed"
+        );
+    }
+}
