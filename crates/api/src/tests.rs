@@ -593,6 +593,8 @@ async fn status_renders_the_report_without_credentials() {
         "reclaimed": 1,
         "abandoned": 0,
         "expired": 3,
+        "reused_unchanged": 0,
+        "replaced_changed": 0,
     });
     assert_eq!(
         body,
