@@ -50,6 +50,12 @@ pub struct LimitStatus {
     /// IntegreSQL test databases recreated to make room.
     #[serde(default)]
     pub reclaimed: u64,
+    /// Released databases proven unchanged (`--reuse-unchanged`).
+    #[serde(default)]
+    pub reused_unchanged: u64,
+    /// Released databases the proof found changed.
+    #[serde(default)]
+    pub replaced_changed: u64,
 }
 
 /// The server in `/status`.

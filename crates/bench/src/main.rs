@@ -22,7 +22,8 @@
 //!    against pglease and (`PGLEASE_BENCH_INTEGRESQL_URL`) an IntegreSQL server;
 //! 9. PostgreSQL majors side by side: clone, drop and the end-to-end loop per major;
 //! 10. a template from a dump: pg_restore -j 1 vs -j N by hand, pglease's build, clones;
-//! 11. a cold CI runner: first lease after building the template vs from a snapshot.
+//! 11. a cold CI runner: first lease after building the template vs from a snapshot;
+//! 12. half the tests read only: --reuse-unchanged off vs on.
 
 mod admin;
 mod api;
@@ -49,7 +50,7 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
 use crate::scenarios::{
-    ceiling, connect, dumps, integresql, latency, majors, scale, seeds, snapshots, startup,
+    ceiling, connect, dumps, integresql, latency, majors, reuse, scale, seeds, snapshots, startup,
     throughput, Ctx, FIXTURE,
 };
 
@@ -80,7 +81,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1 to 11).
+    /// Run only these scenarios (comma-separated numbers: 1 to 12).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -251,6 +252,11 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s12 = if wanted(12) {
+        outcome("12", reuse::run(&ctx).await)
+    } else {
+        not_run()
+    };
     let _ = std::fs::remove_dir_all(&ctx.scratch_dir);
 
     if machine.postgres_version.is_empty() {
@@ -275,6 +281,8 @@ async fn run(cli: Cli) -> ExitCode {
         matches!(s8, Outcome::Failed { .. }),
         matches!(s10, Outcome::Failed { .. }),
         matches!(s11, Outcome::Failed { .. }),
+        matches!(s12, Outcome::Failed { .. }),
+        s12.done().is_some_and(|r| r.dirty_handouts > 0),
         // So is a major that did not run.
         s9.done()
             .is_some_and(|r| r.majors.iter().any(|m| m.outcome.is_err())),
@@ -300,6 +308,7 @@ async fn run(cli: Cli) -> ExitCode {
             majors: s9,
             dumps: s10,
             snapshots: s11,
+            reuse: s12,
         },
         isolation_ok,
         total_secs: stats::round3(started.elapsed().as_secs_f64()),

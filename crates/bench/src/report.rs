@@ -13,6 +13,7 @@ use crate::scenarios::dumps::{self, DumpsResult};
 use crate::scenarios::integresql::SuiteResult;
 use crate::scenarios::latency::LatencyResult;
 use crate::scenarios::majors::{self, MajorsResult};
+use crate::scenarios::reuse::{self, ReuseResult};
 use crate::scenarios::scale::ScaleResult;
 use crate::scenarios::seeds::SeedsResult;
 use crate::scenarios::snapshots::{self, SnapshotsResult};
@@ -114,6 +115,8 @@ pub struct Scenarios {
     pub dumps: Outcome<DumpsResult>,
     /// Scenario 11.
     pub snapshots: Outcome<SnapshotsResult>,
+    /// Scenario 12.
+    pub reuse: Outcome<ReuseResult>,
 }
 
 /// The whole run.
@@ -257,6 +260,7 @@ impl Report {
         majors::render(&self.scenarios.majors, &mut out);
         dumps::render(&self.scenarios.dumps, &mut out);
         snapshots::render(&self.scenarios.snapshots, &mut out);
+        reuse::render(&self.scenarios.reuse, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {

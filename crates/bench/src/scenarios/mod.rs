@@ -11,6 +11,7 @@ pub mod dumps;
 pub mod integresql;
 pub mod latency;
 pub mod majors;
+pub mod reuse;
 pub mod scale;
 pub mod seeds;
 pub mod snapshots;
