@@ -39,7 +39,7 @@ const ZSTD_LEVEL: i32 = 1;
 /// What a snapshot holds, as its first entry says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// [`FORMAT`].
+    /// The format version (this code reads and writes 1; another is ignored).
     pub format: u32,
     /// The full server version it was made with, e.g. `15.14`.
     pub postgres_version: String,
