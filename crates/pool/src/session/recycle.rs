@@ -120,23 +120,19 @@ impl Session {
         standard_scram: bool,
         proof: Option<&super::Stamp>,
     ) -> Result<String, NotReused> {
-        let mut verdict = None;
         let outcome = self
             .bounded(
                 || format!("recycling {clone}"),
                 async |client| {
-                    let changed = self
-                        .recycle_with(client, clone, standard_scram, proof)
-                        .await?;
-                    verdict = changed.1;
-                    Ok(changed.0)
+                    self.recycle_with(client, clone, standard_scram, proof)
+                        .await
                 },
             )
             .await;
-        match (outcome, verdict) {
-            (_, Some(why)) => Err(NotReused::Changed(why)),
-            (Ok(password), None) => Ok(password),
-            (Err(message), None) => Err(NotReused::Failed(message)),
+        match outcome {
+            Ok((password, None)) => Ok(password),
+            Ok((_, Some(why))) => Err(NotReused::Changed(why)),
+            Err(message) => Err(NotReused::Failed(message)),
         }
     }
 
