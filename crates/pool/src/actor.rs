@@ -668,18 +668,15 @@ impl Actor {
                 stamp,
                 proven,
             } => {
-                match proven {
-                    Some(true) => {
-                        tracing::debug!(database = %clone, "released unchanged: back in the ready queue without a new clone");
-                    }
-                    Some(false) => {
-                        if let Err(why) = &outcome {
-                            tracing::debug!(database = %clone, why = %why, "released changed: dropped and made again");
+                if let Some(unchanged) = proven {
+                    match &outcome {
+                        Err(why) => {
+                            tracing::debug!(database = %clone, %why, "released changed: dropped and made again")
+                        }
+                        Ok(_) => {
+                            tracing::debug!(database = %clone, "released unchanged: back in the ready queue without a new clone")
                         }
                     }
-                    None => {}
-                }
-                if let Some(unchanged) = proven {
                     self.state.count_proof(unchanged);
                 }
                 match stamp {
@@ -888,6 +885,7 @@ impl Actor {
         self.apply(actions);
         self.fail_client_work(&reason);
         self.passwords.clear();
+        self.stamps.clear();
         self.watches.clear();
         self.session = None;
         self.monitor = None;
