@@ -157,15 +157,24 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// Hashes a file's name, length and contents, streamed: a dump of tens of GB is never held
+/// in memory.
 fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
-    let contents =
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let unreadable = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let len = file.metadata().map_err(unreadable)?.len();
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    hasher.update(format!("{name}\0{}\0", contents.len()).as_bytes());
-    hasher.update(&contents);
+    hasher.update(format!("{name}\0{len}\0").as_bytes());
+    let copied = std::io::copy(&mut file, hasher).map_err(unreadable)?;
+    if copied != len {
+        return Err(format!(
+            "{} changed while it was read ({len} bytes, then {copied})",
+            path.display()
+        ));
+    }
     Ok(())
 }
 
