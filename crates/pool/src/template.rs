@@ -322,6 +322,12 @@ async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
 /// Runs `sql` in database `db` as the superuser, on a connection of its own, with
 /// `search_path` pinned to `pg_catalog`: a build role may have created anything in `public`.
 async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String> {
+    run_each_in(session, db, &[sql]).await
+}
+
+/// Runs each of `statements` in `db` as the superuser, one after the other on one
+/// connection, each in a transaction of its own (VACUUM cannot run inside one).
+async fn run_each_in(session: &Session, db: &DbName, statements: &[&str]) -> Result<(), String> {
     let mut config = session.admin_config.clone();
     crate::session::add_options(&mut config, crate::session::PINNED_SEARCH_PATH);
     config.dbname(db.as_str());
@@ -330,7 +336,16 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
         .await
         .map_err(|e| format!("cannot connect to {db}: {}", pg_message(&e)))?;
     let connection = tokio::spawn(connection);
-    let result = client.batch_execute(sql).await.map_err(|e| pg_message(&e));
+    let mut result = Ok(());
+    for sql in statements {
+        result = client
+            .batch_execute(sql)
+            .await
+            .map_err(|e| pg_message(&e));
+        if result.is_err() {
+            break;
+        }
+    }
     drop(client);
     // The connection task ends once the client is gone; its result carries nothing new.
     let _ = connection.await;
@@ -361,13 +376,9 @@ async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String>
 /// migrations it costs tens of milliseconds.
 async fn settle(session: &Session, db: &DbName) -> Result<(), String> {
     let started = std::time::Instant::now();
-    // One statement per call: a multi-statement string is one transaction, where VACUUM
-    // cannot run.
-    for sql in ["ANALYZE", "CHECKPOINT", "VACUUM (FREEZE)"] {
-        run_in(session, db, sql)
-            .await
-            .map_err(|e| format!("{sql} after the sources were applied: {e}"))?;
-    }
+    run_each_in(session, db, &["ANALYZE", "CHECKPOINT", "VACUUM (FREEZE)"])
+        .await
+        .map_err(|e| format!("settling the template (ANALYZE, CHECKPOINT, VACUUM (FREEZE)): {e}"))?;
     tracing::info!(
         database = %db,
         elapsed_ms = started.elapsed().as_millis() as u64,
