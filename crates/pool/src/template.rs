@@ -705,32 +705,25 @@ async fn run_command_with(
             .take()
             .map(|err| tokio::spawn(keep_tail(err, tail.clone(), counts, done.clone()))),
     ];
-    // Shown in /status while the command runs (the guard takes it off).
-    let _shown = progress.as_ref().map(|progress| {
-        session.build_progress.show(
-            &progress.template,
-            progress::Live {
-                step: progress.what.clone(),
-                total: progress.total,
-                done: done.clone(),
-                started,
-            },
-        )
+    // One live view of the progress: shown in /status while the command runs (the guard
+    // takes it off), and logged every few seconds.
+    let live = progress.map(|progress| {
+        let live = progress::Live {
+            step: progress.what,
+            total: progress.total,
+            done: done.clone(),
+            started,
+        };
+        (session.build_progress.show(&progress.template, live.clone()), live)
     });
-    let reporter = progress.map(|progress| {
-        let done = done.clone();
-        let db = db.clone();
+    let reporter = live.as_ref().map(|(_, live)| {
+        let (live, db) = (live.clone(), db.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(PROGRESS_EVERY);
             every.tick().await;
             loop {
                 every.tick().await;
-                log_progress(
-                    &db,
-                    &progress,
-                    done.load(std::sync::atomic::Ordering::Relaxed),
-                    started.elapsed(),
-                );
+                log_progress(&db, &live.report());
             }
         })
     });
@@ -799,8 +792,7 @@ impl Drop for CommandGroup {
 
 /// One progress line: done of total (with a share and an estimate of the time left), or
 /// that it still runs when the total is unknown.
-fn log_progress(db: &DbName, progress: &Progress, done: u64, elapsed: Duration) {
-    let p = progress::estimate(&progress.what, done, progress.total, elapsed);
+fn log_progress(db: &DbName, p: &crate::types::BuildProgress) {
     match (p.total, p.percent) {
         (Some(total), Some(percent)) => tracing::info!(
             database = %db,
