@@ -1388,6 +1388,39 @@ impl Actor {
         }
     }
 
+    /// Each configured template's current fingerprint: a built one's from its watch while
+    /// its sources' stamp has not moved (a stat per file, no hashing: a dump may be tens of
+    /// GB), the others hashed; in a worker, as file I/O never runs on the actor.
+    async fn current_versions(&self, pg_major: u32) -> Vec<(TemplateName, String)> {
+        let templates = self.inputs.templates.clone();
+        let watched: HashMap<TemplateName, (SourceStamp, String)> = self
+            .watches
+            .iter()
+            .map(|(name, watch)| {
+                (
+                    name.clone(),
+                    (watch.stamp.clone(), watch.fingerprint.clone()),
+                )
+            })
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            templates
+                .iter()
+                .filter_map(|t| {
+                    let fingerprint = match watched.get(&t.name) {
+                        Some((stamp, fingerprint)) if template::stamp(&t.source) == *stamp => {
+                            fingerprint.clone()
+                        }
+                        _ => template::fingerprint(&t.source, pg_major).ok()?,
+                    };
+                    Some((t.name.clone(), fingerprint))
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     /// The templates a snapshot written at this stop holds, with everything else dropped
     /// from the server; `None` when no snapshot is to be written (the one it started from
     /// is up to date, no template is built, or the server failed us).
@@ -1395,12 +1428,13 @@ impl Actor {
         let Some(Target::Embedded(embedded)) = &self.target else {
             return None;
         };
+        let current = self.current_versions(session.pg_major).await;
         let outcome = async {
-            let templates = session.snapshot_templates(&self.inputs.templates).await?;
+            let templates = session.snapshot_templates(&current).await?;
             if !embedded.snapshot_wanted(&templates) {
                 return Ok(None);
             }
-            session.clear_for_snapshot(&self.inputs.templates).await?;
+            session.clear_for_snapshot(current).await?;
             Ok::<_, String>(Some(templates))
         };
         outcome.await.unwrap_or_else(|message| {

@@ -286,7 +286,8 @@ impl Session {
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         let mut session = session;
-        if let Err(message) = session.sweep(&params.templates, Sweep::Start).await {
+        let current = template::current_versions(&params.templates, session.pg_major);
+        if let Err(message) = session.sweep(current, Sweep::Start).await {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
         }
         Ok(session)
@@ -301,21 +302,12 @@ impl Session {
     ///
     /// [`Sweep::Snapshot`] keeps only the configured templates: client-built templates and
     /// every clone go too.
+    /// `current` is the fingerprint of every configured template, by name.
     pub(crate) async fn sweep(
         &mut self,
-        templates: &[TemplateConfig],
+        current: Vec<(TemplateName, String)>,
         mode: Sweep,
     ) -> Result<(), String> {
-        // The current fingerprint of every configured template, by name.
-        let current: Vec<(TemplateName, String)> = templates
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.name.clone(),
-                    template::fingerprint(&t.source, self.pg_major).ok()?,
-                ))
-            })
-            .collect();
         let keep: HashSet<String> = current
             .iter()
             .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())

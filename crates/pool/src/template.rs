@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::error::ErrorPosition;
 use tokio_postgres::NoTls;
 
-use crate::config::{CommandSource, TemplateSource};
+use crate::config::{CommandSource, TemplateConfig, TemplateSource};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
 use crate::state::Built;
@@ -155,6 +155,18 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
         }
     }
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// The current fingerprint of every configured template whose sources can be read, by name
+/// (file I/O: call it where blocking is allowed).
+pub fn current_versions(
+    templates: &[TemplateConfig],
+    pg_major: u32,
+) -> Vec<(TemplateName, String)> {
+    templates
+        .iter()
+        .filter_map(|t| Some((t.name.clone(), fingerprint(&t.source, pg_major).ok()?)))
+        .collect()
 }
 
 /// Hashes a file's name, length and contents, streamed: a dump of tens of GB is never held
@@ -338,10 +350,7 @@ async fn run_each_in(session: &Session, db: &DbName, statements: &[&str]) -> Res
     let connection = tokio::spawn(connection);
     let mut result = Ok(());
     for sql in statements {
-        result = client
-            .batch_execute(sql)
-            .await
-            .map_err(|e| pg_message(&e));
+        result = client.batch_execute(sql).await.map_err(|e| pg_message(&e));
         if result.is_err() {
             break;
         }
@@ -378,7 +387,9 @@ async fn settle(session: &Session, db: &DbName) -> Result<(), String> {
     let started = std::time::Instant::now();
     run_each_in(session, db, &["ANALYZE", "CHECKPOINT", "VACUUM (FREEZE)"])
         .await
-        .map_err(|e| format!("settling the template (ANALYZE, CHECKPOINT, VACUUM (FREEZE)): {e}"))?;
+        .map_err(|e| {
+            format!("settling the template (ANALYZE, CHECKPOINT, VACUUM (FREEZE)): {e}")
+        })?;
     tracing::info!(
         database = %db,
         elapsed_ms = started.elapsed().as_millis() as u64,
@@ -714,7 +725,12 @@ async fn run_command_with(
             done: done.clone(),
             started,
         };
-        (session.build_progress.show(&progress.template, live.clone()), live)
+        (
+            session
+                .build_progress
+                .show(&progress.template, live.clone()),
+            live,
+        )
     });
     let reporter = live.as_ref().map(|(_, live)| {
         let (live, db) = (live.clone(), db.clone());

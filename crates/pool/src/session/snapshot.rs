@@ -3,38 +3,37 @@
 //! is written by `postgres/snapshot.rs` once the server has stopped.
 
 use super::{Session, Sweep};
-use crate::config::TemplateConfig;
-use crate::names::DbName;
+use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
-use crate::template;
 
 impl Session {
-    /// The complete template databases of `templates`' current sources (name, fingerprint,
-    /// size): what a snapshot of this server would hold.
+    /// The complete template databases of the `current` versions (name, fingerprint, size):
+    /// what a snapshot of this server would hold.
     pub async fn snapshot_templates(
         &self,
-        templates: &[TemplateConfig],
+        current: &[(TemplateName, String)],
     ) -> Result<Vec<SnapshotTemplate>, String> {
         let mut kept = Vec::new();
-        for config in templates {
-            let Ok(fingerprint) = template::fingerprint(&config.source, self.pg_major) else {
-                continue;
-            };
-            let db = DbName::template(&config.name, &fingerprint);
+        for (name, fingerprint) in current {
+            let db = DbName::template(name, fingerprint);
             if self.is_complete_template(&db).await? {
                 kept.push(SnapshotTemplate {
-                    name: config.name.to_string(),
+                    name: name.to_string(),
                     size_bytes: self.database_size(&db).await?,
-                    fingerprint,
+                    fingerprint: fingerprint.clone(),
                 });
             }
         }
         Ok(kept)
     }
 
-    /// Drops every database and role of ours except those templates, so that the snapshot
-    /// holds nothing else (no clone, no client-built template, no lease role).
-    pub async fn clear_for_snapshot(&mut self, templates: &[TemplateConfig]) -> Result<(), String> {
-        self.sweep(templates, Sweep::Snapshot).await
+    /// Drops every database and role of ours except the `current` versions' templates, so
+    /// that the snapshot holds nothing else (no clone, no client-built template, no lease
+    /// role).
+    pub async fn clear_for_snapshot(
+        &mut self,
+        current: Vec<(TemplateName, String)>,
+    ) -> Result<(), String> {
+        self.sweep(current, Sweep::Snapshot).await
     }
 }
