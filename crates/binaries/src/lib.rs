@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::BinariesError;
 pub use version::{
-    parse_version_number, VersionSpec, VersionSpecError, DEFAULT_MAJOR, SUPPORTED_MAJORS,
+    parse_server_version, parse_version_number, VersionSpec, VersionSpecError, DEFAULT_MAJOR,
+    SUPPORTED_MAJORS,
 };
 
 use cache::Platform;

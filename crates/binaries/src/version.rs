@@ -103,7 +103,7 @@ impl FromStr for VersionSpec {
 /// "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)" → (15, Some(18)),
 /// "postgres (PostgreSQL) 18beta1" → (18, None). Before 10 the major had two parts; 9.6.24
 /// gives (9, Some(6)), which no supported major matches anyway.
-pub(crate) fn parse_server_version(output: &str) -> Option<(u32, Option<u32>)> {
+pub fn parse_server_version(output: &str) -> Option<(u32, Option<u32>)> {
     let (_, rest) = output.split_once("(PostgreSQL)")?;
     parse_version_number(rest.trim_start())
 }

@@ -76,7 +76,7 @@ impl Manifest {
         templates.sort();
         Manifest {
             format: FORMAT,
-            postgres_version: version_number(postgres_version).to_owned(),
+            postgres_version: version_number(postgres_version),
             postgres_major: major_of(postgres_version),
             initdb_args: initdb_args.to_vec(),
             templates,
@@ -122,18 +122,25 @@ pub fn path_for(dir: &Path, major: u32) -> PathBuf {
     dir.join(format!("pglease-pg{major}.{EXTENSION}"))
 }
 
-/// The version number in what `postgres --version` prints: `postgres (PostgreSQL) 15.18
-/// (Debian …)` → `15.18`.
-pub fn version_number(version: &str) -> &str {
-    version
-        .split_whitespace()
-        .find(|word| word.starts_with(|c: char| c.is_ascii_digit()))
-        .unwrap_or(version)
+/// Major and minor of what `postgres --version` printed (`postgres (PostgreSQL) 15.18
+/// (Debian …)`), or of a bare version number (`15.18`).
+fn parse(version: &str) -> Option<(u32, Option<u32>)> {
+    pglease_binaries::parse_server_version(version)
+        .or_else(|| pglease_binaries::parse_version_number(version))
 }
 
-/// The major of a version (`15.14`, or `postgres --version`'s line → 15; 0 when unreadable).
+/// The major of a version (`postgres --version`'s line or `15.14` → 15; 0 when unreadable).
 pub fn major_of(version: &str) -> u32 {
-    pglease_binaries::parse_version_number(version_number(version)).map_or(0, |(major, _)| major)
+    parse(version).map_or(0, |(major, _)| major)
+}
+
+/// `15.18` (or `18` for a beta) of a version.
+fn version_number(version: &str) -> String {
+    match parse(version) {
+        Some((major, Some(minor))) => format!("{major}.{minor}"),
+        Some((major, None)) => major.to_string(),
+        None => version.to_owned(),
+    }
 }
 
 /// The snapshot for `version` with `initdb_args` in `dir`, when there is a usable one.
