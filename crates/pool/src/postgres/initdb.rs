@@ -206,7 +206,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// chown when `owner` is set.
-fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartError> {
+pub(crate) fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartError> {
     match owner {
         Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
             .map_err(|e| io_error("cannot chown", path, e)),

@@ -290,13 +290,15 @@ pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> R
                 path.display()
             ));
         }
+        // Given to the server's user as it lands (every directory has an entry of its own).
+        chown(&data_dir.join(&path), owner)?;
     }
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
         return Err("the archive holds no complete cluster (PG_VERSION, global/pg_control)".into());
     }
-    chown_tree(data_dir, owner)?;
+    chown(data_dir, owner)?;
     set_mode(data_dir, 0o700)?;
     info!(
         snapshot = %snapshot.display(),
@@ -489,24 +491,9 @@ fn needed_segments(cluster: &Path, segments: &[(String, PathBuf)]) -> Option<(St
         .then_some((first, last))
 }
 
-/// chown -R (without following symlinks), when `owner` is set.
-fn chown_tree(path: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
-    let Some((uid, gid)) = owner else {
-        return Ok(());
-    };
-    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
-        .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
-    let meta = std::fs::symlink_metadata(path)
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
-    if meta.is_dir() {
-        let entries =
-            std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            chown_tree(&entry.path(), owner)?;
-        }
-    }
-    Ok(())
+/// chown (the initdb cache's), when `owner` is set.
+fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
+    super::initdb::chown(path, owner).map_err(|e| e.to_string())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
