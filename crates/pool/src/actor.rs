@@ -22,7 +22,7 @@ use crate::config::{
 use crate::error::{LeaseError, StartError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::postgres::snapshot::SnapshotTemplate;
+use crate::postgres::snapshot::Manifest;
 use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{
     describe_target, mark_ready, pg_message, NotReused, Session, SessionParams, Stamp,
@@ -1424,18 +1424,18 @@ impl Actor {
     /// The templates a snapshot written at this stop holds, with everything else dropped
     /// from the server; `None` when no snapshot is to be written (the one it started from
     /// is up to date, no template is built, or the server failed us).
-    async fn ready_snapshot(&self, session: &mut Session) -> Option<Vec<SnapshotTemplate>> {
+    async fn ready_snapshot(&self, session: &mut Session) -> Option<Manifest> {
         let Some(Target::Embedded(embedded)) = &self.target else {
             return None;
         };
         let current = self.current_versions(session.pg_major).await;
         let outcome = async {
             let templates = session.snapshot_templates(&current).await?;
-            if !embedded.snapshot_wanted(&templates) {
+            let Some(manifest) = embedded.snapshot_plan(templates) else {
                 return Ok(None);
-            }
+            };
             session.clear_for_snapshot(current).await?;
-            Ok::<_, String>(Some(templates))
+            Ok::<_, String>(Some(manifest))
         };
         outcome.await.unwrap_or_else(|message| {
             tracing::warn!(error = %message, "could not ready the cluster for a snapshot; none is written");
@@ -1510,8 +1510,8 @@ impl Actor {
             let _ = tokio::task::spawn_blocking(move || {
                 // Only a cluster postgres stopped cleanly (no postmaster.pid left) is saved.
                 let stopped = cluster.filter(|dir| !dir.join("postmaster.pid").exists());
-                if let (Some(templates), Some(cluster)) = (snapshot, stopped) {
-                    embedded.save_snapshot(&cluster, templates);
+                if let (Some(manifest), Some(cluster)) = (snapshot, stopped) {
+                    embedded.save_snapshot(&cluster, &manifest);
                 }
                 embedded.cleanup();
             })

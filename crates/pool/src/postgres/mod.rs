@@ -304,44 +304,42 @@ impl Embedded {
         self.config.snapshot_dir.is_some()
     }
 
-    /// Whether a stop with these templates built writes a snapshot: some are, and the
-    /// snapshot this server started from (if any, and still there) holds other ones.
-    pub fn snapshot_wanted(&self, templates: &[snapshot::SnapshotTemplate]) -> bool {
-        let Some(dir) = &self.config.snapshot_dir else {
-            return false;
-        };
-        let manifest = snapshot::Manifest::new(
-            &self.binaries.version,
-            &self.initdb_args,
-            templates.to_vec(),
-        );
+    /// The snapshot a stop with these templates built writes: none when no template is
+    /// built, or when the snapshot this server started from (still there) holds exactly
+    /// these versions.
+    pub fn snapshot_plan(
+        &self,
+        templates: Vec<snapshot::SnapshotTemplate>,
+    ) -> Option<snapshot::Manifest> {
+        let dir = self.config.snapshot_dir.as_ref()?;
+        let manifest =
+            snapshot::Manifest::new(&self.binaries.version, &self.initdb_args, templates);
         let path = snapshot::path_for(dir, manifest.postgres_major);
         if manifest.templates.is_empty() {
             info!(snapshot = %path.display(), "no template was built: no snapshot to write");
-            return false;
+            return None;
         }
         let unchanged = self
             .adopted
             .as_ref()
-            .is_some_and(|adopted| same_templates(adopted, &manifest) && path.exists());
+            .is_some_and(|adopted| adopted.same_versions(&manifest) && path.exists());
         if unchanged {
             info!(snapshot = %path.display(), templates = %manifest.describe(), "the snapshot is up to date");
+            return None;
         }
-        !unchanged
+        Some(manifest)
     }
 
-    /// Writes the stopped cluster at `cluster` as this major's snapshot, holding
-    /// `templates` (see [`Embedded::snapshot_wanted`]). Failures are logged: a snapshot is
-    /// a shortcut, never a reason to fail a stop.
-    pub fn save_snapshot(&self, cluster: &Path, templates: Vec<snapshot::SnapshotTemplate>) {
+    /// Writes the stopped cluster at `cluster` as the snapshot `manifest` describes (see
+    /// [`Embedded::snapshot_plan`]). Failures are logged: a snapshot is a shortcut, never a
+    /// reason to fail a stop.
+    pub fn save_snapshot(&self, cluster: &Path, manifest: &snapshot::Manifest) {
         let Some(dir) = &self.config.snapshot_dir else {
             return;
         };
-        let manifest =
-            snapshot::Manifest::new(&self.binaries.version, &self.initdb_args, templates);
         let path = snapshot::path_for(dir, manifest.postgres_major);
         info!(snapshot = %path.display(), templates = %manifest.describe(), "writing a snapshot of the stopped cluster");
-        if let Err(error) = snapshot::write(cluster, &manifest, &path) {
+        if let Err(error) = snapshot::write(cluster, manifest, &path) {
             warn!(snapshot = %path.display(), %error, "could not write the snapshot");
         }
     }
@@ -538,17 +536,6 @@ impl Launch {
             .map_err(|e| io_error("cannot rename into", &self.data_dir, e))?;
         Ok(origin)
     }
-}
-
-/// Whether two manifests hold the same template versions (sizes aside).
-fn same_templates(a: &snapshot::Manifest, b: &snapshot::Manifest) -> bool {
-    let versions = |m: &snapshot::Manifest| {
-        m.templates
-            .iter()
-            .map(|t| (t.name.clone(), t.fingerprint.clone()))
-            .collect::<Vec<_>>()
-    };
-    versions(a) == versions(b)
 }
 
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.

@@ -87,6 +87,16 @@ impl Manifest {
         }
     }
 
+    /// Whether `other` holds the same template versions (sizes aside).
+    pub fn same_versions(&self, other: &Manifest) -> bool {
+        self.templates.len() == other.templates.len()
+            && self
+                .templates
+                .iter()
+                .zip(&other.templates)
+                .all(|(a, b)| a.name == b.name && a.fingerprint == b.fingerprint)
+    }
+
     /// `name@fingerprint…` of each template, for logs.
     pub fn describe(&self) -> String {
         let list: Vec<String> = self
