@@ -14,6 +14,8 @@ use crate::cli::{ServeArgs, ShowArgs};
 
 /// How often `save` asks whether the templates are built.
 const POLL: Duration = Duration::from_millis(100);
+/// How long `save` waits for postgres to run again after it went down.
+const DOWN_LIMIT: Duration = Duration::from_secs(60);
 /// How often `save` says what it waits for.
 const REPORT_EVERY: Duration = Duration::from_secs(5);
 
@@ -76,8 +78,24 @@ pub async fn save(args: ServeArgs) -> ExitCode {
 /// Waits until every template of the primary server is built; its major, or why not.
 async fn wait_until_built(servers: &pglease_pool::Servers) -> Result<u32, String> {
     let mut reported = Instant::now();
+    // Since when postgres has been down (the pool restarts it; one that stays down ends
+    // the wait instead of hanging it).
+    let mut down_since: Option<Instant> = None;
     loop {
         let report = servers.primary().status().await.ok_or("the pool stopped")?;
+        if report.postgres.state == "running" {
+            down_since = None;
+        } else if down_since.get_or_insert_with(Instant::now).elapsed() > DOWN_LIMIT {
+            return Err(format!(
+                "postgres has not been running for {} s: {}",
+                DOWN_LIMIT.as_secs(),
+                report
+                    .postgres
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("no error recorded")
+            ));
+        }
         let failed: Vec<String> = report
             .templates
             .iter()
