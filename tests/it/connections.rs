@@ -1,11 +1,12 @@
 //! The connection budget: each lease's role has a CONNECTION LIMIT, and leases whose
 //! connections do not fit in postgres' max_connections wait in line instead of tests
-//! failing with "too many clients".
+//! failing with "too many clients". And a clone's first connection finds the relation
+//! cache ready.
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio_postgres::error::SqlState;
 
-use crate::support::{connect, id_of, TestDaemon};
+use crate::support::{connect, id_of, scratch_dir, TestDaemon};
 
 #[tokio::test]
 async fn each_lease_gets_a_connection_limit() {
@@ -85,4 +86,56 @@ async fn leases_queue_for_connections_instead_of_failing() {
         }
     }
     assert_eq!(sessions.len(), 5 + 5 + 2 + 5);
+}
+
+/// Whether the clone `lease` names has a relation cache init file, looked up from
+/// `other`'s connection before anyone connected to it.
+async fn has_relcache_init(daemon: &TestDaemon, lease: &Value, other: &Value) -> bool {
+    let data_dir = daemon.status().await["postgres"]["data_dir"]
+        .as_str()
+        .expect("data_dir")
+        .to_owned();
+    let client = connect(other).await.expect("connect");
+    let oid: u32 = client
+        .query_one(
+            "SELECT oid FROM pg_database WHERE datname = $1",
+            &[&lease["database"].as_str().expect("database")],
+        )
+        .await
+        .expect("oid")
+        .get(0);
+    std::path::Path::new(&data_dir)
+        .join(format!("base/{oid}/pg_internal.init"))
+        .exists()
+}
+
+/// A clone comes with its template's relation cache init file, so its first connection
+/// loads the cache instead of building it (~4 ms). Postgres removes those files when it
+/// starts: templates a start finds built (here, in a snapshot) get theirs again.
+#[tokio::test]
+async fn clones_start_with_their_templates_relation_cache() {
+    let snapshots = scratch_dir("relcache-snapshots");
+    let start = || {
+        TestDaemon::builder()
+            .args(["--min-ready", "2", "--snapshot-dir"])
+            .args([snapshots.display().to_string()])
+            .start()
+    };
+    for (run, found) in [(1, "built"), (2, "found in the snapshot")] {
+        let daemon = start().await;
+        let first = daemon.lease_ok("default").await;
+        let second = daemon.lease_ok("default").await;
+        assert!(
+            has_relcache_init(&daemon, &first, &second).await,
+            "run {run}: a clone of a template {found} has no pg_internal.init"
+        );
+        if run == 2 {
+            assert!(
+                daemon.log().contains("template already built"),
+                "{}",
+                daemon.log()
+            );
+        }
+        assert!(daemon.stop().await.success());
+    }
 }

@@ -348,6 +348,7 @@ impl Session {
                     }
                 };
                 tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
+                template::write_relcache_init(self, &db).await;
                 current.push((template.clone(), template.to_string()));
                 self.client_templates.push((template, db, size));
                 keep.insert(name);

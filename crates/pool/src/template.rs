@@ -232,6 +232,8 @@ pub async fn build(
     };
     if reuse_existing && session.is_complete_template(&db).await? {
         tracing::info!(template = %name, %fingerprint, database = %db, "template already built");
+        // Postgres removes every relation cache init file when it starts.
+        write_relcache_init(session, &db).await;
         let size = session.database_size(&db).await?;
         return Ok(finished(fingerprint, db, size));
     }
@@ -280,7 +282,9 @@ async fn build_fresh(
         })??,
     }
     settle(session, db).await?;
-    seal_template(session, db).await
+    seal_template(session, db).await?;
+    write_relcache_init(session, db).await;
+    Ok(())
 }
 
 /// Creates the empty database `db` (after dropping a leftover of that name) with our
@@ -329,6 +333,47 @@ async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
             db.quoted()
         ))
         .await
+}
+
+/// Gives the sealed template `db` a relation cache init file (`pg_internal.init`) by opening
+/// one connection to it: the first backend of a database without one builds the cache from
+/// the catalogs and writes it. `CREATE DATABASE … STRATEGY FILE_COPY` copies the file into
+/// every clone (postgres recomputes the relations' file addresses when it loads one, for
+/// that very case), so a lease holder's first connection loads it instead of building it.
+/// Without it, every clone's first connection paid that: measured on PostgreSQL 15 with the
+/// bench fixture, an idle server, libpq, p50 of 15, 8.3 ms against 4.4 ms with the file.
+///
+/// Settling the template (its `VACUUM` changes `pg_class`) and every postgres start remove
+/// the file, so this runs after each build and for each template a start finds built. The
+/// connection needs `ALLOW_CONNECTIONS` for a moment: nobody else can log in to a template
+/// (no role bears its name, and the superuser connects only over the private socket). Only
+/// an optimization: a failure is logged, and clones then build their cache themselves.
+pub(crate) async fn write_relcache_init(session: &Session, db: &DbName) {
+    let allow = async |allowed: bool| {
+        let sql = format!(
+            "ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}",
+            db.quoted()
+        );
+        session.execute(&sql).await
+    };
+    let written = match allow(true).await {
+        Ok(()) => {
+            let connected = run_in(session, db, "SELECT 1").await;
+            // Sealed again whatever happened; until then the build is not complete.
+            let sealed = allow(false).await;
+            let unused = session.wait_until_unused(db, Duration::from_secs(5)).await;
+            connected.and(sealed).and(unused)
+        }
+        Err(error) => Err(error),
+    };
+    match written {
+        Ok(()) => tracing::debug!(database = %db, "wrote the template's relation cache init file"),
+        Err(error) => tracing::warn!(
+            database = %db, %error,
+            "could not write the template's relation cache init file; each clone's first \
+             connection builds the cache itself"
+        ),
+    }
 }
 
 /// Runs `sql` in database `db` as the superuser, on a connection of its own, with
@@ -454,6 +499,7 @@ pub async fn finalize_client_template(
     session.terminate_sessions(db).await?;
     retire_build_role(session, db, false).await?;
     seal_template(session, db).await?;
+    write_relcache_init(session, db).await;
     let size_bytes = session.database_size(db).await?;
     tracing::info!(template = %name, database = %db, size_bytes, "client-built template finalized");
     Ok(Built {
