@@ -109,9 +109,8 @@ impl Session {
             return Ok(Some("this server's files are not pglease's".into()));
         };
         // The cheap way to tell most writers: the row counts went up.
-        let written = rows_written(client, clone).await? - stamp.rows_written;
-        if written > 0 {
-            return Ok(Some(format!("{written} row(s) written")));
+        if let Some(why) = written_since(client, clone, stamp).await? {
+            return Ok(Some(why));
         }
         let row = client
             .query_one(
@@ -145,6 +144,17 @@ impl Session {
         }
         Ok(None)
     }
+}
+
+/// "Changed" when the statistics count more rows written in `clone` than at `stamp`; `None`
+/// proves nothing (a backend's counts arrive when it exits, and some writes count no row).
+pub(super) async fn written_since(
+    client: &tokio_postgres::Client,
+    clone: &DbName,
+    stamp: &Stamp,
+) -> Result<Option<String>, String> {
+    let written = rows_written(client, clone).await? - stamp.rows_written;
+    Ok((written > 0).then(|| format!("{written} row(s) written")))
 }
 
 /// Rows inserted, updated and deleted in `clone` so far, by the statistics.

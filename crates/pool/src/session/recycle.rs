@@ -147,6 +147,14 @@ impl Session {
     ) -> Result<(String, Option<String>), String> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
+        if let Some(stamp) = proof {
+            // Most writers show already (their backends sent their counts as they exited):
+            // a clone that is dropped anyway needs nobody locked out. A failed read is
+            // no verdict; the full check after the lock-out decides.
+            if let Ok(Some(why)) = super::proof::written_since(client, clone, stamp).await {
+                return Ok((password, Some(why)));
+            }
+        }
         // One transaction. The password changes here, not at the end: a login that reads
         // the verifier while we wait must not get the old one, or it could pass the
         // LOGIN check after LOGIN is back. The plain marker again: an adopted clone must
