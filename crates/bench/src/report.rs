@@ -423,11 +423,21 @@ impl Report {
             "cycles/s",
             "create p50",
             "drop p50",
+            "connect p50",
             "busy cores",
             "CPU ms/cycle",
             "pglease tests/s",
             "fraction",
+            "lease connect p50",
+            "÷ raw",
         ]);
+        let lease_connect = |workers: usize| {
+            self.scenarios
+                .end_to_end_throughput
+                .done()
+                .and_then(|tp| tp.levels.iter().find(|l| l.workers == workers))
+                .map(|l| l.connect.p50_ms)
+        };
         for l in &r.levels_with_work {
             let pglease = self
                 .scenarios
@@ -435,21 +445,33 @@ impl Report {
                 .iter()
                 .find(|f| f.workers == l.workers)
                 .map(|f| f.pglease_tests_per_sec);
+            let raw_connect = l.connect.as_ref().map(|c| c.p50_ms).filter(|&ms| ms > 0.0);
+            let leased = lease_connect(l.workers);
             t.row(vec![
                 l.workers.to_string(),
                 l.cycles.to_string(),
                 num(l.cycles_per_sec),
                 num(l.create.p50_ms),
                 num(l.drop.p50_ms),
+                raw_connect.map_or("-".into(), num),
                 busy_cores(l.cpu),
                 l.cpu_ms_per_cycle.map_or("-".into(), num),
                 pglease.map_or("-".into(), num),
                 pglease
                     .filter(|_| l.cycles_per_sec > 0.0)
                     .map_or("-".into(), |p| format!("{:.2}", p / l.cycles_per_sec)),
+                leased.map_or("-".into(), num),
+                leased
+                    .zip(raw_connect)
+                    .map_or("-".into(), |(lease, raw)| format!("{:.2}", lease / raw)),
             ]);
         }
         t.render(out);
+        out.push_str(
+            "  connect p50: the raw loop's superuser connection to the clone it just made (unix socket, trust); \
+             lease connect p50: scenario 2's connection with a lease's URL (TCP, the lease's authentication) \
+             while the pool clones and drops beside it (target at 1 worker: ÷ raw ≤ 1.5)\n",
+        );
         first_errors(r.levels_with_work.iter().map(|l| &l.first_error), out);
     }
 

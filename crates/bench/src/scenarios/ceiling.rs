@@ -55,6 +55,10 @@ pub struct CeilingLevel {
     pub create: Summary,
     /// DROP DATABASE, ms.
     pub drop: Summary,
+    /// With the work: the superuser's connection to the clone just made (unix socket,
+    /// trust), ms — what a lease's connection (TCP, its own authentication, while the pool
+    /// clones and drops beside it) is compared with.
+    pub connect: Option<Summary>,
     /// Machine CPU use over the loop.
     pub cpu: Option<CpuUse>,
     /// Busy CPU per cycle, ms.
@@ -121,13 +125,15 @@ pub async fn run(
 }
 
 /// Scenario 2's transaction on a fresh clone, as the superuser over the socket: connect,
-/// the same transaction (`throughput::work`), disconnect.
-async fn test_work(server: &ServerInfo, database: &str, customer: i32) -> Result<()> {
+/// the same transaction (`throughput::work`), disconnect. Returns how long the connect took.
+async fn test_work(server: &ServerInfo, database: &str, customer: i32) -> Result<Duration> {
+    let started = Instant::now();
     let conn = admin::superuser(server, database).await?;
+    let connected = started.elapsed();
     let worked = throughput::work(&conn.client, "raw", customer).await;
     conn.close().await;
     match worked? {
-        None => Ok(()),
+        None => Ok(connected),
         Some(other) => Err(BenchError::Other(format!(
             "a fresh clone already had the marker {other:?}"
         ))),
@@ -138,6 +144,7 @@ async fn test_work(server: &ServerInfo, database: &str, customer: i32) -> Result
 struct Samples {
     create: Vec<Duration>,
     drop: Vec<Duration>,
+    connect: Vec<Duration>,
     errors: usize,
     first_error: Option<String>,
 }
@@ -191,14 +198,18 @@ pub(crate) async fn level(
                 // A cycle whose work failed is dropped but not counted: the ceiling is of
                 // cycles that did what they claim.
                 let mut worked = true;
+                let mut connected = None;
                 if with_work {
                     let name = format!("bench_raw_{workers}_{index}_{cycle}");
-                    if let Err(error) = test_work(&server, &name, index as i32 + 1).await {
-                        worked = false;
-                        samples.errors += 1;
-                        samples
-                            .first_error
-                            .get_or_insert(format!("test work: {error}"));
+                    match test_work(&server, &name, index as i32 + 1).await {
+                        Ok(took) => connected = Some(took),
+                        Err(error) => {
+                            worked = false;
+                            samples.errors += 1;
+                            samples
+                                .first_error
+                                .get_or_insert(format!("test work: {error}"));
+                        }
                     }
                 }
                 let t1 = Instant::now();
@@ -210,6 +221,7 @@ pub(crate) async fn level(
                     Ok(()) if worked => {
                         samples.create.push(create_time);
                         samples.drop.push(t1.elapsed());
+                        samples.connect.extend(connected);
                     }
                     Ok(()) => {}
                     Err(error) => {
@@ -230,6 +242,7 @@ pub(crate) async fn level(
             Ok(samples) => {
                 all.create.extend(samples.create);
                 all.drop.extend(samples.drop);
+                all.connect.extend(samples.connect);
                 all.errors += samples.errors;
                 all.first_error = all.first_error.or(samples.first_error);
             }
@@ -251,6 +264,7 @@ pub(crate) async fn level(
         first_error: all.first_error,
         create: Summary::of(&all.create),
         drop: Summary::of(&all.drop),
+        connect: with_work.then(|| Summary::of(&all.connect)),
         cpu,
         cpu_ms_per_cycle: cpu.and_then(|c| c.ms_per(all.drop.len())),
     })
