@@ -50,6 +50,25 @@ pub(super) fn pool_config(
     config
 }
 
+/// Runs `sql` (a query with no literal of the moment in its text) on an admin connection as
+/// a statement prepared once per connection: the proof and the recycle run the same few
+/// queries at every release, and parsing and planning them again cost more CPU than running
+/// them.
+pub(super) async fn query_one_prepared(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<tokio_postgres::Row, String> {
+    let statement = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| super::pg_message(&e))?;
+    client
+        .query_one(&statement, params)
+        .await
+        .map_err(|e| super::pg_message(&e))
+}
+
 /// The daemon's own `search_path` (see [`pool_config`]).
 pub(crate) const PINNED_SEARCH_PATH: &str = "-c search_path=pg_catalog";
 

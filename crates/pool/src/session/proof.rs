@@ -25,7 +25,10 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{pg_message, Session};
+use deadpool_postgres::Object;
+
+use super::bounded::query_one_prepared;
+use super::Session;
 use crate::names::DbName;
 
 /// The relation cache's init file: rebuilt from the catalogs, not data.
@@ -101,7 +104,7 @@ impl Session {
     /// sessions must be over (the recycle ended them).
     pub(super) async fn changed_since(
         &self,
-        client: &tokio_postgres::Client,
+        client: &Object,
         clone: &DbName,
         stamp: &Stamp,
     ) -> Result<Option<String>, String> {
@@ -112,16 +115,15 @@ impl Session {
         if let Some(why) = written_since(client, clone, stamp).await? {
             return Ok(Some(why));
         }
-        let row = client
-            .query_one(
-                "SELECT (SELECT count(*) FROM pg_prepared_xacts WHERE database = $1), \
+        let row = query_one_prepared(
+            client,
+            "SELECT (SELECT count(*) FROM pg_prepared_xacts WHERE database = $1), \
                         (SELECT count(*) FROM pglease.pg_buffercache \
                           WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = $1) \
                             AND isdirty)",
-                &[&clone.as_str()],
-            )
-            .await
-            .map_err(|e| pg_message(&e))?;
+            &[&clone.as_str()],
+        )
+        .await?;
         let (prepared, dirty): (i64, i64) = (row.get(0), row.get(1));
         if prepared > 0 {
             return Ok(Some(format!(
@@ -149,7 +151,7 @@ impl Session {
 /// "Changed" when the statistics count more rows written in `clone` than at `stamp`; `None`
 /// proves nothing (a backend's counts arrive when it exits, and some writes count no row).
 pub(super) async fn written_since(
-    client: &tokio_postgres::Client,
+    client: &Object,
     clone: &DbName,
     stamp: &Stamp,
 ) -> Result<Option<String>, String> {
@@ -158,24 +160,20 @@ pub(super) async fn written_since(
 }
 
 /// Rows inserted, updated and deleted in `clone` so far, by the statistics.
-async fn rows_written(client: &tokio_postgres::Client, clone: &DbName) -> Result<i64, String> {
-    let row = client
-        .query_one(
-            "SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
+async fn rows_written(client: &Object, clone: &DbName) -> Result<i64, String> {
+    let row = query_one_prepared(
+        client,
+        "SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
              FROM pg_stat_database WHERE datname = $1",
-            &[&clone.as_str()],
-        )
-        .await
-        .map_err(|e| pg_message(&e))?;
+        &[&clone.as_str()],
+    )
+    .await?;
     Ok(row.get(0))
 }
 
 /// The OID of `clone` and the shared catalogs' rows about it.
-async fn catalog(client: &tokio_postgres::Client, clone: &DbName) -> Result<(u32, String), String> {
-    let row = client
-        .query_one(CATALOG_SQL, &[&clone.as_str()])
-        .await
-        .map_err(|e| pg_message(&e))?;
+async fn catalog(client: &Object, clone: &DbName) -> Result<(u32, String), String> {
+    let row = query_one_prepared(client, CATALOG_SQL, &[&clone.as_str()]).await?;
     let oid: Option<i64> = row.get(0);
     let oid = oid
         .and_then(|oid| u32::try_from(oid).ok())

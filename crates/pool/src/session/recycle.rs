@@ -23,8 +23,10 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::Object;
 use tokio::time::Instant;
 
+use super::bounded::query_one_prepared;
 use super::{pg_message, Session};
 use crate::names::{quote_ident, quote_literal, DbName};
 use crate::scram;
@@ -140,7 +142,7 @@ impl Session {
     /// not given back).
     async fn recycle_with(
         &self,
-        client: &tokio_postgres::Client,
+        client: &Object,
         clone: &DbName,
         standard_scram: bool,
         proof: Option<&super::Stamp>,
@@ -193,21 +195,16 @@ impl Session {
 /// that was starting when NOLOGIN committed has shown up (and was terminated if it is the
 /// holder's) or gone, giving up after [`END_LIMIT`], or after [`STARTING_GRACE`] while one
 /// is still starting.
-async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result<(), String> {
+async fn end_sessions(client: &Object, clone: &DbName) -> Result<(), String> {
     let started = Instant::now();
     let starting = |of: Vec<i32>| async move {
-        client
-            .query_one(STARTING_SQL, &[&of])
+        query_one_prepared(client, STARTING_SQL, &[&of])
             .await
             .map(|row| row.get::<_, Vec<i32>>(0))
-            .map_err(|e| pg_message(&e))
     };
     // Taken after NOLOGIN committed (any later backend fails its role check), in the same
     // round trip as the first pass: the usual recycle takes no other.
-    let first = client
-        .query_one(FIRST_PASS_SQL, &[&clone.as_str()])
-        .await
-        .map_err(|e| pg_message(&e))?;
+    let first = query_one_prepared(client, FIRST_PASS_SQL, &[&clone.as_str()]).await?;
     let (mut found, mut waiting_for): (i64, Vec<i32>) = (first.get(0), first.get(1));
     loop {
         if found == 0 && waiting_for.is_empty() {
@@ -231,10 +228,8 @@ async fn end_sessions(client: &tokio_postgres::Client, clone: &DbName) -> Result
                 ));
             }
         }
-        found = client
-            .query_one(TERMINATE_SQL, &[&clone.as_str()])
-            .await
-            .map_err(|e| pg_message(&e))?
+        found = query_one_prepared(client, TERMINATE_SQL, &[&clone.as_str()])
+            .await?
             .get(0);
     }
 }
