@@ -73,12 +73,14 @@ pub struct ReuseRun {
     pub cpu_ms_per_test: Option<f64>,
 }
 
-/// Runs scenario 12: a daemon per mode, the levels in turn.
+/// Runs scenario 12: a daemon per mode, both running, the modes alternating at each level
+/// (off, then on) so that drift in the machine's load falls on both alike.
 pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
     let duration = ctx.plan.throughput_duration;
     let mut offs = Vec::new();
     let mut ons = Vec::new();
     let mut dirty = 0;
+    let mut daemons = Vec::new();
     for proof in [false, true] {
         let mut args = ctx.fixture_args();
         args.extend(strings(&["--prebuild", "--max-total", "64"]));
@@ -95,12 +97,18 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
         let daemon = ctx.launcher.start(label, &args).await?;
         let server = daemon.server_info().await?;
         let admin_conn = admin::superuser(&server, "postgres").await?;
-        let api = daemon.api()?.clone();
-        for &workers in &WORKERS {
-            admin::wait_idle(&api, &admin_conn.client, FIXTURE, 1, IDLE_LIMIT).await?;
+        daemons.push((proof, daemon, admin_conn));
+    }
+    for &workers in &WORKERS {
+        for (proof, daemon, _) in &daemons {
+            let api = daemon.api()?.clone();
+            // Both pools idle: the other one's refill is done before this one runs.
+            for (_, other, other_conn) in &daemons {
+                admin::wait_idle(other.api()?, &other_conn.client, FIXTURE, 1, IDLE_LIMIT).await?;
+            }
             eprintln!(
                 "[bench] 12 reuse by proof {}: {workers} workers",
-                if proof { "on" } else { "off" }
+                if *proof { "on" } else { "off" }
             );
             let before = counts(&api).await?;
             let cpu = CpuClock::start();
@@ -111,12 +119,14 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
             run.reused = after.0 - before.0;
             run.replaced = after.1 - before.1;
             dirty += dirty_here;
-            if proof {
+            if *proof {
                 ons.push(run)
             } else {
                 offs.push(run)
             }
         }
+    }
+    for (_, daemon, admin_conn) in daemons {
         admin_conn.close().await;
         daemon.stop().await?;
     }
