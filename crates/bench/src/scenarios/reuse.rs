@@ -2,7 +2,9 @@
 //! the tests only read (the marker check and a select), at 1, 8 and 32 workers, on a daemon
 //! with `--reuse-unchanged` (a released database the server proves unchanged goes back
 //! without a new clone) and on one without, side by side in one run. CPU per test (the
-//! machine's, `cpu.rs`) shows what the proof costs against the DROP + CREATE it saves.
+//! machine's, `cpu.rs`) shows what the proof costs against the DROP + CREATE it saves. A
+//! last level, 8 workers where every test writes (scenario 2's suite), shows what the proof
+//! costs a suite it cannot help.
 //!
 //! Isolation is checked as in scenario 2, and harder: a read-only test fails loudly if it
 //! finds another test's marker (a written database handed out again), and so does a
@@ -21,14 +23,12 @@ use crate::error::{BenchError, Result};
 use crate::report::{not_done, num, Outcome, Table};
 use crate::stats::{per_second, round3, Summary};
 
-/// Workers of each level.
-const WORKERS: [usize; 3] = [1, 8, 32];
+/// Each level: workers, and the share of tests that only read.
+const LEVELS: [(usize, f64); 4] = [(1, 0.5), (8, 0.5), (32, 0.5), (8, 0.0)];
 
 /// Scenario 12's figures.
 #[derive(Debug, Serialize)]
 pub struct ReuseResult {
-    /// Share of read-only tests.
-    pub read_only_share: f64,
     /// Databases handed out with another test's marker in them (must be 0).
     pub dirty_handouts: usize,
     /// One entry per worker count: proof off, then on.
@@ -40,6 +40,8 @@ pub struct ReuseResult {
 pub struct ReuseLevel {
     /// Workers.
     pub workers: usize,
+    /// Share of the tests that only read (every other one, or none).
+    pub read_only_share: f64,
     /// Without the proof (every release dropped and cloned again).
     pub off: ReuseRun,
     /// With `--reuse-unchanged`.
@@ -99,7 +101,7 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
         let admin_conn = admin::superuser(&server, "postgres").await?;
         daemons.push((proof, daemon, admin_conn));
     }
-    for &workers in &WORKERS {
+    for &(workers, read_only_share) in &LEVELS {
         for (proof, daemon, _) in &daemons {
             let api = daemon.api()?.clone();
             // Both pools idle: the other one's refill is done before this one runs.
@@ -107,12 +109,13 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
                 admin::wait_idle(other.api()?, &other_conn.client, FIXTURE, 1, IDLE_LIMIT).await?;
             }
             eprintln!(
-                "[bench] 12 reuse by proof {}: {workers} workers",
-                if *proof { "on" } else { "off" }
+                "[bench] 12 reuse by proof {}: {workers} workers, {}% read only",
+                if *proof { "on" } else { "off" },
+                read_only_share * 100.0
             );
             let before = counts(&api).await?;
             let cpu = CpuClock::start();
-            let (mut run, dirty_here) = level(&api, workers, duration).await;
+            let (mut run, dirty_here) = level(&api, workers, read_only_share > 0.0, duration).await;
             run.cpu = cpu.since();
             run.cpu_ms_per_test = run.cpu.and_then(|c| c.ms_per(run.tests));
             let after = counts(&api).await?;
@@ -130,11 +133,12 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
         admin_conn.close().await;
         daemon.stop().await?;
     }
-    let levels = WORKERS
+    let levels = LEVELS
         .iter()
         .zip(offs.into_iter().zip(ons))
-        .map(|(&workers, (off, on))| ReuseLevel {
+        .map(|(&(workers, read_only_share), (off, on))| ReuseLevel {
             workers,
+            read_only_share,
             speedup: if off.tests_per_sec > 0.0 {
                 round3(on.tests_per_sec / off.tests_per_sec)
             } else {
@@ -145,7 +149,6 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
         })
         .collect();
     Ok(ReuseResult {
-        read_only_share: 0.5,
         dirty_handouts: dirty,
         levels,
     })
@@ -165,8 +168,9 @@ async fn counts(api: &Api) -> Result<(u64, u64)> {
 /// dirty database was handed out).
 type TestOutcome = std::result::Result<(Duration, bool), (bool, String)>;
 
-/// `workers` workers for `duration`, each test reading only or writing by turns.
-async fn level(api: &Api, workers: usize, duration: Duration) -> (ReuseRun, usize) {
+/// `workers` workers for `duration`, each test reading only or writing by turns (`reads`),
+/// or every test writing.
+async fn level(api: &Api, workers: usize, reads: bool, duration: Duration) -> (ReuseRun, usize) {
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -178,7 +182,7 @@ async fn level(api: &Api, workers: usize, duration: Duration) -> (ReuseRun, usiz
             while Instant::now() < deadline && failures < 50 {
                 n += 1;
                 // Alternating, offset per worker: half the tests read only.
-                let read_only = (n + worker).is_multiple_of(2);
+                let read_only = reads && (n + worker).is_multiple_of(2);
                 let customer = i32::try_from((worker * 7919 + n) % 600 + 1).unwrap_or(1);
                 let outcome = one_test(&api, read_only, customer).await;
                 failures += usize::from(outcome.is_err());
@@ -284,13 +288,14 @@ async fn read(client: &tokio_postgres::Client, customer: i32) -> Result<Option<S
 }
 
 pub(crate) fn render(outcome: &Outcome<ReuseResult>, out: &mut String) {
-    out.push_str("\n12. Half the tests read only: --reuse-unchanged off vs on (tests/s, lease p50, CPU per test)\n");
+    out.push_str("\n12. Half the tests read only (and a suite where all write): --reuse-unchanged off vs on (tests/s, lease p50, CPU per test)\n");
     if not_done(outcome, out) {
         return;
     }
     let Some(r) = outcome.done() else { return };
     let mut t = Table::new(&[
         "workers",
+        "read only",
         "off tests/s",
         "on tests/s",
         "on ÷ off",
@@ -303,18 +308,19 @@ pub(crate) fn render(outcome: &Outcome<ReuseResult>, out: &mut String) {
     for l in &r.levels {
         t.row(vec![
             l.workers.to_string(),
+            format!("{:.0}%", l.read_only_share * 100.0),
             num(l.off.tests_per_sec),
             num(l.on.tests_per_sec),
             num(l.speedup),
             format!(
                 "{} / {}",
-                num(l.off.lease_read_only.p50_ms),
-                num(l.off.lease_writing.p50_ms)
+                p50_or_dash(&l.off.lease_read_only),
+                p50_or_dash(&l.off.lease_writing)
             ),
             format!(
                 "{} / {}",
-                num(l.on.lease_read_only.p50_ms),
-                num(l.on.lease_writing.p50_ms)
+                p50_or_dash(&l.on.lease_read_only),
+                p50_or_dash(&l.on.lease_writing)
             ),
             l.off.cpu_ms_per_test.map(num).unwrap_or_default(),
             l.on.cpu_ms_per_test.map(num).unwrap_or_default(),
@@ -326,4 +332,13 @@ pub(crate) fn render(outcome: &Outcome<ReuseResult>, out: &mut String) {
         "  dirty databases handed out: {} (must be 0); target: ≥ 1.5× at 8 workers\n",
         r.dirty_handouts
     ));
+}
+
+/// A summary's p50, or "-" when it has no samples (no read-only tests at that level).
+fn p50_or_dash(summary: &Summary) -> String {
+    if summary.count == 0 {
+        "-".into()
+    } else {
+        num(summary.p50_ms)
+    }
 }
