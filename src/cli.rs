@@ -178,11 +178,11 @@ pub struct ServeArgs {
     /// Put a released database back in the ready queue, without dropping and cloning it
     /// again, when the server proves it unchanged since it was handed out (no dirty page,
     /// no file written, no setting, grant or comment changed; docs/reuse-unchanged.md).
-    /// Only with the postgres pglease starts itself.
-    #[arg(long, overrides_with = "no_reuse_unchanged")]
+    /// On by default with the postgres pglease starts itself; off on an external server.
+    #[arg(long, overrides_with = "no_reuse_unchanged", hide_short_help = true)]
     pub reuse_unchanged: bool,
-    /// Overrides reuse_unchanged = true in the config file.
-    #[arg(long, overrides_with = "reuse_unchanged", hide_short_help = true)]
+    /// Drop and clone again every released database, changed or not.
+    #[arg(long, overrides_with = "reuse_unchanged")]
     pub no_reuse_unchanged: bool,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
@@ -641,11 +641,12 @@ impl ServeArgs {
                     ))
                 }
             },
-            reuse_unchanged: switch(
-                self.reuse_unchanged,
-                self.no_reuse_unchanged,
-                file.reuse_unchanged,
-            ),
+            // On unless turned off (the flag, or `reuse_unchanged = false` in the file).
+            reuse_unchanged: if self.reuse_unchanged || self.no_reuse_unchanged {
+                self.reuse_unchanged
+            } else {
+                file.reuse_unchanged.unwrap_or(defaults.reuse_unchanged)
+            },
         };
         if !(1..=10_000).contains(&limits.lease_connections) {
             return Err("--lease-connections must be between 1 and 10000".into());

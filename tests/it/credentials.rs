@@ -121,8 +121,10 @@ async fn reuse_rotates_the_password_and_ends_the_old_sessions() {
 
 #[tokio::test]
 async fn roles_are_dropped_with_their_databases() {
+    // A release that drops: without --no-reuse-unchanged an untouched database goes back,
+    // role and all (tests/it/proof.rs).
     let daemon = TestDaemon::builder()
-        .args(["--min-ready", "1"])
+        .args(["--min-ready", "1", "--no-reuse-unchanged"])
         .start()
         .await;
     let lease = daemon.lease_ok("default").await;

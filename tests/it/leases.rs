@@ -199,8 +199,15 @@ async fn reuse_returns_the_database_to_the_pool_as_it_is() {
 
 #[tokio::test]
 async fn a_client_that_gives_up_waiting_does_not_leak_a_database() {
+    // Releases drop (an untouched database would otherwise go back to the ready queue).
     let daemon = TestDaemon::builder()
-        .args(["--min-ready", "0", "--max-total", "1"])
+        .args([
+            "--min-ready",
+            "0",
+            "--max-total",
+            "1",
+            "--no-reuse-unchanged",
+        ])
         .start()
         .await;
     let holder = daemon.lease_ok("default").await;

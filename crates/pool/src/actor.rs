@@ -231,7 +231,7 @@ pub async fn start(
         ServerConfig::External(external) => {
             if limits.reuse_unchanged {
                 // The proof reads the database's files, which are not ours to read there.
-                tracing::warn!("--reuse-unchanged is off on an external server: released databases are dropped and made again");
+                tracing::info!("reuse of unchanged databases is off on an external server: released databases are dropped and made again");
                 limits.reuse_unchanged = false;
             }
             Target::External(ExternalTarget::parse(external)?)

@@ -89,7 +89,7 @@ pub struct PoolLimits {
     pub max_bytes: Option<u64>,
     /// A clone released without `reuse` goes back to the ready queue when the server proves
     /// it unchanged (`session/proof.rs`), instead of being dropped and made again. Only on a
-    /// server pglease runs itself.
+    /// server pglease runs itself (turned off on an external one). On by default.
     pub reuse_unchanged: bool,
 }
 
@@ -108,7 +108,7 @@ impl Default for PoolLimits {
             max_waiting: 1024,
             build_timeout: DEFAULT_COMMAND_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
-            reuse_unchanged: false,
+            reuse_unchanged: true,
         }
     }
 }
