@@ -14,7 +14,7 @@ use pglease_pool::config::{
 };
 use pglease_pool::{
     CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
-    TemplateConfig, TemplateName, TemplateSource,
+    Storage, TemplateConfig, TemplateName, TemplateSource,
 };
 use serde::Deserialize;
 
@@ -264,6 +264,22 @@ pub struct ServeArgs {
     /// built. Keep the directory in the CI cache (docs/snapshots.md).
     #[arg(long, env = "PGLEASE_SNAPSHOT_DIR", value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// Where the clusters live [default: tmpfs]. `cow`: a copy-on-write XFS that pglease
+    /// makes in RAM and loop-mounts (needs root, mkfs.xfs from xfsprogs, util-linux'
+    /// mount); on PostgreSQL 18 and later a clone then shares its template's blocks
+    /// instead of copying them (docs/cow-storage.md).
+    #[arg(long, env = "PGLEASE_STORAGE", value_name = "STORAGE")]
+    pub storage: Option<StorageArg>,
+}
+
+/// `--storage`.
+#[derive(Debug, Clone, Copy, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageArg {
+    /// The instance directory on tmpfs: every clone copies its template.
+    Tmpfs,
+    /// A copy-on-write store made in RAM: on PostgreSQL 18+ clones share blocks.
+    Cow,
 }
 
 /// `--clone-strategy`.
@@ -491,6 +507,7 @@ struct PostgresFile {
     encoding: Option<String>,
     keep_data: Option<bool>,
     snapshot_dir: Option<PathBuf>,
+    storage: Option<StorageArg>,
     #[serde(default)]
     settings: BTreeMap<String, toml::Value>,
 }
@@ -775,6 +792,13 @@ impl ServeArgs {
                         .into(),
                 )
             }
+            Some(_) if matches!(self.storage.or(postgres.storage), Some(StorageArg::Cow)) => {
+                return Err(
+                    "--storage cow is the store of the cluster pglease starts itself; an \
+                     external server (--postgres-url) keeps its own"
+                        .into(),
+                )
+            }
             Some(url) => ServerConfig::External(ExternalConfig {
                 url,
                 advertise_host: self.advertise_host.or(postgres.advertise_host),
@@ -826,6 +850,17 @@ impl ServeArgs {
                     .unwrap_or(embedded.encoding);
                 embedded.keep_data = switch(self.keep_data, self.no_keep_data, postgres.keep_data);
                 embedded.snapshot_dir = self.snapshot_dir.or(postgres.snapshot_dir);
+                embedded.storage = match self.storage.or(postgres.storage) {
+                    Some(StorageArg::Cow) => Storage::Cow,
+                    Some(StorageArg::Tmpfs) | None => Storage::Tmpfs,
+                };
+                if embedded.storage == Storage::Cow && embedded.data_dir.is_some() {
+                    return Err(
+                        "--storage cow makes its own store in RAM; a --data-dir on a file \
+                         system that clones is not supported yet"
+                            .into(),
+                    );
+                }
                 if embedded.keep_data && embedded.snapshot_dir.is_some() {
                     return Err(
                         "--snapshot-dir and --keep-data both carry templates to the next \

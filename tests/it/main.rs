@@ -8,6 +8,7 @@ mod cli;
 mod clients;
 mod commands;
 mod connections;
+mod cow;
 mod credentials;
 mod daemon;
 mod dumps;

@@ -33,6 +33,17 @@ pub struct PoolConfig {
     pub verify_templates: bool,
 }
 
+/// Where the embedded server's clusters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Storage {
+    /// The instance directory itself, on tmpfs: every clone copies its template's bytes.
+    #[default]
+    Tmpfs,
+    /// A copy-on-write file system pglease makes in RAM (`postgres/cow.rs`): on PostgreSQL
+    /// 18 and later a clone shares its template's blocks (`file_copy_method = clone`).
+    Cow,
+}
+
 /// How lease roles authenticate to the embedded server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseAuth {
@@ -254,6 +265,8 @@ pub struct EmbeddedConfig {
     pub data_dir: Option<PathBuf>,
     /// Mount a dedicated tmpfs of this many bytes on the instance directory (root only).
     pub tmpfs_size: Option<u64>,
+    /// Where the clusters live: the tmpfs itself or a copy-on-write store made in it.
+    pub storage: Storage,
     /// Start even when the data directory is not on tmpfs/ramfs.
     pub allow_unsafe_on_disk: bool,
     /// OS user that runs initdb and postgres when the daemon is root.
@@ -308,6 +321,7 @@ impl EmbeddedConfig {
             binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
             data_dir: None,
             tmpfs_size: None,
+            storage: Storage::Tmpfs,
             allow_unsafe_on_disk: false,
             pg_user: None,
             cache_dir: None,

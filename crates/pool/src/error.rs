@@ -64,6 +64,14 @@ pub enum StartError {
         /// The user name.
         user: String,
     },
+    /// The copy-on-write store (`--storage cow`) could not be made.
+    #[error("--storage cow: cannot make the copy-on-write store ({step}): {message}")]
+    CowStore {
+        /// What was being done.
+        step: &'static str,
+        /// Why it failed.
+        message: String,
+    },
     /// A dedicated tmpfs was requested without the privilege to mount it.
     #[error("--tmpfs-size needs root (or CAP_SYS_ADMIN) to mount a tmpfs on {path}")]
     MountNeedsRoot {

@@ -23,7 +23,7 @@ pub mod types;
 pub use actor::start;
 pub use config::{
     CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, LeaseAuth,
-    PoolConfig, PoolLimits, ServerConfig, TemplateConfig, TemplateSource,
+    PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig, TemplateSource,
 };
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;

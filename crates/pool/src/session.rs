@@ -50,6 +50,7 @@ const SHOWN_SETTINGS: &[&str] = &[
     "max_connections",
     "checkpoint_timeout",
     "max_wal_size",
+    "file_copy_method",
 ];
 
 /// How many times a clone is retried while stray sessions leave its template.

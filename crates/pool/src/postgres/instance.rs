@@ -8,7 +8,9 @@
 //!   `kept=1` once a `keep_data` run has ended (the sweep leaves those alone);
 //! - `pgdata-<generation>/`: one cluster per start, see [`super::Embedded::start`];
 //! - `socket/`: the private unix socket directory (mode 0700, owned by the server's user);
-//! - `postgres.log`: the server's stdout and stderr, appended to by every generation.
+//! - `postgres.log`: the server's stdout and stderr, appended to by every generation;
+//! - with `--storage cow`: `cow.xfs`, the copy-on-write store's file, mounted on `cow/`,
+//!   where the `pgdata-<generation>/` directories are instead (`cow.rs`).
 //!
 //! It starts no server; the only processes it signals are postmasters of stale instances.
 
@@ -22,7 +24,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{geteuid, Pid, User};
 use tracing::{info, warn};
 
-use crate::config::EmbeddedConfig;
+use crate::config::{EmbeddedConfig, Storage};
 use crate::error::StartError;
 
 /// Name of the marker file that makes a directory a pglease instance.
@@ -129,6 +131,8 @@ pub(crate) struct Instance {
     pub dir: PathBuf,
     /// The unix socket directory inside it.
     pub socket_dir: PathBuf,
+    /// We made a copy-on-write store in it (the clusters go there; cleanup unmounts it).
+    cow_store: bool,
     /// The server log inside it.
     pub log_path: PathBuf,
     /// It is on tmpfs or ramfs (false only with `allow_unsafe_on_disk`).
@@ -159,6 +163,7 @@ impl Instance {
         };
         let mut instance = Instance {
             socket_dir: dir.join("socket"),
+            cow_store: false,
             log_path: dir.join("postgres.log"),
             dir,
             in_memory: false,
@@ -182,6 +187,24 @@ impl Instance {
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
+        if config.storage == Storage::Cow {
+            // Sized like the tmpfs it lives in; sparse, so it takes RAM only as written.
+            let bytes = match config.tmpfs_size {
+                Some(bytes) => bytes,
+                None => nix::sys::statvfs::statvfs(&self.dir)
+                    .map(|s| s.blocks_available() * s.fragment_size())
+                    .map_err(|source| StartError::Sys {
+                        action: "cannot statvfs",
+                        path: self.dir.clone(),
+                        source,
+                    })?,
+            };
+            let store = super::cow::make(&self.dir, bytes)?;
+            self.cow_store = true;
+            std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
+                .map_err(|source| io_error("cannot chmod", &store, source))?;
+            run_as.chown(&store)?;
+        }
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
         run_as.chown(&self.dir)?;
@@ -240,14 +263,23 @@ impl Instance {
         Ok(())
     }
 
+    /// Where the clusters go: the directory itself, or the copy-on-write store in it.
+    pub fn clusters(&self) -> PathBuf {
+        if self.cow_store {
+            self.dir.join(super::cow::MOUNT_DIR)
+        } else {
+            self.dir.clone()
+        }
+    }
+
     /// The cluster directory of `generation`.
     pub fn cluster_dir(&self, generation: u32) -> PathBuf {
-        self.dir.join(format!("{CLUSTER_PREFIX}{generation}"))
+        self.clusters().join(format!("{CLUSTER_PREFIX}{generation}"))
     }
 
     /// The highest generation already present (a reused directory), or 0.
     pub fn last_generation(&self) -> u32 {
-        std::fs::read_dir(&self.dir)
+        std::fs::read_dir(self.clusters())
             .into_iter()
             .flatten()
             .filter_map(|entry| entry.ok())
@@ -282,6 +314,9 @@ impl Instance {
 
     /// Unmounts and removes what we made; tolerant of a directory already gone.
     fn remove(&self) {
+        if self.cow_store {
+            super::cow::unmount(&self.clusters());
+        }
         if self.mounted {
             // Detach: a straggling backend with a file open must not make this fail.
             if let Err(e) = nix::mount::umount2(&self.dir, MntFlags::MNT_DETACH) {
@@ -545,7 +580,11 @@ fn sweep_one(dir: &Path) -> bool {
         return false;
     }
     info!(path = %dir.display(), daemon_pid = ?marker.pid, "sweeping a stale pglease instance");
-    for cluster in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+    let store = dir.join(super::cow::MOUNT_DIR);
+    let entries = [dir, store.as_path()]
+        .into_iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten());
+    for cluster in entries {
         let cluster = cluster.path();
         let Some(pid) = postmaster_pid(&cluster) else {
             continue;
@@ -554,6 +593,11 @@ fn sweep_one(dir: &Path) -> bool {
             let stopped = stop_process(pid);
             info!(pid, data_dir = %cluster.display(), stopped, "stopped a stale postmaster");
         }
+    }
+    // A copy-on-write store (its loop device goes with it), before the tmpfs it lives in.
+    if is_mount_point(&store) {
+        super::cow::unmount(&store);
+        info!(path = %store.display(), "unmounted a stale copy-on-write store");
     }
     if is_mount_point(dir) {
         match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
@@ -620,7 +664,7 @@ fn stop_process(pid: u32) -> bool {
 }
 
 /// Whether `dir` is the root of a mount (its device differs from its parent's).
-fn is_mount_point(dir: &Path) -> bool {
+pub(crate) fn is_mount_point(dir: &Path) -> bool {
     let Some(parent) = dir.parent() else {
         return false;
     };

@@ -10,6 +10,7 @@
 //! stale sweep), `initdb` (initdb and its cache), `spawn` (the spawner thread).
 
 mod binaries;
+mod cow;
 mod initdb;
 mod instance;
 pub mod snapshot;
@@ -32,7 +33,7 @@ use self::binaries::Binaries;
 use self::initdb::Cache;
 use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
 use self::spawn::{CommandSpec, Output};
-use crate::config::{EmbeddedConfig, LeaseAuth};
+use crate::config::{EmbeddedConfig, LeaseAuth, Storage};
 use crate::error::StartError;
 
 /// The superuser role initdb creates; it connects only over the private unix socket.
@@ -237,6 +238,7 @@ impl Embedded {
             binaries: self.binaries.clone(),
             run_as: self.run_as.clone(),
             instance_dir: self.instance.dir.clone(),
+            clusters_dir: self.instance.clusters(),
             socket_dir: self.instance.socket_dir.clone(),
             log_path: self.instance.log_path.clone(),
             data_dir: self.instance.cluster_dir(self.generation),
@@ -356,6 +358,8 @@ struct Launch {
     binaries: Binaries,
     run_as: RunAs,
     instance_dir: PathBuf,
+    /// Where the clusters go (the instance directory, or its copy-on-write store).
+    clusters_dir: PathBuf,
     socket_dir: PathBuf,
     log_path: PathBuf,
     data_dir: PathBuf,
@@ -385,7 +389,7 @@ impl Launch {
         // First, so that a size-limited tmpfs has room for the new cluster. A new
         // directory per generation also gives the new postmaster a new SysV shared
         // memory key, so backends lingering from a killed one cannot block it.
-        instance::remove_stale_clusters(&self.instance_dir, &self.data_dir);
+        instance::remove_stale_clusters(&self.clusters_dir, &self.data_dir);
         let origin = if self.reuse_existing {
             ClusterOrigin::Kept
         } else {
@@ -421,6 +425,7 @@ impl Launch {
                 &self.socket_dir,
                 port,
                 self.in_memory,
+                snapshot::major_of(&self.binaries.version),
             ),
             cwd: self.instance_dir.clone(),
             user: self.run_as.owner(),
@@ -508,8 +513,9 @@ impl Launch {
         }
         // initdb runs as the server's user into the instance (on tmpfs, owned by that
         // user): the cache directory may not be reachable for it, e.g. under /root.
+        // Beside the cluster directory: on the same file system, for the rename below.
         let fresh = self
-            .instance_dir
+            .clusters_dir
             .join(format!("{INITDB_TMP_PREFIX}{}", instance::random_hex(4)));
         initdb::run_initdb(
             &self.binaries,
@@ -545,6 +551,7 @@ fn server_args(
     socket_dir: &Path,
     port: u16,
     in_memory: bool,
+    major: u32,
 ) -> Vec<OsString> {
     let mut settings: Vec<(String, String)> = [
         // The data is thrown away: crash safety buys nothing.
@@ -585,6 +592,11 @@ fn server_args(
         // tmpfs' size, and removed with the instance even when postgres was killed
         // (a killed postmaster leaves its /dev/shm segments behind for good).
         settings.push(("dynamic_shared_memory_type".to_string(), "mmap".to_string()));
+    }
+    if config.storage == Storage::Cow && major >= 18 {
+        // On the copy-on-write store a FILE_COPY clone shares its template's blocks.
+        // Before 18 postgres only copies; those servers work there all the same.
+        settings.push(("file_copy_method".to_string(), "clone".to_string()));
     }
     // Last, so that the user's settings override ours.
     settings.extend(config.settings.iter().cloned());

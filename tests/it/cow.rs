@@ -1,0 +1,252 @@
+//! `--storage cow`: the clusters live on a copy-on-write XFS that pglease makes in RAM and
+//! loop-mounts. On PostgreSQL 18 a clone shares its template's blocks and is still a
+//! database of its own; a killed daemon's store (mount and loop device) is gone after the
+//! next start; the store is refused where it cannot apply.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support::{connect, poll_until, scratch_dir, TestDaemon, REQUIRE_TOOLS};
+
+/// Whether this machine can make the store: root, and mkfs.xfs (skipped loudly otherwise,
+/// failed under CI's PGLEASE_REQUIRE_TOOLS).
+fn can_make_store(test: &str) -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED {test}: loop-mounting the store needs root");
+        return false;
+    }
+    // mkfs.xfs answers -V, not --version.
+    let found = std::process::Command::new("mkfs.xfs")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os(REQUIRE_TOOLS).is_none(),
+            "mkfs.xfs is required here ({REQUIRE_TOOLS} is set): apt-get install xfsprogs"
+        );
+        eprintln!("SKIPPED {test}: mkfs.xfs not installed (apt-get install xfsprogs; bash .ci/run installs it)");
+    }
+    found
+}
+
+/// The mount points under `dir` in this mount namespace.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
+        .filter(|point| Path::new(point).starts_with(dir))
+        .collect()
+}
+
+/// Loop devices whose backing file lies under `dir`.
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+        let backing = entry.path().join("loop/backing_file");
+        if let Ok(file) = fs::read_to_string(&backing) {
+            if Path::new(file.trim()).starts_with(dir) {
+                found.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    found
+}
+
+/// Bytes in use on the file system holding `path`.
+fn used_bytes(path: &Path) -> u64 {
+    let stat = nix::sys::statvfs::statvfs(path).expect("statvfs");
+    (stat.blocks() - stat.blocks_free()) * stat.fragment_size()
+}
+
+/// Rows of `big`, and how many of them a write changed.
+async fn count(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE note = 'changed') FROM big",
+            &[],
+        )
+        .await
+        .expect("count");
+    (row.get(0), row.get(1))
+}
+
+async fn data_dir(daemon: &TestDaemon) -> PathBuf {
+    PathBuf::from(
+        daemon.status().await["postgres"]["data_dir"]
+            .as_str()
+            .expect("data_dir"),
+    )
+}
+
+/// Six ready clones and the template of ~40 MB take about one template's blocks, not
+/// seven; a write to one clone shows in no other.
+#[tokio::test]
+async fn clones_share_their_templates_blocks_and_stay_independent() {
+    if !can_make_store("clones_share_their_templates_blocks_and_stay_independent") {
+        return;
+    }
+    let dir = scratch_dir("cow-share");
+    let schema = dir.join("schema.sql");
+    fs::write(
+        &schema,
+        "CREATE TABLE big AS SELECT g AS id, md5(g::text) AS note FROM generate_series(1, 500000) g;",
+    )
+    .expect("write");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--storage",
+            "cow",
+            "--postgres-version",
+            "18",
+            "--template",
+            &format!("big=sql:{}", schema.display()),
+            "--prebuild",
+            "--min-ready",
+            "6",
+        ])
+        .default_cache()
+        .start()
+        .await;
+    let status = daemon.status().await;
+    assert_eq!(
+        status["postgres"]["settings"]["file_copy_method"], "clone",
+        "{status}"
+    );
+    let store = data_dir(&daemon)
+        .await
+        .parent()
+        .expect("the store")
+        .to_path_buf();
+    assert!(
+        store.ends_with("cow") && mounts_under(&store).contains(&store.display().to_string()),
+        "{} is not a mount",
+        store.display()
+    );
+    let six_ready = || async {
+        poll_until(Duration::from_secs(60), "six ready clones", || async {
+            let status = daemon.template_status("big").await;
+            (status["ready"].as_u64() >= Some(6) && status["in_progress"].as_u64() == Some(0))
+                .then_some(())
+        })
+        .await
+    };
+    six_ready().await;
+    let before = used_bytes(&store);
+    // Six leases: the pool makes six more clones.
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        leases.push(daemon.lease_ok("big").await);
+    }
+    six_ready().await;
+    let grown = used_bytes(&store).saturating_sub(before);
+    let a = connect(&leases[0]).await.expect("connect a");
+    let b = connect(&leases[1]).await.expect("connect b");
+    let size: i64 = a
+        .query_one("SELECT pg_database_size(current_database())", &[])
+        .await
+        .expect("size")
+        .get(0);
+    assert!(size > 30_000_000, "the template is only {size} bytes");
+    // Copies would have taken six times the template.
+    assert!(
+        (grown as i64) < size,
+        "six more clones of a {size}-byte template took {grown} bytes of the store: they do not share blocks"
+    );
+
+    a.batch_execute(
+        "UPDATE big SET note = 'changed' WHERE id <= 1000; DELETE FROM big WHERE id > 400000",
+    )
+    .await
+    .expect("write a");
+    assert_eq!(count(&a).await, (400_000, 1000));
+    assert_eq!(
+        count(&b).await,
+        (500_000, 0),
+        "a write to one clone showed in another"
+    );
+    let third = daemon.lease_ok("big").await;
+    let c = connect(&third).await.expect("connect c");
+    assert_eq!(
+        count(&c).await,
+        (500_000, 0),
+        "a write to a clone showed in the template"
+    );
+    assert!(daemon.stop().await.success());
+    assert!(mounts_under(&store).is_empty(), "the store stayed mounted");
+}
+
+/// A daemon killed with SIGKILL leaves its store mounted; the next start unmounts it (its
+/// loop device goes with it) and removes its directory. A server before 18 runs on the
+/// store too, copying.
+#[tokio::test]
+async fn a_killed_daemons_store_is_gone_after_the_next_start() {
+    if !can_make_store("a_killed_daemons_store_is_gone_after_the_next_start") {
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--storage", "cow", "--min-ready", "1"])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("default").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .batch_execute("CREATE TABLE t (i int)")
+        .await
+        .expect("a clone on the store");
+    let status = daemon.status().await;
+    assert!(
+        status["postgres"]["settings"]
+            .get("file_copy_method")
+            .is_none(),
+        "{status}"
+    );
+    let instance = data_dir(&daemon)
+        .await
+        .ancestors()
+        .nth(2)
+        .expect("the instance directory")
+        .to_path_buf();
+    assert_eq!(mounts_under(&instance).len(), 1, "{}", instance.display());
+    assert_eq!(loop_devices_under(&instance).len(), 1);
+    daemon.kill();
+    assert_eq!(
+        mounts_under(&instance).len(),
+        1,
+        "the store outlives a killed daemon"
+    );
+
+    let next = TestDaemon::start().await;
+    assert!(mounts_under(&instance).is_empty(), "{}", next.log());
+    assert!(loop_devices_under(&instance).is_empty(), "{}", next.log());
+    assert!(!instance.exists(), "{}", next.log());
+    assert!(next.stop().await.success());
+}
+
+/// Where the store cannot apply, the daemon says so and does not start.
+#[test]
+fn storage_cow_is_refused_with_an_external_server_or_a_data_dir() {
+    let (status, log) = TestDaemon::builder()
+        .args([
+            "--storage",
+            "cow",
+            "--postgres-url",
+            "postgres://postgres@127.0.0.1:1/postgres",
+        ])
+        .run_to_exit();
+    assert!(!status.success());
+    assert!(
+        log.contains("--storage cow is the store of the cluster"),
+        "{log}"
+    );
+    let dir = scratch_dir("cow-data-dir");
+    let (status, log) = TestDaemon::builder()
+        .args(["--storage", "cow", "--data-dir"])
+        .args([dir.display().to_string()])
+        .run_to_exit();
+    assert!(!status.success());
+    assert!(log.contains("not supported yet"), "{log}");
+}
