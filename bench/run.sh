@@ -79,6 +79,11 @@ cleanup() {
             # A SIGKILLed daemon's postmaster dies with it (parent-death signal); give
             # it a moment to let go of the directory before removing it.
             sleep 1
+            # A copy-on-write store (scenario 13) is unmounted first; its loop device
+            # goes with it.
+            if mountpoint -q "$dir/cow" 2>/dev/null; then
+              umount "$dir/cow" 2>/dev/null || umount -l "$dir/cow" 2>/dev/null || true
+            fi
             echo "bench/run.sh: removing leftover $dir" >&2
             rm -rf -- "$dir"
           fi ;;

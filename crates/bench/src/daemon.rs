@@ -259,8 +259,13 @@ impl Daemon {
             .postgres
             .data_dir
             .ok_or_else(|| BenchError::Daemon("/status has no postgres.data_dir".into()))?;
+        // The cluster is in the instance directory, or in its copy-on-write store `cow/`.
         let instance_dir = Path::new(&data_dir)
             .parent()
+            .map(|dir| match dir.file_name() {
+                Some(name) if name == "cow" => dir.parent().unwrap_or(dir),
+                _ => dir,
+            })
             .map(Path::to_path_buf)
             .ok_or_else(|| BenchError::Daemon(format!("data_dir {data_dir} has no parent")))?;
         record(

@@ -24,6 +24,7 @@
 //! 10. a template from a dump: pg_restore -j 1 vs -j N by hand, pglease's build, clones;
 //! 11. a cold CI runner: first lease after building the template vs from a snapshot;
 //! 12. half the tests read only: --reuse-unchanged off vs on.
+//! 13. copy-on-write storage on PostgreSQL 18: tmpfs vs --storage cow.
 
 mod admin;
 mod api;
@@ -50,8 +51,8 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
 use crate::scenarios::{
-    ceiling, connect, dumps, integresql, latency, majors, reuse, scale, seeds, snapshots, startup,
-    throughput, Ctx, FIXTURE,
+    ceiling, connect, cow, dumps, integresql, latency, majors, reuse, scale, seeds, snapshots,
+    startup, throughput, Ctx, FIXTURE,
 };
 
 /// Benchmarks of pglease: lease latency, test throughput against the create+drop
@@ -81,7 +82,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1 to 12).
+    /// Run only these scenarios (comma-separated numbers: 1 to 13).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -257,6 +258,11 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s13 = if wanted(13) {
+        outcome("13", cow::run(&ctx).await)
+    } else {
+        not_run()
+    };
     let _ = std::fs::remove_dir_all(&ctx.scratch_dir);
 
     if machine.postgres_version.is_empty() {
@@ -283,6 +289,7 @@ async fn run(cli: Cli) -> ExitCode {
         matches!(s11, Outcome::Failed { .. }),
         matches!(s12, Outcome::Failed { .. }),
         s12.done().is_some_and(|r| r.dirty_handouts > 0),
+        matches!(s13, Outcome::Failed { .. }),
         // So is a major that did not run.
         s9.done()
             .is_some_and(|r| r.majors.iter().any(|m| m.outcome.is_err())),
@@ -309,6 +316,7 @@ async fn run(cli: Cli) -> ExitCode {
             dumps: s10,
             snapshots: s11,
             reuse: s12,
+            cow: s13,
         },
         isolation_ok,
         total_secs: stats::round3(started.elapsed().as_secs_f64()),

@@ -71,6 +71,13 @@ pub struct Plan {
     /// Scenario 10: how long the clone+drop loop of the built template runs.
     #[serde(serialize_with = "secs")]
     pub dump_clone_duration: Duration,
+    /// Scenario 13: the template sizes, MB (the first is the baseline of the ratios).
+    pub cow_template_mb: Vec<u64>,
+    /// Scenario 13: clone+drop cycles per template and store, after the first clone.
+    pub cow_clone_reps: usize,
+    /// Scenario 13: how long each end-to-end level runs.
+    #[serde(serialize_with = "secs")]
+    pub cow_duration: Duration,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -110,6 +117,9 @@ impl Plan {
             majors_duration: Duration::from_secs(3),
             dump_pgbench_scale: 10,
             dump_clone_duration: Duration::from_secs(5),
+            cow_template_mb: vec![10, 100],
+            cow_clone_reps: 3,
+            cow_duration: Duration::from_secs(3),
         }
     }
 
@@ -146,6 +156,10 @@ impl Plan {
             // About 1 GB, as the issue asks.
             dump_pgbench_scale: 70,
             dump_clone_duration: Duration::from_secs(20),
+            // About 10 MB, 100 MB, 1 GB and 4 GB, as the issue asks.
+            cow_template_mb: vec![10, 100, 1024, 4096],
+            cow_clone_reps: 5,
+            cow_duration: Duration::from_secs(10),
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::scenarios::ceiling::CeilingResult;
 use crate::scenarios::connect::ConnectResult;
+use crate::scenarios::cow::{self, CowResult};
 use crate::scenarios::dumps::{self, DumpsResult};
 use crate::scenarios::integresql::SuiteResult;
 use crate::scenarios::latency::LatencyResult;
@@ -117,6 +118,8 @@ pub struct Scenarios {
     pub snapshots: Outcome<SnapshotsResult>,
     /// Scenario 12.
     pub reuse: Outcome<ReuseResult>,
+    /// 13: copy-on-write storage against tmpfs.
+    pub cow: Outcome<CowResult>,
 }
 
 /// The whole run.
@@ -261,6 +264,7 @@ impl Report {
         dumps::render(&self.scenarios.dumps, &mut out);
         snapshots::render(&self.scenarios.snapshots, &mut out);
         reuse::render(&self.scenarios.reuse, &mut out);
+        cow::render(&self.scenarios.cow, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {

@@ -7,6 +7,7 @@
 
 pub mod ceiling;
 pub mod connect;
+pub mod cow;
 pub mod dumps;
 pub mod integresql;
 pub mod latency;
