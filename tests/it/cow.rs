@@ -106,6 +106,12 @@ async fn clones_share_their_templates_blocks_and_stay_independent() {
             "--prebuild",
             "--min-ready",
             "6",
+            // A store of a known size (its metadata grows with it), and a budget that
+            // twelve 42 MB clones and their template exceed by their logical size.
+            "--tmpfs-size",
+            "4G",
+            "--max-bytes",
+            "500M",
         ])
         .default_cache()
         .start()
@@ -150,6 +156,12 @@ async fn clones_share_their_templates_blocks_and_stay_independent() {
         .expect("size")
         .get(0);
     assert!(size > 30_000_000, "the template is only {size} bytes");
+    // The budget is judged by what the store holds, not by each clone's size.
+    let limits = daemon.status().await["limits"].clone();
+    eprintln!("limits: {limits}");
+    let budget = limits["byte_budget"].as_u64().expect("a budget");
+    assert!(limits["logical_bytes"].as_u64() > Some(budget), "{limits}");
+    assert!(limits["store_bytes"].as_u64() < Some(budget), "{limits}");
     // Copies would have taken six times the template.
     assert!(
         (grown as i64) < size,

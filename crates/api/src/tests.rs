@@ -554,6 +554,9 @@ async fn status_renders_the_report_without_credentials() {
             kept: 1,
             reused_unchanged: 0,
             replaced_changed: 0,
+            byte_budget: Some(1 << 30),
+            logical_bytes: 300 << 20,
+            store_bytes: Some(40 << 20),
         },
         servers: Vec::new(),
     };
@@ -595,6 +598,9 @@ async fn status_renders_the_report_without_credentials() {
         "expired": 3,
         "reused_unchanged": 0,
         "replaced_changed": 0,
+        "byte_budget": 1u64 << 30,
+        "logical_bytes": 300u64 << 20,
+        "store_bytes": 40u64 << 20,
     });
     assert_eq!(
         body,

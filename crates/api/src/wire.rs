@@ -225,6 +225,14 @@ pub struct LimitsJson {
     pub reused_unchanged: u64,
     /// Released databases the proof found changed, dropped and made again, since the start.
     pub replaced_changed: u64,
+    /// The byte budget (`--max-bytes` or its default), if any.
+    pub byte_budget: Option<u64>,
+    /// Bytes of templates and clones as postgres counts them (each clone as large as its
+    /// template).
+    pub logical_bytes: u64,
+    /// Bytes the copy-on-write store (`--storage cow`) really holds, when clones share
+    /// their template's blocks; the byte budget is judged by it then.
+    pub store_bytes: Option<u64>,
 }
 
 /// Requests refused or timed out, by limit.

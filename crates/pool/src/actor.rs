@@ -278,6 +278,7 @@ pub async fn start(
         next_waiter: 1,
         passwords: HashMap::new(),
         stamps: HashMap::new(),
+        store: None,
         watches: HashMap::new(),
         verify_templates: config.verify_templates,
         verified: HashSet::new(),
@@ -458,6 +459,9 @@ struct Actor {
     verify_templates: bool,
     /// Templates built from scratch once already in this run (for `verify_templates`).
     verified: HashSet<TemplateName>,
+    /// The copy-on-write store whose usage the byte budget is judged by, while the server
+    /// runs with `file_copy_method = clone` there (`measure_store`).
+    store: Option<std::path::PathBuf>,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -488,8 +492,12 @@ impl Actor {
                         return;
                     }
                 },
-                Some(result) = jobs.recv() => self.handle_job(result),
+                Some(result) = jobs.recv() => {
+                    self.measure_store();
+                    self.handle_job(result);
+                }
                 _ = liveness.tick() => {
+                    self.measure_store();
                     self.check_server();
                     self.drop_cancelled_waiters();
                     let actions = self.state.tick(Instant::now());
@@ -778,7 +786,38 @@ impl Actor {
         }
     }
 
+    /// Reads how much the copy-on-write store holds, for the byte budget (a `statvfs` of a
+    /// file system in RAM: no I/O waits on it).
+    fn measure_store(&mut self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        match nix::sys::statvfs::statvfs(store) {
+            Ok(stat) => {
+                let used = stat.blocks().saturating_sub(stat.blocks_free()) * stat.fragment_size();
+                self.state.store_usage(Some(used));
+            }
+            Err(error) => {
+                tracing::debug!(store = %store.display(), %error, "cannot measure the copy-on-write store");
+            }
+        }
+    }
+
     fn server_came_up(&mut self, mut up: Up) {
+        let clones_share = up
+            .session
+            .settings
+            .iter()
+            .any(|(name, value)| name == "file_copy_method" && value == "clone");
+        self.store = up
+            .running
+            .as_ref()
+            .filter(|_| clones_share && !self.external)
+            .and_then(|running| running.data_dir.parent().map(std::path::Path::to_path_buf));
+        if let Some(store) = &self.store {
+            tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
+        }
+        self.measure_store();
         let adoptable = std::mem::take(&mut up.session.adoptable);
         let client_templates = std::mem::take(&mut up.session.client_templates);
         self.session = Some(up.session);
@@ -881,6 +920,8 @@ impl Actor {
     }
 
     fn server_lost(&mut self, reason: String) {
+        self.store = None;
+        self.state.store_usage(None);
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.fail_client_work(&reason);

@@ -165,6 +165,10 @@ pub(crate) struct PoolState {
     /// Released clones proven unchanged (back to the ready queue) and found changed
     /// (dropped and made again), since the start.
     proven: Proven,
+    /// Bytes in use on the server's copy-on-write store, as last measured, when its clones
+    /// share their template's blocks (`--storage cow` on PostgreSQL 18+): the byte budget is
+    /// judged by it instead of by each clone's size (`state/budget.rs`).
+    store_used: Option<u64>,
 }
 
 impl PoolState {
@@ -199,6 +203,7 @@ impl PoolState {
             expired: 0,
             proven: Proven::default(),
             abandoned: 0,
+            store_used: None,
         }
     }
 

@@ -142,6 +142,14 @@ pub struct LimitStatus {
     /// Released databases the proof found changed (or could not clear), dropped and made
     /// again.
     pub replaced_changed: u64,
+    /// The byte budget, if any.
+    pub byte_budget: Option<u64>,
+    /// Bytes of templates and clones as postgres counts them (each clone as large as its
+    /// template).
+    pub logical_bytes: u64,
+    /// Bytes the copy-on-write store really holds (templates, clones' own writes, the file
+    /// system's metadata), when clones share blocks; the budget is judged by it then.
+    pub store_bytes: Option<u64>,
 }
 
 /// Requests refused or timed out, by the limit that stopped them.

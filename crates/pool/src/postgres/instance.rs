@@ -274,7 +274,8 @@ impl Instance {
 
     /// The cluster directory of `generation`.
     pub fn cluster_dir(&self, generation: u32) -> PathBuf {
-        self.clusters().join(format!("{CLUSTER_PREFIX}{generation}"))
+        self.clusters()
+            .join(format!("{CLUSTER_PREFIX}{generation}"))
     }
 
     /// The highest generation already present (a reused directory), or 0.

@@ -11,10 +11,10 @@ use crate::error::LeaseError;
 use crate::names::TemplateName;
 
 impl PoolState {
-    /// Bytes of template databases and clones this pool holds (a clone counts as large as
-    /// the version it was made from; databases queued for dropping no longer count, those
-    /// whose drop failed still do).
-    pub(super) fn bytes_in_use(&self) -> u64 {
+    /// Bytes of template databases and clones this pool holds as postgres counts them (a
+    /// clone counts as large as the version it was made from; databases queued for dropping
+    /// no longer count, those whose drop failed still do).
+    pub(super) fn logical_bytes(&self) -> u64 {
         let templates: u64 = self
             .templates
             .values()
@@ -23,16 +23,43 @@ impl PoolState {
         templates + self.dbs.bytes()
     }
 
+    /// What the byte budget is judged by: on a store where clones share their template's
+    /// blocks, the store's own usage as last measured (templates, and what tests wrote);
+    /// elsewhere [`Self::logical_bytes`].
+    pub(super) fn bytes_in_use(&self) -> u64 {
+        self.store_used.unwrap_or_else(|| self.logical_bytes())
+    }
+
+    /// Whether `more` bytes (a clone's or a version's size) fit the budget. A new clone on
+    /// a store that shares blocks takes next to nothing: only the measured usage counts.
     pub(super) fn fits(&self, more: u64) -> bool {
+        let more = if self.store_used.is_some() { 0 } else { more };
         self.limits
             .max_bytes
             .is_none_or(|budget| self.bytes_in_use() + more <= budget)
+    }
+
+    /// The copy-on-write store's usage, measured by the actor after each job (`None`: the
+    /// server's clones copy their template).
+    pub fn store_usage(&mut self, used: Option<u64>) {
+        self.store_used = used;
+    }
+
+    /// The store's usage as last measured, for `/status`.
+    pub(super) fn store_used(&self) -> Option<u64> {
+        self.store_used
     }
 
     /// Frees room for `needed` more bytes for `template`: first ready clones of other
     /// templates nobody waits for, least recently leased template first; then whole
     /// versions of idle templates (never `default`, which `/readyz` reports on).
     pub(super) fn make_room(&mut self, template: &TemplateName, needed: u64) {
+        if self.store_used.is_some() {
+            // Dropping a clone that shares its blocks frees what its tests wrote, which
+            // nothing tells until the next measurement: evicting by the stale figure would
+            // empty every other template's queue. Requests wait or get 507 instead.
+            return;
+        }
         // Databases kept for a look are the least needed: they go first, oldest first.
         self.evict_kept(needed);
         for name in self.eviction_order(template, false) {

@@ -722,6 +722,59 @@ fn a_byte_budget_evicts_what_nobody_waits_for_then_refuses_with_out_of_space() {
 }
 
 #[test]
+fn on_a_store_whose_clones_share_blocks_the_budget_is_the_measured_usage() {
+    // The same budget as above (four 7.5 MB databases by their logical size), but clones
+    // share their template's blocks: the measured store usage decides, and a new clone
+    // adds nothing to it.
+    let mut limits = limits(2, 10);
+    limits.max_bytes = Some(4 * 7_500_000);
+    let mut driver = Driver::new(pool_with(limits));
+    driver.state.store_usage(Some(25_000_000));
+    driver.settle();
+    assert_eq!(default_status(&driver.state).ready, 2);
+    let leases: Vec<WaiterId> = (0..4).map(|_| driver.lease("app", 1000)).collect();
+    driver.settle();
+    for waiter in &leases {
+        assert!(driver.grant_of(*waiter).is_some(), "{:?}", driver.failures);
+    }
+    assert!(driver.state.logical_bytes() > 4 * 7_500_000);
+    assert_eq!(
+        default_status(&driver.state).ready,
+        2,
+        "nothing was evicted for clones that take no room"
+    );
+
+    // Tests wrote past the budget: a request that needs a new clone gets 507, and nothing
+    // is evicted on a stale figure.
+    driver.state.store_usage(Some(31_000_000));
+    let app_ready = driver
+        .state
+        .template_status()
+        .into_iter()
+        .find(|t| t.name.as_str() == "app")
+        .map_or(0, |t| t.ready);
+    for _ in 0..app_ready {
+        let waiter = driver.lease("app", 1000);
+        driver.settle();
+        assert!(driver.grant_of(waiter).is_some());
+    }
+    let refused = driver.lease("app", 1000);
+    driver.settle();
+    assert!(
+        matches!(driver.failures.as_slice(), [(w, LeaseError::OutOfSpace { .. })] if *w == refused),
+        "{:?}",
+        driver.failures
+    );
+    assert_eq!(default_status(&driver.state).ready, 2);
+
+    // Room again once the store shrinks (their drops freed what they wrote).
+    driver.state.store_usage(Some(10_000_000));
+    let granted = driver.lease("app", 1000);
+    driver.settle();
+    assert!(driver.grant_of(granted).is_some(), "{:?}", driver.failures);
+}
+
+#[test]
 fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
     let mut state = pool(0, 4);
     let now = Instant::now();
