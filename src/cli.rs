@@ -266,8 +266,9 @@ pub struct ServeArgs {
     pub snapshot_dir: Option<PathBuf>,
     /// Where the clusters live [default: tmpfs]. `cow`: a copy-on-write XFS that pglease
     /// makes in RAM and loop-mounts (needs root, mkfs.xfs from xfsprogs, util-linux'
-    /// mount); on PostgreSQL 18 and later a clone then shares its template's blocks
-    /// instead of copying them (docs/cow-storage.md).
+    /// mount), or with --data-dir that directory if its file system clones (XFS with
+    /// reflink, btrfs); on PostgreSQL 18 and later a clone then shares its template's
+    /// blocks instead of copying them (docs/cow-storage.md).
     #[arg(long, env = "PGLEASE_STORAGE", value_name = "STORAGE")]
     pub storage: Option<StorageArg>,
 }
@@ -854,13 +855,6 @@ impl ServeArgs {
                     Some(StorageArg::Cow) => Storage::Cow,
                     Some(StorageArg::Tmpfs) | None => Storage::Tmpfs,
                 };
-                if embedded.storage == Storage::Cow && embedded.data_dir.is_some() {
-                    return Err(
-                        "--storage cow makes its own store in RAM; a --data-dir on a file \
-                         system that clones is not supported yet"
-                            .into(),
-                    );
-                }
                 if embedded.keep_data && embedded.snapshot_dir.is_some() {
                     return Err(
                         "--snapshot-dir and --keep-data both carry templates to the next \

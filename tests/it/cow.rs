@@ -238,9 +238,9 @@ async fn a_killed_daemons_store_is_gone_after_the_next_start() {
     assert!(next.stop().await.success());
 }
 
-/// Where the store cannot apply, the daemon says so and does not start.
+/// With an external server the store does not apply: the daemon says so and does not start.
 #[test]
-fn storage_cow_is_refused_with_an_external_server_or_a_data_dir() {
+fn storage_cow_is_refused_with_an_external_server() {
     let (status, log) = TestDaemon::builder()
         .args([
             "--storage",
@@ -254,11 +254,100 @@ fn storage_cow_is_refused_with_an_external_server_or_a_data_dir() {
         log.contains("--storage cow is the store of the cluster"),
         "{log}"
     );
-    let dir = scratch_dir("cow-data-dir");
-    let (status, log) = TestDaemon::builder()
-        .args(["--storage", "cow", "--data-dir"])
-        .args([dir.display().to_string()])
-        .run_to_exit();
-    assert!(!status.success());
-    assert!(log.contains("not supported yet"), "{log}");
+}
+
+/// An XFS with reflinks the test mounts itself, unmounted when dropped.
+struct ClonableDir {
+    root: PathBuf,
+    mount: PathBuf,
+}
+
+impl ClonableDir {
+    fn make(name: &str) -> ClonableDir {
+        let root = PathBuf::from(format!(
+            "/dev/shm/pglease-test-{name}-{}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&root);
+        let mount = root.join("mnt");
+        fs::create_dir_all(&mount).expect("mkdir");
+        let image = root.join("fs.xfs");
+        fs::File::create(&image)
+            .and_then(|f| f.set_len(1 << 30))
+            .expect("image");
+        let run = |program: &str, args: &[&str]| {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .expect(program);
+            assert!(
+                out.status.success(),
+                "{program}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let image = image.display().to_string();
+        run("mkfs.xfs", &["-q", "-f", "-m", "reflink=1", &image]);
+        run(
+            "mount",
+            &["-o", "loop", &image, &mount.display().to_string()],
+        );
+        ClonableDir { root, mount }
+    }
+}
+
+impl Drop for ClonableDir {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// A `--data-dir` on a file system that clones is used as the store (no mount of ours);
+/// one that cannot clone is used too, copying, and the log says why.
+#[tokio::test]
+async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
+    if !can_make_store("a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies") {
+        return;
+    }
+    let xfs = ClonableDir::make("cow-data-dir");
+    let plain = scratch_dir("cow-plain-dir");
+    for (dir, method, said) in [
+        (xfs.mount.join("data"), "clone", "clusters go there"),
+        (plain.join("data"), "copy", "cannot clone files"),
+    ] {
+        let daemon = TestDaemon::builder()
+            .args([
+                "--storage",
+                "cow",
+                "--postgres-version",
+                "18",
+                "--allow-unsafe-on-disk",
+                "--data-dir",
+            ])
+            .args([dir.display().to_string()])
+            .default_cache()
+            .start()
+            .await;
+        let status = daemon.status().await;
+        assert_eq!(
+            status["postgres"]["settings"]["file_copy_method"], method,
+            "{status}"
+        );
+        assert!(daemon.log().contains(said), "{}", daemon.log());
+        assert!(
+            mounts_under(&dir).is_empty(),
+            "pglease mounted nothing of its own"
+        );
+        let lease = daemon.lease_ok("default").await;
+        connect(&lease)
+            .await
+            .expect("connect")
+            .batch_execute("CREATE TABLE t (i int)")
+            .await
+            .expect("a clone");
+        assert!(daemon.stop().await.success());
+    }
 }

@@ -460,8 +460,10 @@ struct Actor {
     /// Templates built from scratch once already in this run (for `verify_templates`).
     verified: HashSet<TemplateName>,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server
-    /// runs with `file_copy_method = clone` there (`measure_store`).
-    store: Option<std::path::PathBuf>,
+    /// runs with `file_copy_method = clone` there (`measure_store`), and what its file
+    /// system held when the server came up (its own metadata, the fresh cluster, and on an
+    /// operator's `--data-dir` whatever else lives there), which does not count.
+    store: Option<(std::path::PathBuf, u64)>,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -789,14 +791,11 @@ impl Actor {
     /// Reads how much the copy-on-write store holds, for the byte budget (a `statvfs` of a
     /// file system in RAM: no I/O waits on it).
     fn measure_store(&mut self) {
-        let Some(store) = &self.store else {
+        let Some((store, base)) = &self.store else {
             return;
         };
-        match nix::sys::statvfs::statvfs(store) {
-            Ok(stat) => {
-                let used = stat.blocks().saturating_sub(stat.blocks_free()) * stat.fragment_size();
-                self.state.store_usage(Some(used));
-            }
+        match used_bytes(store) {
+            Ok(used) => self.state.store_usage(Some(used.saturating_sub(*base))),
             Err(error) => {
                 tracing::debug!(store = %store.display(), %error, "cannot measure the copy-on-write store");
             }
@@ -813,8 +812,9 @@ impl Actor {
             .running
             .as_ref()
             .filter(|_| clones_share && !self.external)
-            .and_then(|running| running.data_dir.parent().map(std::path::Path::to_path_buf));
-        if let Some(store) = &self.store {
+            .and_then(|running| running.data_dir.parent().map(std::path::Path::to_path_buf))
+            .and_then(|store| used_bytes(&store).ok().map(|base| (store, base)));
+        if let Some((store, _)) = &self.store {
             tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
         }
         self.measure_store();
@@ -1575,6 +1575,12 @@ async fn stamp_of(session: &Session, clone: &DbName) -> Option<Stamp> {
             None
         }
     }
+}
+
+/// Bytes in use on the file system holding `path`.
+fn used_bytes(path: &std::path::Path) -> nix::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(path)?;
+    Ok(stat.blocks().saturating_sub(stat.blocks_free()) * stat.fragment_size())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

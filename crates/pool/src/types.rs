@@ -147,8 +147,8 @@ pub struct LimitStatus {
     /// Bytes of templates and clones as postgres counts them (each clone as large as its
     /// template).
     pub logical_bytes: u64,
-    /// Bytes the copy-on-write store really holds (templates, clones' own writes, the file
-    /// system's metadata), when clones share blocks; the budget is judged by it then.
+    /// Bytes the copy-on-write store took since the server started (templates, clones' own
+    /// writes), when clones share blocks; the budget is judged by it then.
     pub store_bytes: Option<u64>,
 }
 

@@ -80,7 +80,7 @@ pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartErro
 
 /// Whether a copy in `dir` shares its blocks: `cp --reflink=always` fails where the file
 /// system cannot clone.
-fn check_clones(dir: &Path) -> Result<(), StartError> {
+pub(crate) fn check_clones(dir: &Path) -> Result<(), StartError> {
     let original = dir.join(".pglease-clone-check");
     let copy = dir.join(".pglease-clone-check.copy");
     std::fs::write(&original, b"pglease").map_err(|e| {

@@ -133,6 +133,9 @@ pub(crate) struct Instance {
     pub socket_dir: PathBuf,
     /// We made a copy-on-write store in it (the clusters go there; cleanup unmounts it).
     cow_store: bool,
+    /// The clusters' file system clones files (our store, or a `--data-dir` that does):
+    /// PostgreSQL 18+ then gets `file_copy_method = clone`.
+    pub clones: bool,
     /// The server log inside it.
     pub log_path: PathBuf,
     /// It is on tmpfs or ramfs (false only with `allow_unsafe_on_disk`).
@@ -164,6 +167,7 @@ impl Instance {
         let mut instance = Instance {
             socket_dir: dir.join("socket"),
             cow_store: false,
+            clones: false,
             log_path: dir.join("postgres.log"),
             dir,
             in_memory: false,
@@ -187,7 +191,19 @@ impl Instance {
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
-        if config.storage == Storage::Cow {
+        if config.storage == Storage::Cow && config.data_dir.is_some() {
+            // The operator's directory: used as it is if its file system clones.
+            self.clones = match super::cow::check_clones(&self.dir) {
+                Ok(()) => {
+                    info!(path = %self.dir.display(), "the data directory's file system clones files (a copy shares its blocks): clusters go there");
+                    true
+                }
+                Err(error) => {
+                    warn!(path = %self.dir.display(), %error, "--storage cow: the data directory's file system cannot clone files; clones copy their template as on tmpfs (use XFS made with reflink=1 or btrfs, or leave out --data-dir and pglease makes a store in RAM)");
+                    false
+                }
+            };
+        } else if config.storage == Storage::Cow {
             // Sized like the tmpfs it lives in; sparse, so it takes RAM only as written.
             let bytes = match config.tmpfs_size {
                 Some(bytes) => bytes,
@@ -201,6 +217,7 @@ impl Instance {
             };
             let store = super::cow::make(&self.dir, bytes)?;
             self.cow_store = true;
+            self.clones = true;
             std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
                 .map_err(|source| io_error("cannot chmod", &store, source))?;
             run_as.chown(&store)?;

@@ -33,7 +33,7 @@ use self::binaries::Binaries;
 use self::initdb::Cache;
 use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
 use self::spawn::{CommandSpec, Output};
-use crate::config::{EmbeddedConfig, LeaseAuth, Storage};
+use crate::config::{EmbeddedConfig, LeaseAuth};
 use crate::error::StartError;
 
 /// The superuser role initdb creates; it connects only over the private unix socket.
@@ -243,6 +243,7 @@ impl Embedded {
             log_path: self.instance.log_path.clone(),
             data_dir: self.instance.cluster_dir(self.generation),
             in_memory: self.instance.in_memory,
+            clones: self.instance.clones,
             cache: self.cache.clone(),
             initdb_args: self.initdb_args.clone(),
             config: (*self.config).clone(),
@@ -364,6 +365,8 @@ struct Launch {
     log_path: PathBuf,
     data_dir: PathBuf,
     in_memory: bool,
+    /// The clusters' file system clones files.
+    clones: bool,
     cache: Option<Cache>,
     initdb_args: Vec<String>,
     config: EmbeddedConfig,
@@ -425,6 +428,7 @@ impl Launch {
                 &self.socket_dir,
                 port,
                 self.in_memory,
+                self.clones,
                 snapshot::major_of(&self.binaries.version),
             ),
             cwd: self.instance_dir.clone(),
@@ -551,6 +555,7 @@ fn server_args(
     socket_dir: &Path,
     port: u16,
     in_memory: bool,
+    clones: bool,
     major: u32,
 ) -> Vec<OsString> {
     let mut settings: Vec<(String, String)> = [
@@ -593,8 +598,8 @@ fn server_args(
         // (a killed postmaster leaves its /dev/shm segments behind for good).
         settings.push(("dynamic_shared_memory_type".to_string(), "mmap".to_string()));
     }
-    if config.storage == Storage::Cow && major >= 18 {
-        // On the copy-on-write store a FILE_COPY clone shares its template's blocks.
+    if clones && major >= 18 {
+        // On a file system that clones, a FILE_COPY clone shares its template's blocks.
         // Before 18 postgres only copies; those servers work there all the same.
         settings.push(("file_copy_method".to_string(), "clone".to_string()));
     }

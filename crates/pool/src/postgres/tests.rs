@@ -527,11 +527,18 @@ async fn a_configured_dir_with_foreign_files_is_refused() {
 fn server_args_put_user_settings_last() {
     let mut config = EmbeddedConfig::for_limits(&PoolLimits::default(), 1);
     config.settings.push(("fsync".into(), "on".into()));
-    let args: Vec<String> =
-        server_args(&config, Path::new("/d"), Path::new("/s p"), 5433, true, 15)
-            .into_iter()
-            .map(|arg| arg.to_string_lossy().into_owned())
-            .collect();
+    let args: Vec<String> = server_args(
+        &config,
+        Path::new("/d"),
+        Path::new("/s p"),
+        5433,
+        true,
+        false,
+        15,
+    )
+    .into_iter()
+    .map(|arg| arg.to_string_lossy().into_owned())
+    .collect();
     assert_eq!(&args[..2], ["-D", "/d"]);
     assert_eq!(args.last().map(String::as_str), Some("fsync=on"));
     let first_fsync = args
@@ -543,7 +550,15 @@ fn server_args_put_user_settings_last() {
     assert!(args.contains(&"unix_socket_directories=\"/s p\"".to_owned()));
     assert!(args.contains(&"listen_addresses=127.0.0.1".to_owned()));
     assert!(args.contains(&"dynamic_shared_memory_type=mmap".to_owned()));
-    let on_disk = server_args(&config, Path::new("/d"), Path::new("/s"), 5433, false, 15);
+    let on_disk = server_args(
+        &config,
+        Path::new("/d"),
+        Path::new("/s"),
+        5433,
+        false,
+        false,
+        15,
+    );
     assert!(!on_disk.iter().any(|arg| arg
         .to_string_lossy()
         .starts_with("dynamic_shared_memory_type")));
