@@ -73,6 +73,17 @@ async fn count(client: &tokio_postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// Leases `default` and writes in it: the store serves clones.
+async fn write_in_a_lease(daemon: &TestDaemon) {
+    let lease = daemon.lease_ok("default").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .batch_execute("CREATE TABLE t (i int)")
+        .await
+        .expect("a write in a clone on the store");
+}
+
 async fn data_dir(daemon: &TestDaemon) -> PathBuf {
     PathBuf::from(
         daemon.status().await["postgres"]["data_dir"]
@@ -202,13 +213,7 @@ async fn a_killed_daemons_store_is_gone_after_the_next_start() {
         .args(["--storage", "cow", "--min-ready", "1"])
         .start()
         .await;
-    let lease = daemon.lease_ok("default").await;
-    connect(&lease)
-        .await
-        .expect("connect")
-        .batch_execute("CREATE TABLE t (i int)")
-        .await
-        .expect("a clone on the store");
+    write_in_a_lease(&daemon).await;
     let status = daemon.status().await;
     assert!(
         status["postgres"]["settings"]
@@ -341,13 +346,7 @@ async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
             mounts_under(&dir).is_empty(),
             "pglease mounted nothing of its own"
         );
-        let lease = daemon.lease_ok("default").await;
-        connect(&lease)
-            .await
-            .expect("connect")
-            .batch_execute("CREATE TABLE t (i int)")
-            .await
-            .expect("a clone");
+        write_in_a_lease(&daemon).await;
         assert!(daemon.stop().await.success());
     }
 }
