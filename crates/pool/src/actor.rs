@@ -1429,12 +1429,12 @@ impl Actor {
         }
     }
 
-    /// Each configured template's current fingerprint: a built one's from its watch while
-    /// its sources' stamp has not moved (a stat per file, no hashing: a dump may be tens of
-    /// GB), the others hashed; in a worker, as file I/O never runs on the actor.
+    /// Each configured template's current fingerprint, a built one's taken from its watch
+    /// while its sources' stamp has not moved (`template::current_versions`); in a worker,
+    /// as file I/O never runs on the actor.
     async fn current_versions(&self, pg_major: u32) -> Vec<(TemplateName, String)> {
         let templates = self.inputs.templates.clone();
-        let watched: HashMap<TemplateName, (SourceStamp, String)> = self
+        let known: HashMap<TemplateName, (SourceStamp, String)> = self
             .watches
             .iter()
             .map(|(name, watch)| {
@@ -1445,18 +1445,7 @@ impl Actor {
             })
             .collect();
         tokio::task::spawn_blocking(move || {
-            templates
-                .iter()
-                .filter_map(|t| {
-                    let fingerprint = match watched.get(&t.name) {
-                        Some((stamp, fingerprint)) if template::stamp(&t.source) == *stamp => {
-                            fingerprint.clone()
-                        }
-                        _ => template::fingerprint(&t.source, pg_major).ok()?,
-                    };
-                    Some((t.name.clone(), fingerprint))
-                })
-                .collect()
+            template::current_versions(&templates, pg_major, &known)
         })
         .await
         .unwrap_or_default()

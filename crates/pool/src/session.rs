@@ -287,7 +287,8 @@ impl Session {
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         let mut session = session;
-        let current = template::current_versions(&params.templates, session.pg_major);
+        let current =
+            template::current_versions(&params.templates, session.pg_major, &HashMap::new());
         if let Err(message) = session.sweep(current, Sweep::Start).await {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
         }

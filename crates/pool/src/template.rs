@@ -5,6 +5,7 @@
 //! behind; errors are plain messages naming the file, postgres' message and the line,
 //! because they travel to every waiting client.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -158,14 +159,25 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
 }
 
 /// The current fingerprint of every configured template whose sources can be read, by name
-/// (file I/O: call it where blocking is allowed).
+/// (file I/O: call it where blocking is allowed). A template in `known` (its sources' stamp
+/// and the fingerprint hashed from them) keeps that fingerprint while the stamp has not
+/// moved: a stat per file instead of hashing a dump of tens of GB again.
 pub fn current_versions(
     templates: &[TemplateConfig],
     pg_major: u32,
+    known: &HashMap<TemplateName, (SourceStamp, String)>,
 ) -> Vec<(TemplateName, String)> {
     templates
         .iter()
-        .filter_map(|t| Some((t.name.clone(), fingerprint(&t.source, pg_major).ok()?)))
+        .filter_map(|t| {
+            let fingerprint = match known.get(&t.name) {
+                Some((stamp, fingerprint)) if self::stamp(&t.source) == *stamp => {
+                    fingerprint.clone()
+                }
+                _ => fingerprint(&t.source, pg_major).ok()?,
+            };
+            Some((t.name.clone(), fingerprint))
+        })
         .collect()
 }
 
