@@ -350,3 +350,21 @@ async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
         assert!(daemon.stop().await.success());
     }
 }
+
+/// A tmpfs too small for a store is refused at start with what to change, instead of a store
+/// larger than the memory under it.
+#[test]
+fn a_tmpfs_too_small_for_the_store_is_refused() {
+    if !can_make_store("a_tmpfs_too_small_for_the_store_is_refused") {
+        return;
+    }
+    let (status, log) = TestDaemon::builder()
+        .args(["--storage", "cow", "--tmpfs-size", "256M"])
+        .run_to_exit();
+    assert!(!status.success());
+    assert!(
+        log.contains("mkfs.xfs makes no file system under 512 MB"),
+        "{log}"
+    );
+    assert!(log.contains("--tmpfs-size"), "{log}");
+}

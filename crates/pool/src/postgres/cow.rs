@@ -25,8 +25,8 @@ pub(crate) const IMAGE_FILE: &str = "cow.xfs";
 /// The smallest file system mkfs.xfs 6 makes.
 const MIN_BYTES: u64 = 512 * 1024 * 1024;
 
-/// Makes the store in `instance_dir`: a sparse file of `bytes`, an XFS with reflinks in
-/// it, mounted on `instance_dir/cow`. Checks that a file copied there really shares its
+/// Makes the store in `instance_dir`: a sparse file of `bytes` (at least 512 MB), an
+/// XFS with reflinks in it, mounted on `instance_dir/cow`. Checks that a file copied there really shares its
 /// blocks. Returns the mount point.
 pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartError> {
     if !nix::unistd::geteuid().is_root() {
@@ -37,7 +37,18 @@ pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartErro
     }
     let image = instance_dir.join(IMAGE_FILE);
     let mount_point = instance_dir.join(MOUNT_DIR);
-    let bytes = bytes.max(MIN_BYTES);
+    if bytes < MIN_BYTES {
+        // Larger than the tmpfs under it, the store would fail in the middle of a write.
+        return Err(failed(
+            "sizing it",
+            format!(
+                "{} MB would be free for it, and mkfs.xfs makes no file system under {} MB \
+                 (a bigger --tmpfs-size, or more room in /dev/shm)",
+                bytes >> 20,
+                MIN_BYTES >> 20
+            ),
+        ));
+    }
     let file = std::fs::File::create(&image)
         .map_err(|e| failed("creating its file", format!("{}: {e}", image.display())))?;
     // Sparse: RAM is taken only as the file system is written.

@@ -204,18 +204,18 @@ impl Instance {
                 }
             };
         } else if config.storage == Storage::Cow {
-            // Sized like the tmpfs it lives in; sparse, so it takes RAM only as written.
-            let bytes = match config.tmpfs_size {
-                Some(bytes) => bytes,
-                None => nix::sys::statvfs::statvfs(&self.dir)
-                    .map(|s| s.blocks_available() * s.fragment_size())
-                    .map_err(|source| StartError::Sys {
-                        action: "cannot statvfs",
-                        path: self.dir.clone(),
-                        source,
-                    })?,
-            };
-            let store = super::cow::make(&self.dir, bytes)?;
+            // Sparse, so it takes RAM only as written; sized below what the tmpfs under it
+            // has free. A full store is a clean "No space left on device" from XFS to the
+            // writer; a full tmpfs under it would fail the loop device's writes, and XFS
+            // shuts the whole store down on a failed metadata write.
+            let free = nix::sys::statvfs::statvfs(&self.dir)
+                .map(|s| s.blocks_available() * s.fragment_size())
+                .map_err(|source| StartError::Sys {
+                    action: "cannot statvfs",
+                    path: self.dir.clone(),
+                    source,
+                })?;
+            let store = super::cow::make(&self.dir, free / 10 * 9)?;
             self.cow_store = true;
             self.clones = true;
             std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
