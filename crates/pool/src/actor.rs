@@ -1432,7 +1432,7 @@ impl Actor {
     /// Each configured template's current fingerprint, a built one's taken from its watch
     /// while its sources' stamp has not moved (`template::current_versions`); in a worker,
     /// as file I/O never runs on the actor.
-    async fn current_versions(&self, pg_major: u32) -> Vec<(TemplateName, String)> {
+    async fn current_versions(&self, pg_major: u32) -> Result<Vec<(TemplateName, String)>, String> {
         let templates = self.inputs.templates.clone();
         let known: HashMap<TemplateName, (SourceStamp, String)> = self
             .watches
@@ -1448,7 +1448,7 @@ impl Actor {
             template::current_versions(&templates, pg_major, &known)
         })
         .await
-        .unwrap_or_default()
+        .map_err(|e| format!("reading the templates' sources failed: {e}"))
     }
 
     /// The templates a snapshot written at this stop holds, with everything else dropped
@@ -1458,8 +1458,9 @@ impl Actor {
         let Some(Target::Embedded(embedded)) = &self.target else {
             return None;
         };
-        let current = self.current_versions(session.pg_major).await;
         let outcome = async {
+            // Without them every template would look stale and be cleared.
+            let current = self.current_versions(session.pg_major).await?;
             let templates = session.snapshot_templates(&current).await?;
             let Some(manifest) = embedded.snapshot_plan(templates) else {
                 return Ok(None);

@@ -287,9 +287,19 @@ impl Session {
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         let mut session = session;
-        let current =
-            template::current_versions(&params.templates, session.pg_major, &HashMap::new());
-        if let Err(message) = session.sweep(current, Sweep::Start).await {
+        // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread.
+        let (templates, pg_major) = (params.templates.clone(), session.pg_major);
+        let current = tokio::task::spawn_blocking(move || {
+            template::current_versions(&templates, pg_major, &HashMap::new())
+        })
+        .await
+        .map_err(|e| format!("reading the templates' sources failed: {e}"));
+        // Without the current versions every template would look stale: no sweep then.
+        let swept = match current {
+            Ok(current) => session.sweep(current, Sweep::Start).await,
+            Err(message) => Err(message),
+        };
+        if let Err(message) = swept {
             tracing::warn!(error = %message, "could not clean up after an earlier run");
         }
         Ok(session)
