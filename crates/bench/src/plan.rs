@@ -157,7 +157,7 @@ impl Plan {
             dump_pgbench_scale: 70,
             dump_clone_duration: Duration::from_secs(20),
             // About 10 MB, 100 MB, 1 GB and 4 GB, as the issue asks.
-            cow_template_mb: vec![10, 100, 1024, 4096],
+            cow_template_mb: vec![10, 50, 100, 250, 1024, 4096],
             cow_clone_reps: 5,
             cow_duration: Duration::from_secs(10),
         }

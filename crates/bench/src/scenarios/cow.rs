@@ -7,6 +7,9 @@
 //!   a 1 GB template within 2× of an empty one on the store);
 //! - the store's bytes taken by 16 live clones of the largest template up to 1 GB, over the
 //!   template's own size (target ≤ 1.2; on tmpfs it is 16 by construction);
+//! - a lease loop on each template up to 1 GB, on a warm pool (one worker; each test
+//!   creates a table and reads a row of the big one): where the store starts to pay, the
+//!   line `--storage auto` draws;
 //! - scenario 2's end-to-end loop of the fixture at 1 and 8 workers on both (target: within
 //!   5%).
 
@@ -71,6 +74,9 @@ pub struct StoreTimes {
     pub drop: Summary,
     /// p50 clone over the smallest template's on the same store.
     pub clone_over_smallest: Option<f64>,
+    /// Tests per second of a loop on this template (sizes up to 1 GB): lease, connect,
+    /// create a table and read a row of the big one, release (dropped and made again).
+    pub loop_tests_per_sec: Option<f64>,
 }
 
 /// Live clones on the copy-on-write store.
@@ -108,6 +114,7 @@ pub async fn run(ctx: &Ctx) -> Result<CowResult> {
     std::fs::create_dir_all(&sql_dir)
         .map_err(|e| BenchError::io(format!("cannot create {}", sql_dir.display()), e))?;
     let mut template_args = Vec::new();
+    let mut loop_args = Vec::new();
     for &mb in &ctx.plan.cow_template_mb {
         let file = sql_dir.join(format!("size{mb}.sql"));
         let rows = mb * 1024 * 1024 / ROW_BYTES;
@@ -119,10 +126,14 @@ pub async fn run(ctx: &Ctx) -> Result<CowResult> {
             ),
         )
         .map_err(|e| BenchError::io(format!("cannot write {}", file.display()), e))?;
-        template_args.extend([
+        let arg = [
             "--template".to_owned(),
             format!("size{mb}=sql:{}", file.display()),
-        ]);
+        ];
+        if mb <= LIVE_MAX_MB {
+            loop_args.extend(arg.iter().cloned());
+        }
+        template_args.extend(arg);
     }
     let mut per_store: Vec<Vec<(i64, StoreTimes)>> = Vec::new();
     let mut live = None;
@@ -181,6 +192,21 @@ pub async fn run(ctx: &Ctx) -> Result<CowResult> {
             row.stores.push(times);
         }
     }
+    let loop_sizes: Vec<u64> = ctx
+        .plan
+        .cow_template_mb
+        .iter()
+        .copied()
+        .filter(|&mb| mb <= LIVE_MAX_MB)
+        .collect();
+    for (store_index, store) in STORES.into_iter().enumerate() {
+        let figures = size_loops(ctx, store, &loop_args, &loop_sizes).await?;
+        for (row, tests_per_sec) in sizes.iter_mut().zip(figures) {
+            if let Some(times) = row.stores.get_mut(store_index) {
+                times.loop_tests_per_sec = Some(tests_per_sec);
+            }
+        }
+    }
     let end_to_end = end_to_end(ctx).await?;
     Ok(CowResult {
         sizes,
@@ -198,7 +224,7 @@ async fn sizes_on(
 ) -> Result<(Vec<(i64, StoreTimes)>, Option<LiveClones>)> {
     let server = daemon.server_info().await?;
     let admin_conn = admin::superuser(&server, "postgres").await?;
-    let status = built(ctx, daemon).await?;
+    let status = built(daemon, &ctx.plan.cow_template_mb).await?;
     let mut rows = Vec::new();
     let mut live = None;
     for &mb in &ctx.plan.cow_template_mb {
@@ -243,13 +269,11 @@ async fn sizes_on(
 }
 
 /// Waits until every sized template is built (a 4 GB one takes a minute or more).
-async fn built(ctx: &Ctx, daemon: &Daemon) -> Result<crate::api::Status> {
+async fn built(daemon: &Daemon, sizes: &[u64]) -> Result<crate::api::Status> {
     let started = Instant::now();
     loop {
         let status = daemon.api()?.status().await?;
-        let pending: Vec<String> = ctx
-            .plan
-            .cow_template_mb
+        let pending: Vec<String> = sizes
             .iter()
             .map(|mb| format!("size{mb}"))
             .filter(|name| {
@@ -316,7 +340,74 @@ async fn clone_drop(
         clone: Summary::of(&clones),
         drop: Summary::of(&drops),
         clone_over_smallest: None,
+        loop_tests_per_sec: None,
     })
+}
+
+/// [`lease_loop`] on each of `sizes` (the first ones of the plan) on a warm pool of `store`:
+/// a daemon with two ready clones of each, refilled in the background as in real use.
+async fn size_loops(
+    ctx: &Ctx,
+    store: &'static str,
+    template_args: &[String],
+    sizes: &[u64],
+) -> Result<Vec<f64>> {
+    let mut args = strings(&[
+        "--storage",
+        store,
+        "--postgres-version",
+        "18",
+        "--prebuild",
+        "--min-ready",
+        "2",
+        "--no-reuse-unchanged",
+    ]);
+    args.extend(template_args.iter().cloned());
+    eprintln!("[bench] 13 {store}: building templates of {sizes:?} MB for the loops");
+    let daemon = ctx
+        .launcher
+        .start(&format!("cow-loops-{store}"), &args)
+        .await?;
+    let figures = async {
+        built(&daemon, sizes).await?;
+        let server = daemon.server_info().await?;
+        let admin_conn = admin::superuser(&server, "postgres").await?;
+        let mut figures = Vec::new();
+        for &mb in sizes {
+            let name = format!("size{mb}");
+            admin::wait_idle(daemon.api()?, &admin_conn.client, &name, 2, BUILD_LIMIT).await?;
+            eprintln!("[bench] 13 {store}: a lease loop on {name}");
+            figures.push(lease_loop(&daemon, &name, ctx.plan.cow_duration).await?);
+        }
+        admin_conn.close().await;
+        Ok(figures)
+    }
+    .await;
+    daemon.stop().await?;
+    figures
+}
+
+/// One worker's tests per second on `template` for `duration` (at least three tests): each
+/// leases, connects, creates a table, reads a row of `big`, and releases (the clone is
+/// dropped and made again). What a test that touches little of a big template pays.
+async fn lease_loop(daemon: &Daemon, template: &str, duration: Duration) -> Result<f64> {
+    let api = daemon.api()?;
+    let started = Instant::now();
+    let mut tests = 0u32;
+    while tests < 3 || started.elapsed() < duration {
+        let lease = api.lease(template, super::WAIT_MS).await?;
+        let conn = admin::connect_url(&lease.url).await?;
+        conn.client
+            .batch_execute(
+                "CREATE TABLE t (i int); INSERT INTO t VALUES (1); SELECT id FROM big LIMIT 1",
+            )
+            .await
+            .map_err(|e| BenchError::postgres("a test's work", e))?;
+        conn.close().await;
+        api.release(&lease.id, false).await?;
+        tests += 1;
+    }
+    Ok(round3(f64::from(tests) / started.elapsed().as_secs_f64()))
 }
 
 /// Bytes in use on the file system holding `path`.
@@ -449,6 +540,7 @@ pub(crate) fn render(outcome: &Outcome<CowResult>, out: &mut String) {
         "clone p50 ms",
         "drop p50 ms",
         "clone ÷ smallest",
+        "loop tests/s",
     ]);
     for row in &r.sizes {
         for (times, bytes) in row.stores.iter().zip(&row.template_bytes) {
@@ -460,11 +552,26 @@ pub(crate) fn render(outcome: &Outcome<CowResult>, out: &mut String) {
                 num(times.clone.p50_ms),
                 num(times.drop.p50_ms),
                 times.clone_over_smallest.map_or("-".into(), num),
+                times.loop_tests_per_sec.map_or("-".into(), num),
             ]);
         }
     }
     t.render(out);
     out.push_str("  target: on the store, a 1 GB template's clone within 2× of the smallest's\n");
+    out.push_str("  loop: 1 worker, warm pool (2 ready); lease, connect, create a table, read a row, release (drop and clone again)\n");
+    for row in &r.sizes {
+        if let [tmpfs, cow] = row.stores.as_slice() {
+            if let (Some(t), Some(c)) = (tmpfs.loop_tests_per_sec, cow.loop_tests_per_sec) {
+                if t > 0.0 {
+                    out.push_str(&format!(
+                        "  {} MB template: loop cow ÷ tmpfs {}\n",
+                        row.target_mb,
+                        num(round3(c / t))
+                    ));
+                }
+            }
+        }
+    }
     if let Some(live) = &r.live {
         out.push_str(&format!(
             "  {} live clones of the {} MB template ({:.1} MB) grew the store by {:.1} MB: template and clones {} × the template (target ≤ 1.2; copies: {})\n",
