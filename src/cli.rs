@@ -264,11 +264,15 @@ pub struct ServeArgs {
     /// built. Keep the directory in the CI cache (docs/snapshots.md).
     #[arg(long, env = "PGLEASE_SNAPSHOT_DIR", value_name = "DIR")]
     pub snapshot_dir: Option<PathBuf>,
-    /// Where the clusters live [default: tmpfs]. `cow`: a copy-on-write XFS that pglease
-    /// makes in RAM and loop-mounts (needs root, mkfs.xfs from xfsprogs, util-linux'
-    /// mount), or with --data-dir that directory if its file system clones (XFS with
-    /// reflink, btrfs); on PostgreSQL 18 and later a clone then shares its template's
-    /// blocks instead of copying them (docs/cow-storage.md).
+    /// Where the clusters live [default: auto]. `tmpfs`: the instance directory, every
+    /// clone copies its template. `cow`: a copy-on-write XFS that pglease makes in RAM and
+    /// loop-mounts (needs root, mkfs.xfs from xfsprogs, util-linux' mount), or with
+    /// --data-dir that directory if its file system clones (XFS with reflink, btrfs); on
+    /// PostgreSQL 18 and later a clone then shares its template's blocks instead of copying
+    /// them. `auto`: on PostgreSQL 18+, a --data-dir that clones, or the store in RAM when a
+    /// template known at start is 128 MB or more (its sources, or its database in the
+    /// snapshot) and one can be made; otherwise tmpfs, which clones small templates faster.
+    /// `/status` says what was chosen and why (docs/cow-storage.md).
     #[arg(long, env = "PGLEASE_STORAGE", value_name = "STORAGE")]
     pub storage: Option<StorageArg>,
 }
@@ -281,6 +285,8 @@ pub enum StorageArg {
     Tmpfs,
     /// A copy-on-write store made in RAM: on PostgreSQL 18+ clones share blocks.
     Cow,
+    /// The store where measurements say it pays (big templates, PostgreSQL 18+), else tmpfs.
+    Auto,
 }
 
 /// `--clone-strategy`.
@@ -853,7 +859,8 @@ impl ServeArgs {
                 embedded.snapshot_dir = self.snapshot_dir.or(postgres.snapshot_dir);
                 embedded.storage = match self.storage.or(postgres.storage) {
                     Some(StorageArg::Cow) => Storage::Cow,
-                    Some(StorageArg::Tmpfs) | None => Storage::Tmpfs,
+                    Some(StorageArg::Tmpfs) => Storage::Tmpfs,
+                    Some(StorageArg::Auto) | None => Storage::Auto,
                 };
                 if embedded.keep_data && embedded.snapshot_dir.is_some() {
                     return Err(

@@ -602,3 +602,20 @@ fn a_dump_template_comes_from_the_flag_or_the_config_file() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn storage_defaults_to_auto_and_each_way_is_named() {
+    let storage = |args: &[&str]| embedded(&serve_args(args).into_config().expect("valid")).storage;
+    assert_eq!(storage(&[]), Storage::Auto);
+    assert_eq!(storage(&["--storage", "auto"]), Storage::Auto);
+    assert_eq!(storage(&["--storage", "tmpfs"]), Storage::Tmpfs);
+    assert_eq!(storage(&["--storage", "cow"]), Storage::Cow);
+    // auto on an external server is no choice at all: accepted; cow is refused.
+    serve_args(&["--storage", "auto", "--postgres-url", "postgres://x@h/db"])
+        .into_config()
+        .expect("auto has nothing to choose on an external server");
+    let error = serve_args(&["--storage", "cow", "--postgres-url", "postgres://x@h/db"])
+        .into_config()
+        .expect_err("cow is the embedded server's");
+    assert!(error.contains("--storage cow"), "{error}");
+}

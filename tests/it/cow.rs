@@ -320,7 +320,11 @@ async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
     let xfs = ClonableDir::make("cow-data-dir");
     let plain = scratch_dir("cow-plain-dir");
     for (dir, method, said) in [
-        (xfs.mount.join("data"), "clone", "clusters go there"),
+        (
+            xfs.mount.join("data"),
+            "clone",
+            "the data directory's file system clones",
+        ),
         (plain.join("data"), "copy", "cannot clone files"),
     ] {
         let daemon = TestDaemon::builder()
@@ -367,4 +371,220 @@ fn a_tmpfs_too_small_for_the_store_is_refused() {
         "{log}"
     );
     assert!(log.contains("--tmpfs-size"), "{log}");
+}
+
+/// `/status`' word on the storage: `(kind, reason)`.
+async fn storage(daemon: &TestDaemon) -> (String, String) {
+    let status = daemon.status().await;
+    let storage = &status["postgres"]["storage"];
+    (
+        storage["kind"].as_str().expect("storage.kind").to_owned(),
+        storage["reason"]
+            .as_str()
+            .expect("storage.reason")
+            .to_owned(),
+    )
+}
+
+/// An SQL file of `mb` MB (a comment: cheap to apply), a template source `auto` weighs.
+fn big_sql_file(dir: &Path, mb: usize) -> PathBuf {
+    let file = dir.join("big.sql");
+    let line = format!("-- {}\n", "x".repeat(1020));
+    let mut text = String::with_capacity(mb << 20);
+    while text.len() < mb << 20 {
+        text.push_str(&line);
+    }
+    text.push_str("CREATE TABLE seeded (i int);\n");
+    fs::write(&file, text).expect("write the big source");
+    file
+}
+
+/// The default, `auto`, keeps tmpfs for small templates on PostgreSQL 18 and says why.
+#[tokio::test]
+async fn auto_keeps_tmpfs_for_small_templates() {
+    if !can_make_store("auto_keeps_tmpfs_for_small_templates") {
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-version", "18"])
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&daemon).await;
+    assert_eq!(kind, "tmpfs");
+    assert!(
+        reason.contains("no template known at start reaches"),
+        "{reason}"
+    );
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "copy");
+    let dir = data_dir(&daemon).await;
+    let instance = dir.parent().expect("instance dir").to_path_buf();
+    assert!(mounts_under(&instance).is_empty(), "no store was made");
+    assert!(daemon.stop().await.success());
+}
+
+/// A template whose sources reach the line makes `auto` build the store (and clone there);
+/// where the store cannot be made, `auto` warns and runs on tmpfs instead of failing.
+#[tokio::test]
+async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
+    if !can_make_store("auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs") {
+        return;
+    }
+    let dir = scratch_dir("cow-auto-big");
+    let source = big_sql_file(&dir, 130);
+    let template = format!("big=sql:{}", source.display());
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-version", "18", "--template", &template])
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&daemon).await;
+    assert_eq!(kind, "cow", "{reason}");
+    assert!(reason.contains("template big is 130 MB"), "{reason}");
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "clone");
+    let instance = data_dir(&daemon)
+        .await
+        .parent()
+        .and_then(Path::parent)
+        .expect("instance dir above the store")
+        .to_path_buf();
+    assert_eq!(mounts_under(&instance).len(), 1, "the store is mounted");
+    let lease = daemon.lease_ok("big").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .batch_execute("INSERT INTO seeded VALUES (1)")
+        .await
+        .expect("a write in a clone on the store");
+    assert!(daemon.stop().await.success());
+    assert!(mounts_under(&instance).is_empty(), "unmounted at stop");
+    assert!(
+        loop_devices_under(&instance).is_empty(),
+        "loop device freed"
+    );
+
+    // A tmpfs of 400 MB leaves too little for a store: auto copies instead.
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-version", "18", "--template", &template])
+        .args(["--tmpfs-size", "400M"])
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&daemon).await;
+    assert_eq!(kind, "tmpfs", "{reason}");
+    assert!(reason.contains("could not be made"), "{reason}");
+    assert!(
+        daemon
+            .log()
+            .contains("auto: the copy-on-write store cannot be made"),
+        "{}",
+        daemon.log()
+    );
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "copy");
+    daemon.lease_ok("big").await;
+    assert!(daemon.stop().await.success());
+}
+
+/// `--storage cow` with a data directory on tmpfs makes its store inside it (a container's
+/// tmpfs volume), and a clean stop takes it away again.
+#[tokio::test]
+async fn cow_makes_its_store_inside_a_tmpfs_data_dir() {
+    if !can_make_store("cow_makes_its_store_inside_a_tmpfs_data_dir") {
+        return;
+    }
+    let root = PathBuf::from(format!(
+        "/dev/shm/pglease-test-cow-in-dir-{}",
+        std::process::id()
+    ));
+    let dir = root.join("data");
+    let daemon = TestDaemon::builder()
+        .args(["--storage", "cow", "--postgres-version", "18", "--data-dir"])
+        .args([dir.display().to_string()])
+        .default_cache()
+        .start()
+        .await;
+    let (kind, _) = storage(&daemon).await;
+    assert_eq!(kind, "cow");
+    assert_eq!(
+        mounts_under(&dir),
+        vec![dir.join("cow").display().to_string()]
+    );
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "clone");
+    write_in_a_lease(&daemon).await;
+    assert!(daemon.stop().await.success());
+    assert!(mounts_under(&dir).is_empty(), "unmounted at stop");
+    assert!(loop_devices_under(&dir).is_empty(), "loop device freed");
+    let _ = fs::remove_dir_all(&root);
+}
+
+/// A kept data directory's store stays mounted between runs: the next start uses it as it
+/// is (its cluster and templates), and a run without --keep-data takes it away.
+#[tokio::test]
+async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep() {
+    if !can_make_store("a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep") {
+        return;
+    }
+    let root = PathBuf::from(format!(
+        "/dev/shm/pglease-test-cow-kept-{}",
+        std::process::id()
+    ));
+    let dir = root.join("data");
+    let args = |keep: bool| {
+        let mut args = vec![
+            "--storage".to_owned(),
+            "cow".to_owned(),
+            "--postgres-version".to_owned(),
+            "18".to_owned(),
+            "--data-dir".to_owned(),
+            dir.display().to_string(),
+        ];
+        if keep {
+            args.push("--keep-data".to_owned());
+        }
+        args
+    };
+    let first = TestDaemon::builder()
+        .args(args(true))
+        .default_cache()
+        .start()
+        .await;
+    let fingerprint = first.lease_ok("default").await["fingerprint"].clone();
+    assert!(first.stop().await.success());
+    assert_eq!(mounts_under(&dir).len(), 1, "a kept store stays mounted");
+
+    let second = TestDaemon::builder()
+        .args(args(true))
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&second).await;
+    assert_eq!(kind, "cow");
+    assert!(reason.contains("kept"), "{reason}");
+    assert!(
+        second.log().contains("cluster_origin=Kept"),
+        "{}",
+        second.log()
+    );
+    let lease = second.lease_ok("default").await;
+    assert_eq!(lease["fingerprint"], fingerprint);
+    write_in_a_lease(&second).await;
+    assert!(second.stop().await.success());
+
+    let third = TestDaemon::builder()
+        .args(args(false))
+        .default_cache()
+        .start()
+        .await;
+    write_in_a_lease(&third).await;
+    assert!(third.stop().await.success());
+    assert!(
+        mounts_under(&dir).is_empty(),
+        "unmounted by the run that keeps nothing"
+    );
+    assert!(loop_devices_under(&root).is_empty(), "loop device freed");
+    let _ = fs::remove_dir_all(&root);
 }

@@ -43,6 +43,7 @@ use crate::wire;
         wire::StatusResponse,
         wire::ServerJson,
         wire::PostgresJson,
+        wire::StorageJson,
         wire::TemplateJson,
         wire::ProgressJson,
         wire::LeaseJson,

@@ -478,6 +478,10 @@ async fn healthz_answers_without_the_pool() {
 async fn status_renders_the_report_without_credentials() {
     let report = StatusReport {
         postgres: PostgresStatus {
+            storage: Some(pglease_pool::StorageStatus {
+                kind: "cow",
+                reason: "--storage cow: a store made in RAM".into(),
+            }),
             state: "running",
             external: false,
             version: Some("16.4".into()),
@@ -580,6 +584,7 @@ async fn status_renders_the_report_without_credentials() {
         "version": "16.4",
         "pid": 4242,
         "data_dir": "/dev/shm/pglease-abc123",
+        "storage": { "kind": "cow", "reason": "--storage cow: a store made in RAM" },
         "host": "127.0.0.1",
         "port": 54321,
         "settings": { "fsync": "off", "synchronous_commit": "off" },

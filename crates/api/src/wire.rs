@@ -275,6 +275,8 @@ pub struct PostgresJson {
     pub pid: Option<u32>,
     /// Data directory.
     pub data_dir: Option<String>,
+    /// What the clusters live on (embedded only): `--storage`, or what `auto` chose.
+    pub storage: Option<StorageJson>,
     /// Host for lease holders.
     pub host: Option<String>,
     /// Port for lease holders.
@@ -289,6 +291,16 @@ pub struct PostgresJson {
     /// Admin operations (clone, recycle, drop, ...) that timed out since the server was
     /// last (re)connected; each one's error says "timed out after …".
     pub admin_timeouts: u64,
+}
+
+/// What an embedded server's clusters live on, in `/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StorageJson {
+    /// `tmpfs` (clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
+    /// (the data directory's file system clones).
+    pub kind: &'static str,
+    /// Why: what was asked, or what `--storage auto` weighed.
+    pub reason: String,
 }
 
 /// A template in `/status`.

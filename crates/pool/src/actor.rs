@@ -54,7 +54,9 @@ const NOT_RUNNING: &str = "postgres is not running";
 /// Capacity of the command channel; senders wait when it is full.
 const COMMAND_CAPACITY: usize = 1024;
 
-/// Where the server comes from, held by the actor between (re)starts.
+/// Where the server comes from, held by the actor between (re)starts. One per pool: the
+/// variants' difference in size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     Embedded(Embedded),
     External(ExternalTarget),
@@ -222,7 +224,7 @@ pub async fn start(
             // The embedded server's pg_hba rule for lease roles follows the pool's choice.
             let mut embedded = (**embedded).clone();
             embedded.lease_auth = config.lease_auth;
-            let prepared = Embedded::prepare(&embedded).await?;
+            let prepared = Embedded::prepare(&embedded, &templates).await?;
             if limits.max_bytes.is_none() {
                 limits.max_bytes = default_byte_budget(prepared.instance_dir());
             }
@@ -662,6 +664,7 @@ impl Actor {
                                 fingerprint: built.fingerprint.clone(),
                             },
                         );
+                        self.suggest_store(&template, built.size_bytes);
                     }
                     Err(message) => {
                         tracing::warn!(template = %template, error = %message, "template build failed");
@@ -1115,6 +1118,23 @@ impl Actor {
         });
     }
 
+    /// Says so when a big template was built where every clone copies it: the store of
+    /// `--storage cow` would share its blocks, and `auto` takes it at a start that knows
+    /// the template's size (from its sources or a snapshot).
+    fn suggest_store(&self, template: &TemplateName, size_bytes: i64) {
+        let big = u64::try_from(size_bytes)
+            .is_ok_and(|bytes| bytes >= crate::postgres::AUTO_MIN_TEMPLATE_BYTES);
+        if big && self.store.is_none() && !self.external {
+            tracing::info!(
+                template = %template,
+                size_mb = size_bytes >> 20,
+                "every clone of this template copies it; on PostgreSQL 18, --storage cow \
+                 would share its blocks (--storage auto does at a start that knows its size: \
+                 from its sources or a snapshot; docs/cow-storage.md)"
+            );
+        }
+    }
+
     /// A lease request. A template built from files has its sources checked first — a
     /// stat call per file, the hash only when a stamp moved — so that an edit followed at
     /// once by a lease is seen. The check is file I/O and runs in a worker, not on the
@@ -1328,6 +1348,7 @@ impl Actor {
         let wall_now = SystemTime::now();
         StatusReport {
             postgres: PostgresStatus {
+                storage: self.running.as_ref().map(|r| r.storage.clone()),
                 state,
                 external: self.external,
                 version: session.map(|s| s.version.clone()),

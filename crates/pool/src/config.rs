@@ -37,11 +37,15 @@ pub struct PoolConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Storage {
     /// The instance directory itself, on tmpfs: every clone copies its template's bytes.
-    #[default]
     Tmpfs,
     /// A copy-on-write file system pglease makes in RAM (`postgres/cow.rs`): on PostgreSQL
     /// 18 and later a clone shares its template's blocks (`file_copy_method = clone`).
     Cow,
+    /// The store where it pays: on PostgreSQL 18+, a data directory that clones, or a store
+    /// made in RAM when a template known at start is big and one can be made; otherwise
+    /// tmpfs (`postgres/storage.rs`).
+    #[default]
+    Auto,
 }
 
 /// How lease roles authenticate to the embedded server.
@@ -321,7 +325,7 @@ impl EmbeddedConfig {
             binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
             data_dir: None,
             tmpfs_size: None,
-            storage: Storage::Tmpfs,
+            storage: Storage::Auto,
             allow_unsafe_on_disk: false,
             pg_user: None,
             cache_dir: None,

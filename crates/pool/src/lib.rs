@@ -33,5 +33,6 @@ pub use servers::Servers;
 pub use state::Registered;
 pub use types::{
     BuildProgress, ConnectInfo, DropStatus, KeptDatabase, Lease, LeaseRequest, LeaseSummary,
-    LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus, StatusReport, TemplateStatus,
+    LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus, StatusReport, StorageStatus,
+    TemplateStatus,
 };

@@ -26,6 +26,17 @@ pub mod progress;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SourceStamp(Vec<(PathBuf, u64, Option<SystemTime>)>);
 
+impl SourceStamp {
+    /// The bytes of the source's files (directories count as nothing).
+    pub fn bytes(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|(path, _, _)| !path.is_dir())
+            .map(|(_, len, _)| len)
+            .sum()
+    }
+}
+
 /// Takes the stamp of a source. Unreadable paths enter as such, so their repair shows.
 pub fn stamp(source: &TemplateSource) -> SourceStamp {
     if let TemplateSource::Superuser(inner) = source {

@@ -119,6 +119,16 @@ pub struct ServerStatus {
     pub limits: LimitStatus,
 }
 
+/// What an embedded server's clusters live on, and why (`--storage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageStatus {
+    /// `tmpfs` (clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
+    /// (the user's data directory, whose file system clones).
+    pub kind: &'static str,
+    /// Why: what was asked, or what `auto` weighed.
+    pub reason: String,
+}
+
 /// The limits requests meet, in a status report.
 #[derive(Debug, Clone, Default)]
 pub struct LimitStatus {
@@ -182,6 +192,8 @@ pub struct DropStatus {
 /// The server's side of a status report.
 #[derive(Debug, Clone)]
 pub struct PostgresStatus {
+    /// What the clusters live on (embedded only): `--storage`, or what `auto` chose.
+    pub storage: Option<StorageStatus>,
     /// "starting", "running", "restarting" or "stopping".
     pub state: &'static str,
     /// True when pglease attached to an external server.

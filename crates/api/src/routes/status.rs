@@ -11,7 +11,7 @@ use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
     DropsJson, ErrorBody, HealthResponse, LeaseJson, LimitsJson, PostgresJson, ReadyResponse,
-    RefusedJson, ServerJson, StatusResponse,
+    RefusedJson, ServerJson, StatusResponse, StorageJson,
 };
 use crate::AppState;
 
@@ -64,6 +64,10 @@ fn postgres_json(postgres: PostgresStatus) -> PostgresJson {
         version: postgres.version,
         pid: postgres.pid,
         data_dir: postgres.data_dir.map(|d| d.display().to_string()),
+        storage: postgres.storage.map(|s| StorageJson {
+            kind: s.kind,
+            reason: s.reason,
+        }),
         host: postgres.host,
         port: postgres.port,
         settings: postgres

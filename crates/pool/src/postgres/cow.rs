@@ -25,9 +25,9 @@ pub(crate) const IMAGE_FILE: &str = "cow.xfs";
 /// The smallest file system mkfs.xfs 6 makes.
 const MIN_BYTES: u64 = 512 * 1024 * 1024;
 
-/// Makes the store in `instance_dir`: a sparse file of `bytes` (at least 512 MB), an
-/// XFS with reflinks in it, mounted on `instance_dir/cow`. Checks that a file copied there really shares its
-/// blocks. Returns the mount point.
+/// Makes the store in `instance_dir`: a sparse file of `bytes` (at least 512 MB), an XFS
+/// with reflinks in it, mounted on `instance_dir/cow`. Checks that a file copied there
+/// really shares its blocks. Returns the mount point; on error nothing of it is left.
 pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(failed(
@@ -49,7 +49,25 @@ pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartErro
             ),
         ));
     }
-    let file = std::fs::File::create(&image)
+    if let Err(error) = make_at(&image, &mount_point, bytes) {
+        // Nothing half-made stays behind: `auto` goes on without a store.
+        unmount(&mount_point);
+        let _ = std::fs::remove_file(&image);
+        let _ = std::fs::remove_dir(&mount_point);
+        return Err(error);
+    }
+    info!(
+        mount_point = %mount_point.display(),
+        image = %image.display(),
+        bytes,
+        "made a copy-on-write store (XFS with reflinks, loop-mounted from a sparse file in RAM); a file copied there shares its blocks"
+    );
+    Ok(mount_point)
+}
+
+/// [`make`]'s steps: the file, the file system, the mount, the check.
+fn make_at(image: &Path, mount_point: &Path, bytes: u64) -> Result<(), StartError> {
+    let file = std::fs::File::create(image)
         .map_err(|e| failed("creating its file", format!("{}: {e}", image.display())))?;
     // Sparse: RAM is taken only as the file system is written.
     file.set_len(bytes)
@@ -60,9 +78,9 @@ pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartErro
         "xfsprogs",
         Command::new("mkfs.xfs")
             .args(["-q", "-f", "-m", "reflink=1"])
-            .arg(&image),
+            .arg(image),
     )?;
-    std::fs::create_dir_all(&mount_point).map_err(|e| {
+    std::fs::create_dir_all(mount_point).map_err(|e| {
         failed(
             "creating its mount point",
             format!("{}: {e}", mount_point.display()),
@@ -73,20 +91,10 @@ pub(crate) fn make(instance_dir: &Path, bytes: u64) -> Result<PathBuf, StartErro
         "util-linux",
         Command::new("mount")
             .args(["-t", "xfs", "-o", "loop,nosuid,nodev"])
-            .arg(&image)
-            .arg(&mount_point),
+            .arg(image)
+            .arg(mount_point),
     )?;
-    if let Err(error) = check_clones(&mount_point) {
-        unmount(&mount_point);
-        return Err(error);
-    }
-    info!(
-        mount_point = %mount_point.display(),
-        image = %image.display(),
-        bytes,
-        "made a copy-on-write store (XFS with reflinks, loop-mounted from a sparse file in RAM); a file copied there shares its blocks"
-    );
-    Ok(mount_point)
+    check_clones(mount_point)
 }
 
 /// Whether a copy in `dir` shares its blocks: `cp --reflink=always` fails where the file

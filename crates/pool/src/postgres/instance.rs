@@ -9,8 +9,9 @@
 //! - `pgdata-<generation>/`: one cluster per start, see [`super::Embedded::start`];
 //! - `socket/`: the private unix socket directory (mode 0700, owned by the server's user);
 //! - `postgres.log`: the server's stdout and stderr, appended to by every generation;
-//! - with `--storage cow`: `cow.xfs`, the copy-on-write store's file, mounted on `cow/`,
-//!   where the `pgdata-<generation>/` directories are instead (`cow.rs`).
+//! - with a copy-on-write store (`--storage cow`, or `auto` for a big template; chosen by
+//!   `storage.rs`): `cow.xfs`, the store's file, mounted on `cow/`, where the
+//!   `pgdata-<generation>/` directories are instead (`cow.rs`).
 //!
 //! It starts no server; the only processes it signals are postmasters of stale instances.
 
@@ -24,8 +25,10 @@ use nix::sys::signal::Signal;
 use nix::unistd::{geteuid, Pid, User};
 use tracing::{info, warn};
 
+use super::storage::{self, Layout, StorageHints};
 use crate::config::{EmbeddedConfig, Storage};
 use crate::error::StartError;
+use crate::types::StorageStatus;
 
 /// Name of the marker file that makes a directory a pglease instance.
 pub(crate) const MARKER_FILE: &str = "pglease-instance";
@@ -136,6 +139,8 @@ pub(crate) struct Instance {
     /// The clusters' file system clones files (our store, or a `--data-dir` that does):
     /// PostgreSQL 18+ then gets `file_copy_method = clone`.
     pub clones: bool,
+    /// What the clusters live on and why (`--storage`), for the log and `/status`.
+    pub storage: StorageStatus,
     /// The server log inside it.
     pub log_path: PathBuf,
     /// It is on tmpfs or ramfs (false only with `allow_unsafe_on_disk`).
@@ -150,7 +155,11 @@ impl Instance {
     /// Creates (or adopts) the instance directory, mounts its tmpfs if asked, writes the
     /// marker, checks the file system and makes the socket directory. On error, whatever
     /// was created is removed again.
-    pub fn create(config: &EmbeddedConfig, run_as: &RunAs) -> Result<Instance, StartError> {
+    pub fn create(
+        config: &EmbeddedConfig,
+        hints: &StorageHints,
+        run_as: &RunAs,
+    ) -> Result<Instance, StartError> {
         let (dir, created) = match &config.data_dir {
             Some(dir) => adopt_configured(dir)?,
             None => {
@@ -168,13 +177,14 @@ impl Instance {
             socket_dir: dir.join("socket"),
             cow_store: false,
             clones: false,
+            storage: StorageStatus::default(),
             log_path: dir.join("postgres.log"),
             dir,
             in_memory: false,
             created,
             mounted: false,
         };
-        match instance.set_up(config, run_as) {
+        match instance.set_up(config, hints, run_as) {
             Ok(()) => Ok(instance),
             Err(e) => {
                 instance.remove();
@@ -184,44 +194,19 @@ impl Instance {
     }
 
     /// The steps of [`Instance::create`] after the directory exists.
-    fn set_up(&mut self, config: &EmbeddedConfig, run_as: &RunAs) -> Result<(), StartError> {
+    fn set_up(
+        &mut self,
+        config: &EmbeddedConfig,
+        hints: &StorageHints,
+        run_as: &RunAs,
+    ) -> Result<(), StartError> {
         if let Some(bytes) = config.tmpfs_size {
             self.mount_tmpfs(bytes, run_as)?;
         }
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
-        if config.storage == Storage::Cow && config.data_dir.is_some() {
-            // The operator's directory: used as it is if its file system clones.
-            self.clones = match super::cow::check_clones(&self.dir) {
-                Ok(()) => {
-                    info!(path = %self.dir.display(), "the data directory's file system clones files (a copy shares its blocks): clusters go there");
-                    true
-                }
-                Err(error) => {
-                    warn!(path = %self.dir.display(), %error, "--storage cow: the data directory's file system cannot clone files; clones copy their template as on tmpfs (use XFS made with reflink=1 or btrfs, or leave out --data-dir and pglease makes a store in RAM)");
-                    false
-                }
-            };
-        } else if config.storage == Storage::Cow {
-            // Sparse, so it takes RAM only as written; sized below what the tmpfs under it
-            // has free. A full store is a clean "No space left on device" from XFS to the
-            // writer; a full tmpfs under it would fail the loop device's writes, and XFS
-            // shuts the whole store down on a failed metadata write.
-            let free = nix::sys::statvfs::statvfs(&self.dir)
-                .map(|s| s.blocks_available() * s.fragment_size())
-                .map_err(|source| StartError::Sys {
-                    action: "cannot statvfs",
-                    path: self.dir.clone(),
-                    source,
-                })?;
-            let store = super::cow::make(&self.dir, free / 10 * 9)?;
-            self.cow_store = true;
-            self.clones = true;
-            std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
-                .map_err(|source| io_error("cannot chmod", &store, source))?;
-            run_as.chown(&store)?;
-        }
+        self.choose_storage(config, hints, run_as)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
         run_as.chown(&self.dir)?;
@@ -245,6 +230,91 @@ impl Instance {
             });
         }
         Ok(())
+    }
+
+    /// Decides what the clusters live on (`storage.rs`) and makes it: nothing, or a
+    /// copy-on-write store in the directory (adopting a kept one).
+    fn choose_storage(
+        &mut self,
+        config: &EmbeddedConfig,
+        hints: &StorageHints,
+        run_as: &RunAs,
+    ) -> Result<(), StartError> {
+        let store = self.dir.join(super::cow::MOUNT_DIR);
+        let kept_store = is_mount_point(&store);
+        let facts = storage::Facts {
+            requested: config.storage,
+            major: hints.major,
+            in_memory: self.in_memory,
+            // Only a directory of the user's may clone: ours is on tmpfs.
+            dir_clones: (config.data_dir.is_some()
+                && config.storage != Storage::Tmpfs
+                && !kept_store)
+                .then(|| super::cow::check_clones(&self.dir).map_err(|e| e.to_string())),
+            kept_store,
+            kept_clusters: self.last_generation() > 0,
+            cannot_make: (config.storage == Storage::Auto)
+                .then(storage::cannot_make_store)
+                .flatten(),
+            largest_template: hints.largest_template.clone(),
+        };
+        let (layout, reason) = storage::decide(&facts);
+        let kind = match layout {
+            Layout::Copy => "tmpfs",
+            Layout::DirClones => "data_dir",
+            Layout::Store { .. } => "cow",
+        };
+        match layout {
+            Layout::Copy if config.storage == Storage::Cow => {
+                warn!(path = %self.dir.display(), %reason, "--storage cow: the data directory's file system cannot clone files; clones copy their template (use XFS made with reflink=1 or btrfs, a tmpfs, or leave out --data-dir and pglease makes a store in RAM)");
+            }
+            Layout::Copy | Layout::DirClones => {
+                info!(path = %self.dir.display(), storage = kind, %reason, "storage chosen");
+            }
+            Layout::Store { fallback } => match self.make_store(kept_store, run_as) {
+                Ok(()) => {
+                    info!(path = %store.display(), storage = kind, %reason, "storage chosen")
+                }
+                Err(error) if fallback => {
+                    warn!(%error, "auto: the copy-on-write store cannot be made; clones copy their template on tmpfs");
+                    self.storage = StorageStatus {
+                        kind: "tmpfs",
+                        reason: format!("auto: a copy-on-write store could not be made ({error})"),
+                    };
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            },
+        }
+        self.clones = layout != Layout::Copy;
+        self.storage = StorageStatus { kind, reason };
+        Ok(())
+    }
+
+    /// Makes the copy-on-write store in the directory, or adopts a kept one still mounted.
+    fn make_store(&mut self, kept: bool, run_as: &RunAs) -> Result<(), StartError> {
+        let store = if kept {
+            let store = self.dir.join(super::cow::MOUNT_DIR);
+            super::cow::check_clones(&store)?;
+            store
+        } else {
+            // Sparse, so it takes RAM only as written; sized below what the tmpfs under it
+            // has free. A full store is a clean "No space left on device" from XFS to the
+            // writer; a full tmpfs under it would fail the loop device's writes, and XFS
+            // shuts the whole store down on a failed metadata write.
+            let free = nix::sys::statvfs::statvfs(&self.dir)
+                .map(|s| s.blocks_available() * s.fragment_size())
+                .map_err(|source| StartError::Sys {
+                    action: "cannot statvfs",
+                    path: self.dir.clone(),
+                    source,
+                })?;
+            super::cow::make(&self.dir, free / 10 * 9)?
+        };
+        self.cow_store = true;
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| io_error("cannot chmod", &store, source))?;
+        run_as.chown(&store)
     }
 
     /// Mounts a tmpfs of `bytes` on the directory.

@@ -15,6 +15,7 @@ mod initdb;
 mod instance;
 pub mod snapshot;
 mod spawn;
+mod storage;
 #[cfg(test)]
 mod tests;
 
@@ -33,8 +34,11 @@ use self::binaries::Binaries;
 use self::initdb::Cache;
 use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
 use self::spawn::{CommandSpec, Output};
-use crate::config::{EmbeddedConfig, LeaseAuth};
+pub(crate) use self::storage::AUTO_MIN_TEMPLATE_BYTES;
+use self::storage::{largest_template, StorageHints};
+use crate::config::{EmbeddedConfig, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
+use crate::types::StorageStatus;
 
 /// The superuser role initdb creates; it connects only over the private unix socket.
 pub const ADMIN_USER: &str = "postgres";
@@ -123,8 +127,12 @@ pub struct Embedded {
 impl Embedded {
     /// Finds binaries (downloading them into the cache if need be), resolves the OS user,
     /// sweeps stale instances, creates (and mounts) the instance directory and checks that
-    /// it is on tmpfs.
-    pub async fn prepare(config: &EmbeddedConfig) -> Result<Embedded, StartError> {
+    /// it is on tmpfs. `templates` are the server's: with `--storage auto` a big one makes
+    /// the clusters go to a copy-on-write store (`storage.rs`).
+    pub async fn prepare(
+        config: &EmbeddedConfig,
+        templates: &[TemplateConfig],
+    ) -> Result<Embedded, StartError> {
         let run_as = RunAs::resolve(config.pg_user.as_deref())?;
         // The initdb cache and downloaded binaries share one root.
         let cache_root = config
@@ -133,13 +141,18 @@ impl Embedded {
             .unwrap_or_else(pglease_binaries::default_cache_root);
         let binaries = Binaries::resolve(config, &cache_root, run_as.switch).await?;
         let config = config.clone();
+        let templates = templates.to_vec();
         // Runs processes, sleeps while stopping stale postmasters and walks directories.
-        blocking(move || Embedded::prepare_blocking(config, binaries, run_as, cache_root)).await
+        blocking(move || {
+            Embedded::prepare_blocking(config, &templates, binaries, run_as, cache_root)
+        })
+        .await
     }
 
     /// The rest of [`Embedded::prepare`], on a thread that may block.
     fn prepare_blocking(
         config: EmbeddedConfig,
+        templates: &[TemplateConfig],
         binaries: Binaries,
         run_as: RunAs,
         cache_root: PathBuf,
@@ -149,8 +162,16 @@ impl Embedded {
         if !swept.is_empty() {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
-        let instance = Instance::create(&config, &run_as)?;
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
+        let found = config
+            .snapshot_dir
+            .as_deref()
+            .and_then(|dir| snapshot::find(dir, &binaries.version, &initdb_args));
+        let hints = StorageHints {
+            major: snapshot::major_of(&binaries.version),
+            largest_template: largest_template(templates, found.as_ref()),
+        };
+        let instance = Instance::create(&config, &hints, &run_as)?;
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
         // Only a configured, kept directory is reused, and only a cluster stopped cleanly:
@@ -159,12 +180,7 @@ impl Embedded {
             .then(|| instance.cluster_dir(generation))
             .filter(|dir| dir.join("PG_VERSION").exists() && !dir.join("postmaster.pid").exists())
             .map(|_| generation);
-        let snapshot = match &config.snapshot_dir {
-            Some(dir) if kept_generation.is_none() => {
-                snapshot::find(dir, &binaries.version, &initdb_args)
-            }
-            _ => None,
-        };
+        let snapshot = found.filter(|_| kept_generation.is_none());
         info!(
             instance_dir = %instance.dir.display(),
             bin_dir = %binaries.bin_dir.display(),
@@ -265,6 +281,7 @@ impl Embedded {
             version: self.binaries.version.clone(),
             generation: self.generation,
             cluster_origin: launched.origin,
+            storage: self.instance.storage.clone(),
             child: Some(launched.child),
         };
         match running.wait_ready().await {
@@ -685,6 +702,8 @@ pub struct RunningPostgres {
     pub generation: u32,
     /// Whether initdb ran or the cluster came from the cache.
     pub cluster_origin: ClusterOrigin,
+    /// What the cluster lives on (`--storage`), and why.
+    pub storage: StorageStatus,
     /// The postmaster; `None` once reaped by shutdown.
     child: Option<Child>,
 }

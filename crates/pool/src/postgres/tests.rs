@@ -60,7 +60,7 @@ fn test_config(cache: &Path) -> EmbeddedConfig {
 
 /// `Embedded::prepare`, failing with a hint about the bin dir variable.
 async fn prepare(config: &EmbeddedConfig) -> Embedded {
-    match Embedded::prepare(config).await {
+    match Embedded::prepare(config, &[]).await {
         Ok(embedded) => embedded,
         Err(e) => panic!("prepare failed: {e}\n(set {BIN_DIR_VAR} to the server's bin directory if postgres was not found)"),
     }
@@ -150,7 +150,7 @@ async fn refuses_a_directory_on_disk_unless_allowed() {
     let mut config = test_config(cache.path());
     let data_dir = parent.path().join("instance");
     config.data_dir = Some(data_dir.clone());
-    match Embedded::prepare(&config).await {
+    match Embedded::prepare(&config, &[]).await {
         Err(StartError::NotTmpfs { path, fs_type }) => {
             assert_eq!(path, data_dir);
             assert!(!fs_type.contains("tmpfs"), "{fs_type}");
@@ -484,7 +484,7 @@ async fn a_dedicated_tmpfs_is_mounted_and_unmounted() {
     config.data_dir = Some(mount_point.clone());
     config.tmpfs_size = Some(256 * 1024 * 1024);
     if !nix::unistd::geteuid().is_root() {
-        match Embedded::prepare(&config).await {
+        match Embedded::prepare(&config, &[]).await {
             Err(StartError::MountNeedsRoot { path }) => assert_eq!(path, mount_point),
             other => panic!("expected MountNeedsRoot, got {other:?}"),
         }
@@ -516,7 +516,7 @@ async fn a_configured_dir_with_foreign_files_is_refused() {
     std::fs::write(shm.path().join("precious"), "data").expect("write");
     let mut config = test_config(cache.path());
     config.data_dir = Some(shm.path().to_path_buf());
-    match Embedded::prepare(&config).await {
+    match Embedded::prepare(&config, &[]).await {
         Err(StartError::InstanceDirNotOurs { path }) => assert_eq!(path, shm.path()),
         other => panic!("expected InstanceDirNotOurs, got {other:?}"),
     }

@@ -28,7 +28,7 @@ impl Server {
         config.cache_dir = Some(std::env::temp_dir().join("pglease-session-tests-cache"));
         config.shared_buffers = "16MB".into();
         config.max_connections = 100;
-        let mut embedded = Embedded::prepare(&config).await.unwrap_or_else(|e| {
+        let mut embedded = Embedded::prepare(&config, &[]).await.unwrap_or_else(|e| {
             panic!("prepare failed: {e} (set PGLEASE_PG_BIN_DIR if postgres was not found)")
         });
         let running = embedded
