@@ -8,6 +8,8 @@
 # base images (deploy/README.md, "Base images without a registry"): debian:bookworm-slim
 # from debootstrap, rust:<version>-slim-bookworm from it plus the host's stable toolchain.
 # Images stay in docker as the cache of the next run; containers and networks are removed.
+# Then copy-on-write clones (--storage cow, PostgreSQL 18): a privileged container that makes
+# its own store, and an unprivileged one on an XFS with reflinks the script mounts.
 # Needs root (or a docker the caller may use). Exits non-zero when anything fails.
 #
 # Environment: PGLEASE_RUST_IMAGE / PGLEASE_RUNTIME_IMAGE (base images; if they exist
@@ -43,12 +45,20 @@ end_phase() {
 # --- clean-up --------------------------------------------------------------------------
 scratch=$(mktemp -d /var/tmp/pglease-deploy-test.XXXXXX)
 compose=()
+containers=()
+xfs_mount=""
 on_exit() {
   local status=$?
   local failed_phase=$phase_name
   end_phase
   if [ ${#compose[@]} -gt 0 ]; then
     "${compose[@]}" down --volumes --remove-orphans >/dev/null 2>&1 || true
+  fi
+  for container in "${containers[@]}"; do
+    "$DOCKER" rm -f "$container" >/dev/null 2>&1 || true
+  done
+  if [ -n "$xfs_mount" ] && mountpoint -q "$xfs_mount"; then
+    umount "$xfs_mount" || true
   fi
   rm -rf "$scratch" deploy/docker/cargo/vendor deploy/docker/cargo/config.toml \
     deploy/docker/binaries/postgresql-*
@@ -319,6 +329,95 @@ fi
 echo "ok: refuses a data directory that is not tmpfs"
 echo "runs as: $("$DOCKER" run --rm --entrypoint id "$image")"
 
+# --- copy-on-write clones ------------------------------------------------------------------
+# status_of CONTAINER: GET /status, from inside the container.
+status_of() { "$DOCKER" exec "$1" pglease status --json; }
+# wait_ready CONTAINER: until /readyz answers (or the container is gone).
+wait_ready() {
+  for _ in $(seq 120); do
+    if "$DOCKER" exec "$1" pglease-healthcheck /readyz >/dev/null 2>&1; then return 0; fi
+    if [ "$("$DOCKER" inspect --format '{{.State.Running}}' "$1")" != true ]; then break; fi
+    sleep 0.5
+  done
+  "$DOCKER" logs "$1" 2>&1 | tail -n 30 >&2
+  echo "the container did not become ready" >&2
+  return 1
+}
+# expect_clones CONTAINER KIND: the server clones (file_copy_method = clone) on storage KIND,
+# and a lease of the template can be written in.
+expect_clones() {
+  local status method kind url
+  status=$(status_of "$1")
+  method=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["postgres"]["settings"].get("file_copy_method"))' <<<"$status")
+  kind=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["postgres"]["storage"]["kind"])' <<<"$status")
+  if [ "$method" != clone ] || [ "$kind" != "$2" ]; then
+    echo "expected file_copy_method clone on storage $2, got $method on $kind:" >&2
+    python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["postgres"], indent=1))' <<<"$status" >&2
+    return 1
+  fi
+  url=$("$DOCKER" exec "$1" pglease lease --template default)
+  "$DOCKER" exec "$1" psql "$url" -v ON_ERROR_STOP=1 -qc 'CREATE TABLE t (i int); INSERT INTO t VALUES (1)'
+  echo "ok: storage $kind, file_copy_method clone, a lease written in"
+}
+# loops_of PATTERN: loop devices whose backing file matches PATTERN (a privileged
+# container's loop devices are the host's).
+loops_of() {
+  grep -l -- "$1" /sys/block/loop*/loop/backing_file 2>/dev/null | wc -l || true
+}
+cow_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+phase "copy-on-write clones: a container makes its store"
+# Root with CAP_SYS_ADMIN and the loop devices: what --privileged gives, narrowed (docker
+# here may not grant every capability --privileged asks for).
+loop_devices=()
+for device in /dev/loop-control /dev/loop[0-9]*; do
+  [ -b "$device" ] || [ -c "$device" ] && loop_devices+=(--device "$device")
+done
+cid=$("$DOCKER" run -d --user 0:0 --cap-add SYS_ADMIN "${loop_devices[@]}" \
+  --security-opt apparmor=unconfined --tmpfs /var/lib/pglease:size=1g \
+  -e PGLEASE_TOKEN="$cow_token" "$image" --postgres-version=18 --storage=cow --min-ready=1)
+containers+=("$cid")
+wait_ready "$cid"
+expect_clones "$cid" cow
+store_loops=$(loops_of /var/lib/pglease/data/cow.xfs)
+if [ "$store_loops" -lt 1 ]; then
+  echo "no loop device backs the container's store" >&2
+  exit 1
+fi
+"$DOCKER" stop -t 30 "$cid" >/dev/null
+exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$cid")
+left=$(loops_of /var/lib/pglease/data/cow.xfs)
+if [ "$exit_code" != 0 ] || [ "$left" -ne 0 ]; then
+  echo "after docker stop: exit $exit_code, $left loop device(s) of the store left" >&2
+  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
+  exit 1
+fi
+echo "ok: the store's loop device ($store_loops while it ran) was freed at the stop (exit 0)"
+"$DOCKER" rm "$cid" >/dev/null
+
+phase "copy-on-write clones: a volume on an XFS with reflinks, unprivileged"
+command -v mkfs.xfs >/dev/null || apt_install xfsprogs # on the host, for the volume
+xfs_mount=$scratch/xfs
+mkdir -p "$xfs_mount"
+truncate -s 1G "$scratch/xfs.img"
+mkfs.xfs -q -f -m reflink=1 "$scratch/xfs.img"
+mount -o loop "$scratch/xfs.img" "$xfs_mount"
+chown 10001:10001 "$xfs_mount"
+cid=$("$DOCKER" run -d -v "$xfs_mount:/var/lib/pglease" -e PGLEASE_TOKEN="$cow_token" \
+  "$image" --postgres-version=18 --storage=cow --allow-unsafe-on-disk --min-ready=1)
+containers+=("$cid")
+wait_ready "$cid"
+expect_clones "$cid" data_dir
+"$DOCKER" stop -t 30 "$cid" >/dev/null
+exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$cid")
+if [ "$exit_code" != 0 ]; then
+  echo "the container exited with $exit_code" >&2
+  exit 1
+fi
+"$DOCKER" rm "$cid" >/dev/null
+umount "$xfs_mount"
+echo "ok: an unprivileged container cloned on the volume and stopped cleanly"
+
 # --- compose -------------------------------------------------------------------------------
 phase "compose up (tests leases from the sidecar)"
 export PGLEASE_IMAGE=$image PGLEASE_TESTS_IMAGE=$tests_image
@@ -345,5 +444,19 @@ for line in "postgres stopped" "removed the instance directory" "pglease: stoppe
   }
 done
 echo "ok: the sidecar stopped postgres, removed its data and exited 0 after SIGTERM"
+"${compose[@]}" down --volumes --remove-orphans
+
+phase "compose up with docker-compose.cow.yml (copy-on-write clones)"
+compose+=(-f deploy/compose/docker-compose.cow.yml)
+"${compose[@]}" up --no-build --abort-on-container-exit --exit-code-from tests
+sidecar=$("${compose[@]}" ps -q pglease)
+sidecar_log=$("$DOCKER" logs "$sidecar" 2>&1)
+sidecar_exit=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$sidecar")
+if [ "$sidecar_exit" != 0 ] || ! grep -q 'storage="cow"' <<<"$sidecar_log"; then
+  echo "the sidecar exited with $sidecar_exit; its storage:" >&2
+  grep -i "storage" <<<"$sidecar_log" >&2 || tail -n 20 <<<"$sidecar_log" >&2
+  exit 1
+fi
+echo "ok: the example's tests passed on a sidecar that made its copy-on-write store"
 "${compose[@]}" down --volumes --remove-orphans
 end_phase
