@@ -588,3 +588,73 @@ async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep()
     assert!(loop_devices_under(&root).is_empty(), "loop device freed");
     let _ = fs::remove_dir_all(&root);
 }
+
+/// A snapshot's big template makes `auto` take the store at the next start (its sources,
+/// one small SQL file, could not tell), and what the snapshot put in the store counts in the
+/// byte budget's measured usage before any clone is made.
+#[tokio::test]
+async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
+    if !can_make_store("a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it") {
+        return;
+    }
+    let dir = scratch_dir("cow-snapshot-auto");
+    let snapshots = dir.join("snapshots");
+    let source = dir.join("big.sql");
+    // ~150 MB of rows from a few bytes of SQL.
+    fs::write(
+        &source,
+        "CREATE TABLE big AS SELECT g AS id, repeat('x', 200) AS pad \
+         FROM generate_series(1, 600000) g;",
+    )
+    .expect("write");
+    let args = |storage: Option<&str>| {
+        let mut args = vec![
+            "--postgres-version".to_owned(),
+            "18".to_owned(),
+            "--snapshot-dir".to_owned(),
+            snapshots.display().to_string(),
+            "--template".to_owned(),
+            format!("big=sql:{}", source.display()),
+            "--min-ready".to_owned(),
+            "0".to_owned(),
+        ];
+        if let Some(storage) = storage {
+            args.extend(["--storage".to_owned(), storage.to_owned()]);
+        }
+        args
+    };
+    let first = TestDaemon::builder()
+        .args(args(None))
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&first).await;
+    assert_eq!(kind, "tmpfs", "the source is small: {reason}");
+    first.lease_ok("big").await;
+    let (status, log) = first.stop_with_log().await;
+    assert!(
+        status.success() && log.contains("wrote the snapshot"),
+        "{log}"
+    );
+
+    let second = TestDaemon::builder()
+        .args(args(None))
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&second).await;
+    assert_eq!(kind, "cow", "{reason}");
+    assert!(reason.contains("template big is"), "{reason}");
+    let status = second.status().await;
+    let store_bytes = status["limits"]["store_bytes"]
+        .as_u64()
+        .expect("store_bytes");
+    assert!(
+        store_bytes > 140 << 20,
+        "the snapshot's template counts in the store: {store_bytes} bytes"
+    );
+    second.lease_ok("big").await;
+    let (status, log) = second.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("template already built template=big"), "{log}");
+}

@@ -811,12 +811,20 @@ impl Actor {
             .settings
             .iter()
             .any(|(name, value)| name == "file_copy_method" && value == "clone");
+        // The base is what the store held before the cluster was put there, so that the
+        // templates of a snapshot (or a kept cluster) count; measured now where unknown.
         self.store = up
             .running
             .as_ref()
             .filter(|_| clones_share && !self.external)
-            .and_then(|running| running.data_dir.parent().map(std::path::Path::to_path_buf))
-            .and_then(|store| used_bytes(&store).ok().map(|base| (store, base)));
+            .and_then(|running| {
+                let store = running.data_dir.parent()?.to_path_buf();
+                let base = match running.store_base {
+                    Some(base) => base,
+                    None => used_bytes(&store).ok()?,
+                };
+                Some((store, base))
+            });
         if let Some((store, _)) = &self.store {
             tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
         }

@@ -141,6 +141,9 @@ pub(crate) struct Instance {
     pub clones: bool,
     /// What the clusters live on and why (`--storage`), for the log and `/status`.
     pub storage: StorageStatus,
+    /// Where clones share blocks: the bytes the clusters' file system held before any
+    /// cluster was put there, the base of the byte budget's measured usage.
+    pub store_base: Option<u64>,
     /// The server log inside it.
     pub log_path: PathBuf,
     /// It is on tmpfs or ramfs (false only with `allow_unsafe_on_disk`).
@@ -178,6 +181,7 @@ impl Instance {
             cow_store: false,
             clones: false,
             storage: StorageStatus::default(),
+            store_base: None,
             log_path: dir.join("postgres.log"),
             dir,
             in_memory: false,
@@ -287,6 +291,13 @@ impl Instance {
             },
         }
         self.clones = layout != Layout::Copy;
+        if self.clones {
+            // Before initdb or a snapshot puts anything there: what a snapshot's templates
+            // take counts in the budget, as a build's would.
+            self.store_base = nix::sys::statvfs::statvfs(&self.clusters())
+                .map(|s| s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size())
+                .ok();
+        }
         self.storage = StorageStatus { kind, reason };
         Ok(())
     }

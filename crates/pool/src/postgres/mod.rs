@@ -282,6 +282,7 @@ impl Embedded {
             generation: self.generation,
             cluster_origin: launched.origin,
             storage: self.instance.storage.clone(),
+            store_base: self.instance.store_base,
             child: Some(launched.child),
         };
         match running.wait_ready().await {
@@ -704,6 +705,8 @@ pub struct RunningPostgres {
     pub cluster_origin: ClusterOrigin,
     /// What the cluster lives on (`--storage`), and why.
     pub storage: StorageStatus,
+    /// Where clones share blocks: what the store held before any cluster was put there.
+    pub store_base: Option<u64>,
     /// The postmaster; `None` once reaped by shutdown.
     child: Option<Child>,
 }
