@@ -636,6 +636,11 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
         status.success() && log.contains("wrote the snapshot"),
         "{log}"
     );
+    // Built big where every clone copies it: the log points at the store.
+    assert!(
+        log.contains("every clone of this template copies it"),
+        "{log}"
+    );
 
     let second = TestDaemon::builder()
         .args(args(None))
@@ -657,4 +662,40 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
     let (status, log) = second.stop_with_log().await;
     assert!(status.success(), "{log}");
     assert!(log.contains("template already built template=big"), "{log}");
+}
+
+/// Without mkfs.xfs (here: a PATH without /usr/sbin), `auto` says so and runs on tmpfs, and
+/// `--storage cow` refuses to start, naming the package.
+#[tokio::test]
+async fn without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package() {
+    if !can_make_store("without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package") {
+        return;
+    }
+    let dir = scratch_dir("cow-no-mkfs");
+    let source = big_sql_file(&dir, 130);
+    let template = format!("big=sql:{}", source.display());
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-version", "18", "--template", &template])
+        .env("PATH", "/usr/bin:/bin")
+        .default_cache()
+        .start()
+        .await;
+    let (kind, reason) = storage(&daemon).await;
+    assert_eq!(kind, "tmpfs", "{reason}");
+    assert!(
+        reason.contains("mkfs.xfs is not installed (Debian: apt-get install xfsprogs)"),
+        "{reason}"
+    );
+    assert!(daemon.stop().await.success());
+
+    let (status, log) = TestDaemon::builder()
+        .args(["--postgres-version", "18", "--storage", "cow"])
+        .env("PATH", "/usr/bin:/bin")
+        .default_cache()
+        .run_to_exit();
+    assert!(!status.success());
+    assert!(
+        log.contains("mkfs.xfs is not installed (Debian: apt-get install xfsprogs)"),
+        "{log}"
+    );
 }
