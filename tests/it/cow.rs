@@ -699,3 +699,42 @@ async fn without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package() {
         "{log}"
     );
 }
+
+/// A major before 18 runs on the store all the same, copying (it has no file_copy_method).
+#[tokio::test]
+async fn a_major_before_18_runs_on_the_store_and_copies() {
+    if !can_make_store("a_major_before_18_runs_on_the_store_and_copies") {
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--storage", "cow", "--postgres-version", "16"])
+        .default_cache()
+        .start()
+        .await;
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["storage"]["kind"], "cow", "{status}");
+    assert!(
+        status["postgres"]["settings"]["file_copy_method"].is_null(),
+        "{status}"
+    );
+    write_in_a_lease(&daemon).await;
+    assert!(daemon.stop().await.success());
+}
+
+/// A data directory that clones but is on a disk, not in memory, still needs
+/// --allow-unsafe-on-disk: pglease runs postgres with fsync off.
+#[test]
+fn a_data_dir_that_clones_on_a_disk_needs_allow_unsafe_on_disk() {
+    if !can_make_store("a_data_dir_that_clones_on_a_disk_needs_allow_unsafe_on_disk") {
+        return;
+    }
+    let xfs = ClonableDir::make("cow-unsafe");
+    let (status, log) = TestDaemon::builder()
+        .args(["--storage", "cow", "--postgres-version", "18", "--data-dir"])
+        .args([xfs.mount.join("data").display().to_string()])
+        .default_cache()
+        .run_to_exit();
+    assert!(!status.success());
+    assert!(log.contains("is on xfs, not tmpfs"), "{log}");
+    assert!(log.contains("allow-unsafe-on-disk"), "{log}");
+}
