@@ -138,16 +138,7 @@ pub async fn run(ctx: &Ctx) -> Result<CowResult> {
     let mut per_store: Vec<Vec<(i64, StoreTimes)>> = Vec::new();
     let mut live = None;
     for store in STORES {
-        let mut args = strings(&[
-            "--storage",
-            store,
-            "--postgres-version",
-            "18",
-            "--prebuild",
-            "--min-ready",
-            "0",
-        ]);
-        args.extend(template_args.iter().cloned());
+        let args = sized_args(store, "0", &template_args);
         eprintln!(
             "[bench] 13 {store}: building templates of {:?} MB",
             ctx.plan.cow_template_mb
@@ -213,6 +204,21 @@ pub async fn run(ctx: &Ctx) -> Result<CowResult> {
         live,
         end_to_end,
     })
+}
+
+/// A daemon of PostgreSQL 18 on `store` with the sized templates built at start.
+fn sized_args(store: &str, min_ready: &str, template_args: &[String]) -> Vec<String> {
+    let mut args = strings(&[
+        "--storage",
+        store,
+        "--postgres-version",
+        "18",
+        "--prebuild",
+        "--min-ready",
+        min_ready,
+    ]);
+    args.extend(template_args.iter().cloned());
+    args
 }
 
 /// Each size's template size and clone/drop times on `daemon`'s server, and on the store the
@@ -352,17 +358,8 @@ async fn size_loops(
     template_args: &[String],
     sizes: &[u64],
 ) -> Result<Vec<f64>> {
-    let mut args = strings(&[
-        "--storage",
-        store,
-        "--postgres-version",
-        "18",
-        "--prebuild",
-        "--min-ready",
-        "2",
-        "--no-reuse-unchanged",
-    ]);
-    args.extend(template_args.iter().cloned());
+    let mut args = sized_args(store, "2", template_args);
+    args.push("--no-reuse-unchanged".to_owned());
     eprintln!("[bench] 13 {store}: building templates of {sizes:?} MB for the loops");
     let daemon = ctx
         .launcher
