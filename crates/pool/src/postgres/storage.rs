@@ -164,7 +164,8 @@ fn decide_auto(facts: &Facts) -> (Layout, String) {
 
 /// The biggest of `templates` by what is known before the server starts: its sources' bytes
 /// (a dump, SQL files, a command's watched files; a lower bound of the database), or its
-/// database's size in `snapshot`, the snapshot the first start unpacks.
+/// database's size in `snapshot`, the snapshot the first start unpacks (for templates still
+/// configured).
 pub(crate) fn largest_template(
     templates: &[TemplateConfig],
     snapshot: Option<&snapshot::Found>,
@@ -175,11 +176,14 @@ pub(crate) fn largest_template(
             crate::template::stamp(&t.source).bytes(),
         )
     });
+    // Only templates still configured: the snapshot may hold one that no longer is.
+    let configured = |name: &str| templates.iter().any(|t| t.name.as_str() == name);
     let saved = snapshot.into_iter().flat_map(|found| {
         found
             .manifest
             .templates
             .iter()
+            .filter(|t| configured(&t.name))
             .map(|t| (t.name.clone(), u64::try_from(t.size_bytes).unwrap_or(0)))
     });
     sources.chain(saved).max_by_key(|(_, bytes)| *bytes)

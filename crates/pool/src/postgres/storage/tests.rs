@@ -148,15 +148,18 @@ fn the_largest_template_is_read_from_sources_and_the_snapshot() {
         largest_template(&templates, None),
         Some(("prod".into(), 300 * MB))
     );
-    // A snapshot's database sizes count too: a template built from a small command.
+    // A snapshot's database sizes count too: a template built from a small command. One
+    // no longer configured does not.
+    templates.push(template("seeded", TemplateSource::Empty));
+    let saved = |name: &str, mb: u64| snapshot::SnapshotTemplate {
+        name: name.into(),
+        fingerprint: "f".into(),
+        size_bytes: (mb * MB) as i64,
+    };
     let manifest = snapshot::Manifest::new(
         "18.1",
         &[],
-        vec![snapshot::SnapshotTemplate {
-            name: "seeded".into(),
-            fingerprint: "f".into(),
-            size_bytes: (900 * MB) as i64,
-        }],
+        vec![saved("seeded", 900), saved("retired", 5000)],
     );
     let found = snapshot::Found {
         path: dir.join("pglease-pg18.tar.zst"),
