@@ -368,13 +368,18 @@ cow_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 phase "copy-on-write clones: a container makes its store"
 # Root with CAP_SYS_ADMIN and the loop devices: what --privileged gives, narrowed (docker
-# here may not grant every capability --privileged asks for).
+# here may not grant every capability --privileged asks for). A read-only root, as in
+# kubernetes/sidecar-job-cow.yaml.
+# The container gets the device nodes that exist when it starts, and mount -o loop takes
+# the first free device: make sure that one has a node (LOOP_CTL_GET_FREE adds a device
+# when none is free; a fresh machine may have none yet).
+losetup -f >/dev/null
 loop_devices=()
 for device in /dev/loop-control /dev/loop[0-9]*; do
   [ -b "$device" ] || [ -c "$device" ] && loop_devices+=(--device "$device")
 done
 cid=$("$DOCKER" run -d --user 0:0 --cap-add SYS_ADMIN "${loop_devices[@]}" \
-  --security-opt apparmor=unconfined --tmpfs /var/lib/pglease:size=1g \
+  --security-opt apparmor=unconfined --read-only --tmpfs /var/lib/pglease:size=1g \
   -e PGLEASE_TOKEN="$cow_token" "$image" --postgres-version=18 --storage=cow --min-ready=1)
 containers+=("$cid")
 wait_ready "$cid"
@@ -392,7 +397,16 @@ if [ "$exit_code" != 0 ] || [ "$left" -ne 0 ]; then
   "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
   exit 1
 fi
-echo "ok: the store's loop device ($store_loops while it ran) was freed at the stop (exit 0)"
+# The end of the container's mount namespace would unmount the store and free its loop
+# device even if pglease had not: that pglease removed its instance directory, which it
+# cannot while the store is mounted on cow/ inside it, says that pglease unmounted it.
+if ! "$DOCKER" logs "$cid" 2>&1 | grep -q "removed the instance directory"; then
+  echo "pglease did not remove its instance directory (the store's mount point) at the stop:" >&2
+  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
+  exit 1
+fi
+echo "ok: pglease unmounted its store at the stop (exit 0), and its loop device" \
+  "($store_loops while it ran) is free"
 "$DOCKER" rm "$cid" >/dev/null
 
 phase "copy-on-write clones: a volume on an XFS with reflinks, unprivileged"
@@ -403,20 +417,26 @@ truncate -s 1G "$scratch/xfs.img"
 mkfs.xfs -q -f -m reflink=1 "$scratch/xfs.img"
 mount -o loop "$scratch/xfs.img" "$xfs_mount"
 chown 10001:10001 "$xfs_mount"
-cid=$("$DOCKER" run -d -v "$xfs_mount:/var/lib/pglease" -e PGLEASE_TOKEN="$cow_token" \
+# As kubernetes/sidecar-job.yaml's non-root sidecar: read-only root, every capability
+# dropped, no privilege escalation.
+cid=$("$DOCKER" run -d --read-only --cap-drop ALL --security-opt no-new-privileges \
+  -v "$xfs_mount:/var/lib/pglease" -e PGLEASE_TOKEN="$cow_token" \
   "$image" --postgres-version=18 --storage=cow --allow-unsafe-on-disk --min-ready=1)
 containers+=("$cid")
 wait_ready "$cid"
 expect_clones "$cid" data_dir
 "$DOCKER" stop -t 30 "$cid" >/dev/null
 exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$cid")
-if [ "$exit_code" != 0 ]; then
-  echo "the container exited with $exit_code" >&2
+left=$(ls -A "$xfs_mount")
+if [ "$exit_code" != 0 ] || [ -n "$left" ]; then
+  echo "after docker stop: exit $exit_code; left on the volume: ${left:-nothing}" >&2
+  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
   exit 1
 fi
 "$DOCKER" rm "$cid" >/dev/null
 umount "$xfs_mount"
-echo "ok: an unprivileged container cloned on the volume and stopped cleanly"
+echo "ok: an unprivileged container cloned on the volume, stopped cleanly (exit 0) and left" \
+  "nothing on it"
 
 # --- compose -------------------------------------------------------------------------------
 phase "compose up (tests leases from the sidecar)"
