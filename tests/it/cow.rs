@@ -346,6 +346,12 @@ async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
             "{status}"
         );
         assert!(daemon.log().contains(said), "{}", daemon.log());
+        let kind = if method == "clone" {
+            "data_dir"
+        } else {
+            "disk"
+        };
+        assert_eq!(status["postgres"]["storage"]["kind"], kind, "{status}");
         assert!(
             mounts_under(&dir).is_empty(),
             "pglease mounted nothing of its own"

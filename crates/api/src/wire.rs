@@ -296,7 +296,8 @@ pub struct PostgresJson {
 /// What an embedded server's clusters live on, in `/status`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StorageJson {
-    /// `tmpfs` (clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
+    /// `tmpfs` (clones copy), `disk` (a data directory on a disk, `--allow-unsafe-on-disk`,
+    /// that cannot clone: clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
     /// (the data directory's file system clones).
     pub kind: &'static str,
     /// Why: what was asked, or what `--storage auto` weighed.

@@ -122,7 +122,8 @@ pub struct ServerStatus {
 /// What an embedded server's clusters live on, and why (`--storage`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageStatus {
-    /// `tmpfs` (clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
+    /// `tmpfs` (clones copy), `disk` (a data directory on a disk, `--allow-unsafe-on-disk`,
+    /// that cannot clone: clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
     /// (the user's data directory, whose file system clones).
     pub kind: &'static str,
     /// Why: what was asked, or what `auto` weighed.

@@ -264,6 +264,8 @@ impl Instance {
         };
         let (layout, reason) = storage::decide(&facts);
         let kind = match layout {
+            // A data directory on a disk that cannot clone copies too, not on tmpfs.
+            Layout::Copy if !self.in_memory => "disk",
             Layout::Copy => "tmpfs",
             Layout::DirClones => "data_dir",
             Layout::Store { .. } => "cow",
