@@ -28,6 +28,7 @@ mod proof;
 mod register;
 mod security;
 mod snapshots;
+mod storage_auto;
 mod support;
 mod systemd;
 mod templates;
