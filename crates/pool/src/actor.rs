@@ -463,7 +463,7 @@ struct Actor {
     verified: HashSet<TemplateName>,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server
     /// runs with `file_copy_method = clone` there (`measure_store`), and what its file
-    /// system held when the server came up (its own metadata, the fresh cluster, and on an
+    /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
     jobs_tx: mpsc::UnboundedSender<Report>,
@@ -797,7 +797,7 @@ impl Actor {
         let Some((store, base)) = &self.store else {
             return;
         };
-        match used_bytes(store) {
+        match crate::postgres::used_bytes(store) {
             Ok(used) => self.state.store_usage(Some(used.saturating_sub(*base))),
             Err(error) => {
                 tracing::debug!(store = %store.display(), %error, "cannot measure the copy-on-write store");
@@ -812,18 +812,17 @@ impl Actor {
             .iter()
             .any(|(name, value)| name == "file_copy_method" && value == "clone");
         // The base is what the store held before the cluster was put there, so that the
-        // templates of a snapshot (or a kept cluster) count; measured now where unknown.
+        // templates of a snapshot (or a kept cluster) count. Without one (its statvfs
+        // failed) the budget stays by logical sizes, which only overcounts.
         self.store = up
             .running
             .as_ref()
             .filter(|_| clones_share && !self.external)
             .and_then(|running| {
-                let store = running.data_dir.parent()?.to_path_buf();
-                let base = match running.store_base {
-                    Some(base) => base,
-                    None => used_bytes(&store).ok()?,
-                };
-                Some((store, base))
+                Some((
+                    running.data_dir.parent()?.to_path_buf(),
+                    running.store_base?,
+                ))
             });
         if let Some((store, _)) = &self.store {
             tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
@@ -1594,12 +1593,6 @@ async fn stamp_of(session: &Session, clone: &DbName) -> Option<Stamp> {
             None
         }
     }
-}
-
-/// Bytes in use on the file system holding `path`.
-fn used_bytes(path: &std::path::Path) -> nix::Result<u64> {
-    let stat = nix::sys::statvfs::statvfs(path)?;
-    Ok(stat.blocks().saturating_sub(stat.blocks_free()) * stat.fragment_size())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -97,6 +97,13 @@ fn make_at(image: &Path, mount_point: &Path, bytes: u64) -> Result<(), StartErro
     check_clones(mount_point)
 }
 
+/// Bytes in use on the file system holding `path` (the store's usage, which the byte
+/// budget is judged by where clones share blocks).
+pub(crate) fn used_bytes(path: &Path) -> nix::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(path)?;
+    Ok(stat.blocks().saturating_sub(stat.blocks_free()) * stat.fragment_size())
+}
+
 /// Whether a copy in `dir` shares its blocks: `cp --reflink=always` fails where the file
 /// system cannot clone.
 pub(crate) fn check_clones(dir: &Path) -> Result<(), StartError> {

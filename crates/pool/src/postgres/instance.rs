@@ -134,13 +134,12 @@ pub(crate) struct Instance {
     pub dir: PathBuf,
     /// The unix socket directory inside it.
     pub socket_dir: PathBuf,
-    /// We made a copy-on-write store in it (the clusters go there; cleanup unmounts it).
-    cow_store: bool,
-    /// The clusters' file system clones files (our store, or a `--data-dir` that does):
-    /// PostgreSQL 18+ then gets `file_copy_method = clone`.
-    pub clones: bool,
-    /// What the clusters live on and why (`--storage`), for the log and `/status`.
-    pub storage: StorageStatus,
+    /// What the clusters live on, as carried out (`Copy` too after `auto`'s fall-back); the
+    /// rest is derived from it: [`Instance::clones`], [`Instance::clusters`],
+    /// [`Instance::storage`].
+    layout: Layout,
+    /// Why that layout (`--storage`, or what `auto` weighed), for the log and `/status`.
+    layout_reason: String,
     /// Where clones share blocks: the bytes the clusters' file system held before any
     /// cluster was put there, the base of the byte budget's measured usage.
     pub store_base: Option<u64>,
@@ -178,9 +177,8 @@ impl Instance {
         };
         let mut instance = Instance {
             socket_dir: dir.join("socket"),
-            cow_store: false,
-            clones: false,
-            storage: StorageStatus::default(),
+            layout: Layout::Copy,
+            layout_reason: String::new(),
             store_base: None,
             log_path: dir.join("postgres.log"),
             dir,
@@ -263,45 +261,53 @@ impl Instance {
             largest_template: hints.largest_template.clone(),
         };
         let (layout, reason) = storage::decide(&facts);
-        let kind = match layout {
+        (self.layout, self.layout_reason) = match layout {
+            Layout::Copy if config.storage == Storage::Cow => {
+                warn!(path = %self.dir.display(), %reason, "--storage cow: the data directory's file system cannot clone files; clones copy their template (use XFS made with reflink=1 or btrfs, a tmpfs, or leave out --data-dir and pglease makes a store in RAM)");
+                (layout, reason)
+            }
+            Layout::Copy | Layout::DirClones => (layout, reason),
+            Layout::Store { fallback } => match self.make_store(kept_store, run_as) {
+                Ok(()) => (layout, reason),
+                Err(error) if fallback => {
+                    warn!(%error, "auto: the copy-on-write store cannot be made; clones copy their template on tmpfs");
+                    (
+                        Layout::Copy,
+                        format!("auto: a copy-on-write store could not be made ({error})"),
+                    )
+                }
+                Err(error) => return Err(error),
+            },
+        };
+        let status = self.storage();
+        info!(path = %self.clusters().display(), storage = status.kind, reason = %status.reason, "storage chosen");
+        if self.clones() {
+            // Before initdb or a snapshot puts anything there: what a snapshot's templates
+            // take counts in the budget, as a build's would.
+            self.store_base = super::cow::used_bytes(&self.clusters()).ok();
+        }
+        Ok(())
+    }
+
+    /// The clusters' file system clones files (our store, or a `--data-dir` that does):
+    /// PostgreSQL 18+ then gets `file_copy_method = clone`.
+    pub fn clones(&self) -> bool {
+        self.layout != Layout::Copy
+    }
+
+    /// What the clusters live on and why, for `/status`.
+    pub fn storage(&self) -> StorageStatus {
+        let kind = match self.layout {
             // A data directory on a disk that cannot clone copies too, not on tmpfs.
             Layout::Copy if !self.in_memory => "disk",
             Layout::Copy => "tmpfs",
             Layout::DirClones => "data_dir",
             Layout::Store { .. } => "cow",
         };
-        match layout {
-            Layout::Copy if config.storage == Storage::Cow => {
-                warn!(path = %self.dir.display(), %reason, "--storage cow: the data directory's file system cannot clone files; clones copy their template (use XFS made with reflink=1 or btrfs, a tmpfs, or leave out --data-dir and pglease makes a store in RAM)");
-            }
-            Layout::Copy | Layout::DirClones => {
-                info!(path = %self.dir.display(), storage = kind, %reason, "storage chosen");
-            }
-            Layout::Store { fallback } => match self.make_store(kept_store, run_as) {
-                Ok(()) => {
-                    info!(path = %store.display(), storage = kind, %reason, "storage chosen")
-                }
-                Err(error) if fallback => {
-                    warn!(%error, "auto: the copy-on-write store cannot be made; clones copy their template on tmpfs");
-                    self.storage = StorageStatus {
-                        kind: "tmpfs",
-                        reason: format!("auto: a copy-on-write store could not be made ({error})"),
-                    };
-                    return Ok(());
-                }
-                Err(error) => return Err(error),
-            },
+        StorageStatus {
+            kind,
+            reason: self.layout_reason.clone(),
         }
-        self.clones = layout != Layout::Copy;
-        if self.clones {
-            // Before initdb or a snapshot puts anything there: what a snapshot's templates
-            // take counts in the budget, as a build's would.
-            self.store_base = nix::sys::statvfs::statvfs(&self.clusters())
-                .map(|s| s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size())
-                .ok();
-        }
-        self.storage = StorageStatus { kind, reason };
-        Ok(())
     }
 
     /// Makes the copy-on-write store in the directory, or adopts a kept one still mounted.
@@ -324,7 +330,6 @@ impl Instance {
                 })?;
             super::cow::make(&self.dir, free / 10 * 9)?
         };
-        self.cow_store = true;
         std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &store, source))?;
         run_as.chown(&store)
@@ -365,7 +370,7 @@ impl Instance {
 
     /// Where the clusters go: the directory itself, or the copy-on-write store in it.
     pub fn clusters(&self) -> PathBuf {
-        if self.cow_store {
+        if matches!(self.layout, Layout::Store { .. }) {
             self.dir.join(super::cow::MOUNT_DIR)
         } else {
             self.dir.clone()
@@ -415,7 +420,7 @@ impl Instance {
 
     /// Unmounts and removes what we made; tolerant of a directory already gone.
     fn remove(&self) {
-        if self.cow_store {
+        if matches!(self.layout, Layout::Store { .. }) {
             super::cow::unmount(&self.clusters());
         }
         if self.mounted {

@@ -31,6 +31,7 @@ use nix::unistd::Pid;
 use tracing::{error, info, warn};
 
 use self::binaries::Binaries;
+pub(crate) use self::cow::used_bytes;
 use self::initdb::Cache;
 use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
 use self::spawn::{CommandSpec, Output};
@@ -259,7 +260,7 @@ impl Embedded {
             log_path: self.instance.log_path.clone(),
             data_dir: self.instance.cluster_dir(self.generation),
             in_memory: self.instance.in_memory,
-            clones: self.instance.clones,
+            clones: self.instance.clones(),
             cache: self.cache.clone(),
             initdb_args: self.initdb_args.clone(),
             config: (*self.config).clone(),
@@ -281,7 +282,7 @@ impl Embedded {
             version: self.binaries.version.clone(),
             generation: self.generation,
             cluster_origin: launched.origin,
-            storage: self.instance.storage.clone(),
+            storage: self.instance.storage(),
             store_base: self.instance.store_base,
             child: Some(launched.child),
         };
