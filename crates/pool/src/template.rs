@@ -27,13 +27,10 @@ pub mod progress;
 pub struct SourceStamp(Vec<(PathBuf, u64, Option<SystemTime>)>);
 
 impl SourceStamp {
-    /// The bytes of the source's files (directories count as nothing).
+    /// The bytes of the source's files, from the sizes the stamp took (directories enter
+    /// with none).
     pub fn bytes(&self) -> u64 {
-        self.0
-            .iter()
-            .filter(|(path, _, _)| !path.is_dir())
-            .map(|(_, len, _)| len)
-            .sum()
+        self.0.iter().map(|(_, len, _)| len).sum()
     }
 }
 
@@ -47,7 +44,9 @@ pub fn stamp(source: &TemplateSource) -> SourceStamp {
         let meta = std::fs::metadata(path).ok();
         entries.push((
             path.to_path_buf(),
-            meta.as_ref().map_or(0, |m| m.len()),
+            // A directory's own size says nothing (its mtime tells a changed listing), and
+            // leaving it out lets the sizes add up to the source's bytes.
+            meta.as_ref().filter(|m| !m.is_dir()).map_or(0, |m| m.len()),
             meta.and_then(|m| m.modified().ok()),
         ));
     };
