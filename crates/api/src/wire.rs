@@ -230,8 +230,9 @@ pub struct LimitsJson {
     /// Bytes of templates and clones as postgres counts them (each clone as large as its
     /// template).
     pub logical_bytes: u64,
-    /// Bytes the copy-on-write store (`--storage cow`) took since the server started, when
-    /// clones share their template's blocks; the byte budget is judged by it then.
+    /// Bytes the copy-on-write store took beyond what its file system held before the
+    /// cluster (the cluster, its templates, clones' own writes), when clones share their
+    /// template's blocks; the byte budget is judged by it then.
     pub store_bytes: Option<u64>,
 }
 

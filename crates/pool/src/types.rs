@@ -158,8 +158,9 @@ pub struct LimitStatus {
     /// Bytes of templates and clones as postgres counts them (each clone as large as its
     /// template).
     pub logical_bytes: u64,
-    /// Bytes the copy-on-write store took since the server started (templates, clones' own
-    /// writes), when clones share blocks; the budget is judged by it then.
+    /// Bytes the copy-on-write store took beyond what its file system held before the
+    /// cluster (the cluster, its templates, clones' own writes), when clones share blocks;
+    /// the budget is judged by it then.
     pub store_bytes: Option<u64>,
 }
 
