@@ -381,17 +381,26 @@ fn a_tmpfs_too_small_for_the_store_is_refused() {
     assert!(log.contains("--tmpfs-size"), "{log}");
 }
 
-/// `/status`' word on the storage: `(kind, reason)`.
-pub(crate) async fn storage(daemon: &TestDaemon) -> (String, String) {
+/// `/status`' word on the storage: its kind and reason, and the server's file_copy_method.
+pub(crate) async fn storage(daemon: &TestDaemon) -> Storage {
     let status = daemon.status().await;
-    let storage = &status["postgres"]["storage"];
-    (
-        storage["kind"].as_str().expect("storage.kind").to_owned(),
-        storage["reason"]
-            .as_str()
-            .expect("storage.reason")
-            .to_owned(),
-    )
+    let postgres = &status["postgres"];
+    let text = |value: &serde_json::Value| value.as_str().map(str::to_owned);
+    Storage {
+        kind: text(&postgres["storage"]["kind"]).expect("storage.kind"),
+        reason: text(&postgres["storage"]["reason"]).expect("storage.reason"),
+        method: text(&postgres["settings"]["file_copy_method"]),
+    }
+}
+
+/// A server's storage in `/status`.
+pub(crate) struct Storage {
+    /// `postgres.storage.kind`.
+    pub kind: String,
+    /// `postgres.storage.reason`.
+    pub reason: String,
+    /// `postgres.settings.file_copy_method`, absent before PostgreSQL 18.
+    pub method: Option<String>,
 }
 
 /// `--storage cow` with a data directory on tmpfs makes its store inside it (a container's
@@ -412,14 +421,13 @@ async fn cow_makes_its_store_inside_a_tmpfs_data_dir() {
         .default_cache()
         .start()
         .await;
-    let (kind, _) = storage(&daemon).await;
-    assert_eq!(kind, "cow");
+    let storage = storage(&daemon).await;
+    assert_eq!(storage.kind, "cow");
+    assert_eq!(storage.method.as_deref(), Some("clone"));
     assert_eq!(
         mounts_under(&dir),
         vec![dir.join("cow").display().to_string()]
     );
-    let status = daemon.status().await;
-    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "clone");
     write_in_a_lease(&daemon).await;
     assert!(daemon.stop().await.success());
     assert!(mounts_under(&dir).is_empty(), "unmounted at stop");
@@ -467,9 +475,9 @@ async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep()
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&second).await;
-    assert_eq!(kind, "cow");
-    assert!(reason.contains("kept"), "{reason}");
+    let storage = storage(&second).await;
+    assert_eq!(storage.kind, "cow");
+    assert!(storage.reason.contains("kept"), "{}", storage.reason);
     assert!(
         second.log().contains("cluster_origin=Kept"),
         "{}",
@@ -506,12 +514,9 @@ async fn a_major_before_18_runs_on_the_store_and_copies() {
         .default_cache()
         .start()
         .await;
-    let status = daemon.status().await;
-    assert_eq!(status["postgres"]["storage"]["kind"], "cow", "{status}");
-    assert!(
-        status["postgres"]["settings"]["file_copy_method"].is_null(),
-        "{status}"
-    );
+    let storage = storage(&daemon).await;
+    assert_eq!(storage.kind, "cow", "{}", storage.reason);
+    assert_eq!(storage.method, None, "no file_copy_method before 18");
     write_in_a_lease(&daemon).await;
     assert!(daemon.stop().await.success());
 }

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::cow::{can_make_store, data_dir, loop_devices_under, mounts_under, storage};
+use crate::cow::{can_make_store, data_dir, loop_devices_under, mounts_under, storage, Storage};
 use crate::support::{connect, scratch_dir, TestDaemon};
 
 /// An SQL file of `mb` MB (a comment: cheap to apply), a template source `auto` weighs.
@@ -32,14 +32,17 @@ async fn auto_keeps_tmpfs_for_small_templates() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&daemon).await;
+    let Storage {
+        kind,
+        reason,
+        method,
+    } = storage(&daemon).await;
     assert_eq!(kind, "tmpfs");
     assert!(
         reason.contains("no template known at start reaches"),
         "{reason}"
     );
-    let status = daemon.status().await;
-    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "copy");
+    assert_eq!(method.as_deref(), Some("copy"));
     let dir = data_dir(&daemon).await;
     let instance = dir.parent().expect("instance dir").to_path_buf();
     assert!(mounts_under(&instance).is_empty(), "no store was made");
@@ -61,11 +64,14 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&daemon).await;
+    let Storage {
+        kind,
+        reason,
+        method,
+    } = storage(&daemon).await;
     assert_eq!(kind, "cow", "{reason}");
     assert!(reason.contains("template big is 130 MB"), "{reason}");
-    let status = daemon.status().await;
-    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "clone");
+    assert_eq!(method.as_deref(), Some("clone"));
     let instance = data_dir(&daemon)
         .await
         .parent()
@@ -94,7 +100,11 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&daemon).await;
+    let Storage {
+        kind,
+        reason,
+        method,
+    } = storage(&daemon).await;
     assert_eq!(kind, "tmpfs", "{reason}");
     assert!(reason.contains("could not be made"), "{reason}");
     assert!(
@@ -104,8 +114,7 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
         "{}",
         daemon.log()
     );
-    let status = daemon.status().await;
-    assert_eq!(status["postgres"]["settings"]["file_copy_method"], "copy");
+    assert_eq!(method.as_deref(), Some("copy"));
     daemon.lease_ok("big").await;
     assert!(daemon.stop().await.success());
 }
@@ -149,7 +158,7 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&first).await;
+    let Storage { kind, reason, .. } = storage(&first).await;
     assert_eq!(kind, "tmpfs", "the source is small: {reason}");
     first.lease_ok("big").await;
     let (status, log) = first.stop_with_log().await;
@@ -168,7 +177,7 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&second).await;
+    let Storage { kind, reason, .. } = storage(&second).await;
     assert_eq!(kind, "cow", "{reason}");
     assert!(reason.contains("template big is"), "{reason}");
     let status = second.status().await;
@@ -201,7 +210,7 @@ async fn without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package() {
         .default_cache()
         .start()
         .await;
-    let (kind, reason) = storage(&daemon).await;
+    let Storage { kind, reason, .. } = storage(&daemon).await;
     assert_eq!(kind, "tmpfs", "{reason}");
     assert!(
         reason.contains("mkfs.xfs is not installed (Debian: apt-get install xfsprogs)"),
