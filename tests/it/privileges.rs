@@ -232,11 +232,11 @@ async fn a_lease_holder_cannot_plant_sql_for_the_daemon() {
         );
         client
             .batch_execute(&format!(
-                "CREATE FUNCTION public.pg_terminate_backend(integer) RETURNS boolean \
+                "CREATE OR REPLACE FUNCTION public.pg_terminate_backend(integer) RETURNS boolean \
                    LANGUAGE plpgsql SECURITY DEFINER AS $${t}$$; \
-                 CREATE FUNCTION public.count(text) RETURNS bigint \
+                 CREATE OR REPLACE FUNCTION public.count(text) RETURNS bigint \
                    LANGUAGE plpgsql AS $${c}$$; \
-                 CREATE FUNCTION public.current_setting(text) RETURNS text \
+                 CREATE OR REPLACE FUNCTION public.current_setting(text) RETURNS text \
                    LANGUAGE plpgsql AS $${s}$$; \
                  ALTER DATABASE \"{database}\" SET search_path = public, pg_catalog; \
                  ALTER ROLE CURRENT_USER SET search_path = public, pg_catalog;",
@@ -248,7 +248,8 @@ async fn a_lease_holder_cannot_plant_sql_for_the_daemon() {
             .expect("a lease holder may do this in its own database");
         drop(client);
         // Reuse recycles it (the daemon locks the holder out and ends its sessions); the
-        // second round drops it.
+        // second round drops it. The second round may be handed the recycled database
+        // (whichever is ready first), traps and all: hence OR REPLACE above.
         let (status, _) = daemon
             .release(lease["id"].as_str().expect("id"), round == 0)
             .await;
