@@ -149,9 +149,13 @@ async fn a_dead_postgres_is_restarted_and_open_leases_end_clearly() {
         "{status}"
     );
     assert_ne!(postgres_pid(&status), old_pid);
-    assert!(status["postgres"]["last_error"]
-        .as_str()
-        .is_some_and(|e| e.contains("exited")));
+    assert!(
+        status["postgres"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("exited")),
+        "{status}\n{}",
+        daemon.log()
+    );
     let (code, body) = daemon.release(&id_of(&lease), false).await;
     assert_eq!(code, 410, "{body}");
     assert_eq!(body["error"]["code"], "lease_lost");

@@ -95,6 +95,16 @@ struct Watch {
     fingerprint: String,
 }
 
+/// The second look at a server whose monitor connection closed (`check_server`).
+#[derive(Debug, PartialEq)]
+enum Probe {
+    Idle,
+    /// A new connection is being tried.
+    Running,
+    /// It failed; the next look says why the server is lost.
+    Unanswered(String),
+}
+
 /// What a successful (re)start hands the actor.
 struct Up {
     running: Option<RunningPostgres>,
@@ -276,7 +286,7 @@ pub async fn start(
         stopping: false,
         waiters: HashMap::new(),
         checking: HashMap::new(),
-        probing: false,
+        probe: Probe::Idle,
         next_waiter: 1,
         passwords: HashMap::new(),
         stamps: HashMap::new(),
@@ -448,8 +458,8 @@ struct Actor {
     waiters: HashMap<WaiterId, LeaseReply>,
     /// Lease requests waiting for a check of their template's sources, by template.
     checking: HashMap<TemplateName, Vec<(LeaseRequest, LeaseReply)>>,
-    /// A second look at the server runs (its monitor connection closed).
-    probing: bool,
+    /// The second look at the server after its monitor connection closed.
+    probe: Probe,
     next_waiter: WaiterId,
     /// The password of each clone's role, from its creation (or last recycle) to its drop.
     passwords: HashMap<DbName, String>,
@@ -767,10 +777,11 @@ impl Actor {
                 *give_back,
                 Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             ),
-            JobResult::Probed { .. } => self.probing = false,
             // Callers waiting on client-built templates and grants were told when the
-            // server went (`PoolState::server_lost`, `fail_client_work`).
-            JobResult::Built { .. }
+            // server went (`PoolState::server_lost`, `fail_client_work`), which also set
+            // the probe back to idle for the new generation.
+            JobResult::Probed { .. }
+            | JobResult::Built { .. }
             | JobResult::Cloned { .. }
             | JobResult::Dropped { .. }
             | JobResult::LimitSet { .. }
@@ -885,12 +896,16 @@ impl Actor {
                 .unwrap_or_default();
             tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
             self.server_lost(format!("postgres exited unexpectedly ({status})"));
-        } else if !self.probing && self.monitor.as_ref().is_some_and(|m| m.is_closed()) {
+        } else if let Probe::Unanswered(error) = &self.probe {
+            tracing::error!(%error, "lost the connection to postgres; reconnecting");
+            self.server_lost(format!("the connection to postgres was lost ({error})"));
+        } else if self.probe == Probe::Idle && self.monitor.as_ref().is_some_and(|m| m.is_closed())
+        {
             // A closed connection alone proves little: an external server's
             // idle_session_timeout or a proxy may end it while postgres runs on. Losing the
             // server drops every lease, so look once more before declaring it.
             tracing::warn!("the monitor connection to postgres closed; checking the server");
-            self.probing = true;
+            self.probe = Probe::Running;
             self.spawn_job(move |session| async move {
                 let outcome = match session {
                     Some(session) => {
@@ -916,20 +931,27 @@ impl Actor {
 
     /// The second look at the server ended: a new monitor connection, or the server is lost.
     fn probed(&mut self, outcome: Result<tokio_postgres::Client, String>) {
-        self.probing = false;
         match outcome {
             Ok(monitor) => {
                 tracing::info!("postgres still answers; watching it on a new connection");
+                self.probe = Probe::Idle;
                 self.monitor = Some(monitor);
             }
             Err(error) => {
-                tracing::error!(%error, "lost the connection to postgres; reconnecting");
-                self.server_lost(format!("the connection to postgres was lost ({error})"));
+                // A killed postmaster closes its sockets (so its sessions end and new
+                // connections are refused) a moment before it can be reaped. The next look
+                // tells that exit, the cause, from a postmaster that is there but does not
+                // answer.
+                self.probe = Probe::Unanswered(error);
+                if self.running.is_none() {
+                    self.check_server();
+                }
             }
         }
     }
 
     fn server_lost(&mut self, reason: String) {
+        self.probe = Probe::Idle;
         self.store = None;
         self.state.store_usage(None);
         let actions = self.state.server_lost(&reason);
