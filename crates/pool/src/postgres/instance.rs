@@ -248,10 +248,12 @@ impl Instance {
             requested: config.storage,
             major: hints.major,
             in_memory: self.in_memory,
-            // Only a directory of the user's may clone: ours is on tmpfs.
+            // Only a directory of the user's may clone: ours is on tmpfs. `auto` has no use
+            // for the answer before PostgreSQL 18, which copies on any store.
             dir_clones: (config.data_dir.is_some()
-                && config.storage != Storage::Tmpfs
-                && !kept_store)
+                && !kept_store
+                && (config.storage == Storage::Cow
+                    || config.storage == Storage::Auto && hints.major >= 18))
                 .then(|| super::cow::check_clones(&self.dir).map_err(|e| e.to_string())),
             kept_store,
             kept_clusters: self.last_generation() > 0,
