@@ -77,13 +77,27 @@ async fn count(client: &tokio_postgres::Client) -> (i64, i64) {
 
 /// Leases `default` and writes in it: the store serves clones.
 async fn write_in_a_lease(daemon: &TestDaemon) {
-    let lease = daemon.lease_ok("default").await;
+    write_in_a_lease_of(daemon, "default", "CREATE TABLE t (i int)").await;
+}
+
+/// Leases `template` and runs `sql`, a write, in it.
+pub(crate) async fn write_in_a_lease_of(daemon: &TestDaemon, template: &str, sql: &str) {
+    let lease = daemon.lease_ok(template).await;
     connect(&lease)
         .await
         .expect("connect")
-        .batch_execute("CREATE TABLE t (i int)")
+        .batch_execute(sql)
         .await
         .expect("a write in a clone on the store");
+}
+
+/// A directory of this test process on /dev/shm (a tmpfs, as a container's volume would
+/// be), not yet made; the test removes it.
+fn shm_root(name: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/dev/shm/pglease-test-{name}-{}",
+        std::process::id()
+    ))
 }
 
 pub(crate) async fn data_dir(daemon: &TestDaemon) -> PathBuf {
@@ -108,12 +122,10 @@ async fn clones_share_their_templates_blocks_and_stay_independent() {
         "CREATE TABLE big AS SELECT g AS id, md5(g::text) AS note FROM generate_series(1, 500000) g;",
     )
     .expect("write");
-    let daemon = TestDaemon::builder()
+    let daemon = TestDaemon::of_major("18")
         .args([
             "--storage",
             "cow",
-            "--postgres-version",
-            "18",
             "--template",
             &format!("big=sql:{}", schema.display()),
             "--prebuild",
@@ -126,7 +138,6 @@ async fn clones_share_their_templates_blocks_and_stay_independent() {
             "--max-bytes",
             "500M",
         ])
-        .default_cache()
         .start()
         .await;
     let status = daemon.status().await;
@@ -329,17 +340,9 @@ async fn a_data_dir_that_clones_is_the_store_and_one_that_cannot_copies() {
         ),
         (plain.join("data"), "copy", "cannot clone files"),
     ] {
-        let daemon = TestDaemon::builder()
-            .args([
-                "--storage",
-                "cow",
-                "--postgres-version",
-                "18",
-                "--allow-unsafe-on-disk",
-                "--data-dir",
-            ])
+        let daemon = TestDaemon::of_major("18")
+            .args(["--storage", "cow", "--allow-unsafe-on-disk", "--data-dir"])
             .args([dir.display().to_string()])
-            .default_cache()
             .start()
             .await;
         let status = daemon.status().await;
@@ -410,15 +413,11 @@ async fn cow_makes_its_store_inside_a_tmpfs_data_dir() {
     if !can_make_store("cow_makes_its_store_inside_a_tmpfs_data_dir") {
         return;
     }
-    let root = PathBuf::from(format!(
-        "/dev/shm/pglease-test-cow-in-dir-{}",
-        std::process::id()
-    ));
+    let root = shm_root("cow-in-dir");
     let dir = root.join("data");
-    let daemon = TestDaemon::builder()
-        .args(["--storage", "cow", "--postgres-version", "18", "--data-dir"])
+    let daemon = TestDaemon::of_major("18")
+        .args(["--storage", "cow", "--data-dir"])
         .args([dir.display().to_string()])
-        .default_cache()
         .start()
         .await;
     let storage = storage(&daemon).await;
@@ -442,17 +441,12 @@ async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep()
     if !can_make_store("a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep") {
         return;
     }
-    let root = PathBuf::from(format!(
-        "/dev/shm/pglease-test-cow-kept-{}",
-        std::process::id()
-    ));
+    let root = shm_root("cow-kept");
     let dir = root.join("data");
     let args = |keep: bool| {
         let mut args = vec![
             "--storage".to_owned(),
             "cow".to_owned(),
-            "--postgres-version".to_owned(),
-            "18".to_owned(),
             "--data-dir".to_owned(),
             dir.display().to_string(),
         ];
@@ -461,20 +455,12 @@ async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep()
         }
         args
     };
-    let first = TestDaemon::builder()
-        .args(args(true))
-        .default_cache()
-        .start()
-        .await;
+    let first = TestDaemon::of_major("18").args(args(true)).start().await;
     let fingerprint = first.lease_ok("default").await["fingerprint"].clone();
     assert!(first.stop().await.success());
     assert_eq!(mounts_under(&dir).len(), 1, "a kept store stays mounted");
 
-    let second = TestDaemon::builder()
-        .args(args(true))
-        .default_cache()
-        .start()
-        .await;
+    let second = TestDaemon::of_major("18").args(args(true)).start().await;
     let storage = storage(&second).await;
     assert_eq!(storage.kind, "cow");
     assert!(storage.reason.contains("kept"), "{}", storage.reason);
@@ -488,11 +474,7 @@ async fn a_kept_store_is_started_again_and_removed_by_a_run_that_does_not_keep()
     write_in_a_lease(&second).await;
     assert!(second.stop().await.success());
 
-    let third = TestDaemon::builder()
-        .args(args(false))
-        .default_cache()
-        .start()
-        .await;
+    let third = TestDaemon::of_major("18").args(args(false)).start().await;
     write_in_a_lease(&third).await;
     assert!(third.stop().await.success());
     assert!(
@@ -509,9 +491,8 @@ async fn a_major_before_18_runs_on_the_store_and_copies() {
     if !can_make_store("a_major_before_18_runs_on_the_store_and_copies") {
         return;
     }
-    let daemon = TestDaemon::builder()
-        .args(["--storage", "cow", "--postgres-version", "16"])
-        .default_cache()
+    let daemon = TestDaemon::of_major("16")
+        .args(["--storage", "cow"])
         .start()
         .await;
     let storage = storage(&daemon).await;
@@ -529,10 +510,9 @@ fn a_data_dir_that_clones_on_a_disk_needs_allow_unsafe_on_disk() {
         return;
     }
     let xfs = ClonableDir::make("cow-unsafe");
-    let (status, log) = TestDaemon::builder()
-        .args(["--storage", "cow", "--postgres-version", "18", "--data-dir"])
+    let (status, log) = TestDaemon::of_major("18")
+        .args(["--storage", "cow", "--data-dir"])
         .args([xfs.mount.join("data").display().to_string()])
-        .default_cache()
         .run_to_exit();
     assert!(!status.success());
     assert!(log.contains("is on xfs, not tmpfs"), "{log}");

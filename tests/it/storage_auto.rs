@@ -5,8 +5,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::cow::{can_make_store, data_dir, loop_devices_under, mounts_under, storage, Storage};
-use crate::support::{connect, scratch_dir, TestDaemon};
+use crate::cow::{
+    can_make_store, data_dir, loop_devices_under, mounts_under, storage, write_in_a_lease_of,
+    Storage,
+};
+use crate::support::{scratch_dir, TestDaemon};
 
 /// An SQL file of `mb` MB (a comment: cheap to apply), a template source `auto` weighs.
 fn big_sql_file(dir: &Path, mb: usize) -> PathBuf {
@@ -27,11 +30,7 @@ async fn auto_keeps_tmpfs_for_small_templates() {
     if !can_make_store("auto_keeps_tmpfs_for_small_templates") {
         return;
     }
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-version", "18"])
-        .default_cache()
-        .start()
-        .await;
+    let daemon = TestDaemon::of_major("18").start().await;
     let Storage {
         kind,
         reason,
@@ -59,9 +58,8 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
     let dir = scratch_dir("cow-auto-big");
     let source = big_sql_file(&dir, 130);
     let template = format!("big=sql:{}", source.display());
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-version", "18", "--template", &template])
-        .default_cache()
+    let daemon = TestDaemon::of_major("18")
+        .args(["--template", &template])
         .start()
         .await;
     let Storage {
@@ -79,13 +77,7 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
         .expect("instance dir above the store")
         .to_path_buf();
     assert_eq!(mounts_under(&instance).len(), 1, "the store is mounted");
-    let lease = daemon.lease_ok("big").await;
-    connect(&lease)
-        .await
-        .expect("connect")
-        .batch_execute("INSERT INTO seeded VALUES (1)")
-        .await
-        .expect("a write in a clone on the store");
+    write_in_a_lease_of(&daemon, "big", "INSERT INTO seeded VALUES (1)").await;
     assert!(daemon.stop().await.success());
     assert!(mounts_under(&instance).is_empty(), "unmounted at stop");
     assert!(
@@ -94,10 +86,8 @@ async fn auto_makes_a_store_for_a_big_template_or_falls_back_to_tmpfs() {
     );
 
     // A tmpfs of 400 MB leaves too little for a store: auto copies instead.
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-version", "18", "--template", &template])
-        .args(["--tmpfs-size", "400M"])
-        .default_cache()
+    let daemon = TestDaemon::of_major("18")
+        .args(["--template", &template, "--tmpfs-size", "400M"])
         .start()
         .await;
     let Storage {
@@ -137,27 +127,15 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
          FROM generate_series(1, 600000) g;",
     )
     .expect("write");
-    let args = |storage: Option<&str>| {
-        let mut args = vec![
-            "--postgres-version".to_owned(),
-            "18".to_owned(),
-            "--snapshot-dir".to_owned(),
-            snapshots.display().to_string(),
-            "--template".to_owned(),
-            format!("big=sql:{}", source.display()),
-            "--min-ready".to_owned(),
-            "0".to_owned(),
-        ];
-        if let Some(storage) = storage {
-            args.extend(["--storage".to_owned(), storage.to_owned()]);
-        }
-        args
-    };
-    let first = TestDaemon::builder()
-        .args(args(None))
-        .default_cache()
-        .start()
-        .await;
+    let args = [
+        "--snapshot-dir".to_owned(),
+        snapshots.display().to_string(),
+        "--template".to_owned(),
+        format!("big=sql:{}", source.display()),
+        "--min-ready".to_owned(),
+        "0".to_owned(),
+    ];
+    let first = TestDaemon::of_major("18").args(args.clone()).start().await;
     let Storage { kind, reason, .. } = storage(&first).await;
     assert_eq!(kind, "tmpfs", "the source is small: {reason}");
     first.lease_ok("big").await;
@@ -172,11 +150,7 @@ async fn a_snapshots_big_template_makes_auto_take_the_store_and_counts_in_it() {
         "{log}"
     );
 
-    let second = TestDaemon::builder()
-        .args(args(None))
-        .default_cache()
-        .start()
-        .await;
+    let second = TestDaemon::of_major("18").args(args).start().await;
     let Storage { kind, reason, .. } = storage(&second).await;
     assert_eq!(kind, "cow", "{reason}");
     assert!(reason.contains("template big is"), "{reason}");
@@ -204,10 +178,9 @@ async fn without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package() {
     let dir = scratch_dir("cow-no-mkfs");
     let source = big_sql_file(&dir, 130);
     let template = format!("big=sql:{}", source.display());
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-version", "18", "--template", &template])
+    let daemon = TestDaemon::of_major("18")
+        .args(["--template", &template])
         .env("PATH", "/usr/bin:/bin")
-        .default_cache()
         .start()
         .await;
     let Storage { kind, reason, .. } = storage(&daemon).await;
@@ -218,10 +191,9 @@ async fn without_mkfs_xfs_auto_stays_on_tmpfs_and_cow_names_the_package() {
     );
     assert!(daemon.stop().await.success());
 
-    let (status, log) = TestDaemon::builder()
-        .args(["--postgres-version", "18", "--storage", "cow"])
+    let (status, log) = TestDaemon::of_major("18")
+        .args(["--storage", "cow"])
         .env("PATH", "/usr/bin:/bin")
-        .default_cache()
         .run_to_exit();
     assert!(!status.success());
     assert!(

@@ -204,6 +204,14 @@ pub struct TestDaemon {
 }
 
 impl TestDaemon {
+    /// A builder for a server of a PostgreSQL major that pglease fetches
+    /// (`--postgres-version`), from the default cache, where downloads survive across runs.
+    pub fn of_major(version: &str) -> DaemonBuilder {
+        TestDaemon::builder()
+            .args(["--postgres-version", version])
+            .default_cache()
+    }
+
     /// A builder with no extra arguments.
     pub fn builder() -> DaemonBuilder {
         DaemonBuilder {
