@@ -359,6 +359,17 @@ expect_clones() {
   "$DOCKER" exec "$1" psql "$url" -v ON_ERROR_STOP=1 -qc 'CREATE TABLE t (i int); INSERT INTO t VALUES (1)'
   echo "ok: storage $kind, file_copy_method clone, a lease written in"
 }
+# stop_cleanly CONTAINER: docker stop, which must end in exit 0 (its log's tail otherwise).
+stop_cleanly() {
+  local exit_code
+  "$DOCKER" stop -t 30 "$1" >/dev/null
+  exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$1")
+  if [ "$exit_code" != 0 ]; then
+    echo "after docker stop: exit $exit_code" >&2
+    "$DOCKER" logs "$1" 2>&1 | tail -n 20 >&2
+    return 1
+  fi
+}
 # loops_of PATTERN: loop devices whose backing file matches PATTERN (a privileged
 # container's loop devices are the host's).
 loops_of() {
@@ -389,12 +400,10 @@ if [ "$store_loops" -lt 1 ]; then
   echo "no loop device backs the container's store" >&2
   exit 1
 fi
-"$DOCKER" stop -t 30 "$cid" >/dev/null
-exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$cid")
+stop_cleanly "$cid"
 left=$(loops_of /var/lib/pglease/data/cow.xfs)
-if [ "$exit_code" != 0 ] || [ "$left" -ne 0 ]; then
-  echo "after docker stop: exit $exit_code, $left loop device(s) of the store left" >&2
-  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
+if [ "$left" -ne 0 ]; then
+  echo "after docker stop: $left loop device(s) of the store left" >&2
   exit 1
 fi
 # The end of the container's mount namespace would unmount the store and free its loop
@@ -425,12 +434,10 @@ cid=$("$DOCKER" run -d --read-only --cap-drop ALL --security-opt no-new-privileg
 containers+=("$cid")
 wait_ready "$cid"
 expect_clones "$cid" data_dir
-"$DOCKER" stop -t 30 "$cid" >/dev/null
-exit_code=$("$DOCKER" inspect --format '{{.State.ExitCode}}' "$cid")
+stop_cleanly "$cid"
 left=$(ls -A "$xfs_mount")
-if [ "$exit_code" != 0 ] || [ -n "$left" ]; then
-  echo "after docker stop: exit $exit_code; left on the volume: ${left:-nothing}" >&2
-  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
+if [ -n "$left" ]; then
+  echo "after docker stop: left on the volume: $left" >&2
   exit 1
 fi
 "$DOCKER" rm "$cid" >/dev/null
