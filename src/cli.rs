@@ -164,10 +164,15 @@ pub struct ServeArgs {
     /// Overrides lease_superuser = true in the config file.
     #[arg(long, overrides_with = "lease_superuser", hide_short_help = true)]
     pub no_lease_superuser: bool,
-    /// Let `PUT /templates/{name}` register `command` sources. Those commands run as the
-    /// daemon's OS user: only for a daemon whose every API client you trust.
+    /// Let `PUT /templates/{name}` register `command` sources, superuser templates and
+    /// plain-SQL dumps (psql scripts, which can run programs). They run as --child-user,
+    /// never as root: only for a daemon whose every API client you trust.
     #[arg(long)]
     pub allow_http_commands: bool,
+    /// OS user that migration commands, psql and pg_restore run as, and whose rights
+    /// template sources are read with, when pglease runs as root [default: nobody].
+    #[arg(long, value_name = "USER")]
+    pub child_user: Option<String>,
     /// Build every template from scratch once per run, even when a template with the same
     /// fingerprint exists (for CI: a stale template cannot hide a broken migration).
     #[arg(long, overrides_with = "no_verify_templates")]
@@ -569,6 +574,7 @@ struct ConfigFile {
     lease_superuser: Option<bool>,
     verify_templates: Option<bool>,
     reuse_unchanged: Option<bool>,
+    child_user: Option<String>,
     #[serde(default)]
     postgres: PostgresFile,
     #[serde(default)]
@@ -732,6 +738,8 @@ impl ServeArgs {
                         jobs => jobs,
                     },
                     timeout,
+                    // The operator's own dump: a script is as trusted as a command.
+                    allow_script: true,
                 });
                 let source = if source.superuser {
                     TemplateSource::Superuser(Box::new(plain))
@@ -956,6 +964,7 @@ impl ServeArgs {
                     self.no_verify_templates,
                     file.verify_templates,
                 ),
+                child_user: self.child_user.or(file.child_user),
             },
         })
     }
@@ -1035,6 +1044,7 @@ fn parse_template_flag(
             path: absolute(Path::new(file))?,
             jobs: None,
             timeout: pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+            allow_script: true,
         }),
         // Run in the current directory; only the command string enters the fingerprint
         // (a config file can add `watch`).

@@ -561,6 +561,7 @@ fn a_dump_template_comes_from_the_flag_or_the_config_file() {
             path: "/data/prod.dump".into(),
             jobs: None,
             timeout: pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
+            allow_script: true,
         })
     );
     let dir = std::env::temp_dir().join(format!("pglease-cli-dump-{}", std::process::id()));
@@ -581,6 +582,7 @@ fn a_dump_template_comes_from_the_flag_or_the_config_file() {
             path: dir.join("prod.dump"),
             jobs: Some(4),
             timeout: Duration::from_secs(7200),
+            allow_script: true,
         })
     );
     for (table, why) in [

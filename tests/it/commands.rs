@@ -118,6 +118,9 @@ async fn a_failing_command_reports_its_status_and_output_and_leaves_nothing() {
 async fn a_command_that_hangs_is_killed_at_its_timeout() {
     let dir = scratch_dir("command-hang");
     let pid_file = dir.join("pid");
+    // The command runs as the daemon's child user (nobody, when the tests run as root),
+    // which may write this file and nothing else here.
+    writable_by_anyone(&pid_file);
     let config = write_config(
         &dir,
         &format!(
@@ -295,4 +298,12 @@ async fn dbmate_builds_a_template() {
         .batch_execute("INSERT INTO users (email) VALUES ('a@example.com'); INSERT INTO posts (user_id) VALUES (1);")
         .await
         .expect("use the schema");
+}
+
+/// Creates `path` empty, writable by every user (a command running as the child user
+/// reports through it).
+fn writable_by_anyone(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, "").expect("create");
+    fs::set_permissions(path, fs::Permissions::from_mode(0o666)).expect("chmod");
 }

@@ -72,7 +72,9 @@ async fn dumps(dir: &Path) -> Vec<(&'static str, String)> {
         (
             "directory",
             format!("{d}/db.dir"),
-            format!("pg_dump -Fd -f {d}/db.dir '{url}'"),
+            // pg_dump makes the directory 0700; the daemon reads dumps as its child user
+            // (nobody, when the tests run as root), like any file a caller names.
+            format!("pg_dump -Fd -f {d}/db.dir '{url}' && chmod -R a+rX {d}/db.dir"),
         ),
         (
             "tar",

@@ -155,27 +155,20 @@ async fn a_stalled_source_check_holds_up_no_other_lease() {
         .start()
         .await;
     daemon.lease_ok("app").await;
-    // The file becomes a FIFO nobody writes to: hashing it blocks until someone does.
-    fs::remove_file(&schema).expect("remove");
-    nix::unistd::mkfifo(&schema, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    // The file grows to 64 GiB (sparse): hashing it takes minutes. (A FIFO, which once
+    // stalled the check for good, is now refused before it is read.)
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&schema)
+        .and_then(|file| file.set_len(64 << 30))
+        .expect("grow");
     let stalled = daemon.lease_in_background(json!({ "template": "app", "wait_ms": 1000 }));
-    // The check has begun once the daemon opens the FIFO to read: only then does a
-    // non-blocking open for writing succeed. The writer is held open and never writes, so
-    // the daemon's read goes on waiting.
-    let _writer = poll_until(
+    // The check has begun once the daemon runs a thread reading the sources.
+    let pid = daemon.pid();
+    poll_until(
         Duration::from_secs(10),
-        "the daemon to open the FIFO",
-        || {
-            let schema = schema.clone();
-            async move {
-                use std::os::unix::fs::OpenOptionsExt;
-                fs::OpenOptions::new()
-                    .write(true)
-                    .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-                    .open(&schema)
-                    .ok()
-            }
-        },
+        "the daemon to start hashing the sources",
+        || async move { reading_threads(pid).then_some(()) },
     )
     .await;
     let other = tokio::time::timeout(Duration::from_secs(10), daemon.lease_ok("default")).await;
@@ -183,7 +176,24 @@ async fn a_stalled_source_check_holds_up_no_other_lease() {
         other.is_ok(),
         "a lease of another template waited on the check"
     );
+    assert!(
+        reading_threads(pid),
+        "the check ended before the other lease was tried"
+    );
     stalled.abort();
-    // The blocked read never ends by itself: no graceful stop to wait for.
+    // The hash would go on for minutes: no graceful stop to wait for.
     daemon.kill();
+    let _ = fs::remove_file(&schema);
+}
+
+/// Whether process `pid` has a thread reading template sources (`child_user.rs` names it).
+fn reading_threads(pid: u32) -> bool {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|task| {
+            fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "pglease-read-as")
+        })
 }

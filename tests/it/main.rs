@@ -18,6 +18,7 @@ mod freshness;
 mod full_tmpfs;
 mod fuzz;
 mod helpers;
+mod hostile_sources;
 mod integresql;
 mod kept;
 mod leases;

@@ -125,6 +125,9 @@ impl From<LeaseError> for ApiError {
             LeaseError::UnknownTemplate(_) => {
                 Self::new(StatusCode::NOT_FOUND, "unknown_template", message)
             }
+            LeaseError::InvalidSource { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_source", message)
+            }
             // The template's own sources are broken: the client must see postgres' words.
             LeaseError::BuildFailed { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -6,6 +6,7 @@
 //!
 //! Rules live in [`PoolState`]; this file only carries out its actions and watches postgres.
 
+use crate::child_user::ChildUser;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -125,6 +126,8 @@ struct UpInputs {
     build_timeout: Duration,
     /// Released clones are proven unchanged (the embedded server's session reads its files).
     reuse_unchanged: bool,
+    /// Who runs the builds' programs and reads template sources.
+    child_user: ChildUser,
 }
 
 /// A worker's report: what it did, and the server generation it did it against. Reports
@@ -227,6 +230,7 @@ pub async fn start(
         lease_connections: config.limits.lease_connections,
         build_timeout: config.limits.build_timeout,
         reuse_unchanged: config.limits.reuse_unchanged,
+        child_user: ChildUser::resolve(config.child_user.as_deref())?,
     };
     let mut limits = config.limits;
     let target = match &config.server {
@@ -331,6 +335,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     build_timeout: inputs.build_timeout,
                     admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
                     proof_dir: inputs.reuse_unchanged.then(|| running.data_dir.clone()),
+                    child_user: inputs.child_user.clone(),
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -362,6 +367,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 build_timeout: inputs.build_timeout,
                 admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
                 proof_dir: None,
+                child_user: inputs.child_user.clone(),
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,
@@ -1128,9 +1134,11 @@ impl Actor {
         // scratch even if a template with the same fingerprint exists.
         let reuse_existing = !self.verify_templates || !self.verified.insert(template.clone());
         tracing::info!(template = %template, ?source, "building template");
+        let user = self.inputs.child_user.clone();
         self.spawn_job(move |session| async move {
             let stamp_source = source.clone();
-            let stamp = tokio::task::spawn_blocking(move || template::stamp(&stamp_source))
+            let stamp = user
+                .read(move || template::stamp(&stamp_source))
                 .await
                 .unwrap_or_default();
             let outcome = match session {
@@ -1203,18 +1211,21 @@ impl Actor {
         };
         self.checking
             .insert(template.clone(), vec![(request, reply)]);
+        let user = self.inputs.child_user.clone();
         self.spawn_job(move |_| async move {
             let seen = fingerprint.clone();
-            let checked = tokio::task::spawn_blocking(move || {
-                let now = template::stamp(&source);
-                if now == stamp {
-                    return (false, now);
-                }
-                // Touched but unchanged keeps the version (and the new stamp).
-                let changed = template::fingerprint(&source, major).map_or(true, |f| f != seen);
-                (changed, now)
-            })
-            .await;
+            // With the child user's rights: the sources may be a caller's.
+            let checked = user
+                .read(move || {
+                    let now = template::stamp(&source);
+                    if now == stamp {
+                        return (false, now);
+                    }
+                    // Touched but unchanged keeps the version (and the new stamp).
+                    let changed = template::fingerprint(&source, major).map_or(true, |f| f != seen);
+                    (changed, now)
+                })
+                .await;
             // A check that could not run says nothing changed; the next lease checks again.
             let (changed, stamp) = checked.unwrap_or_default();
             JobResult::SourcesChecked {
@@ -1494,11 +1505,10 @@ impl Actor {
                 )
             })
             .collect();
-        tokio::task::spawn_blocking(move || {
-            template::current_versions(&templates, pg_major, &known)
-        })
-        .await
-        .map_err(|e| format!("reading the templates' sources failed: {e}"))
+        self.inputs
+            .child_user
+            .read(move || template::current_versions(&templates, pg_major, &known))
+            .await
     }
 
     /// The templates a snapshot written at this stop holds, with everything else dropped

@@ -31,6 +31,10 @@ pub struct PoolConfig {
     /// Build each template from scratch once per run even if a template database with the
     /// same fingerprint exists (a drift guard for CI).
     pub verify_templates: bool,
+    /// The OS user that migration commands, `psql` and `pg_restore` run as and whose rights
+    /// template sources are read with, when pglease runs as root (default `nobody`;
+    /// `crate::child_user`).
+    pub child_user: Option<String>,
 }
 
 /// Where the embedded server's clusters live.
@@ -210,6 +214,11 @@ pub struct DumpSource {
     pub jobs: Option<usize>,
     /// Killed (with its process group) after this long.
     pub timeout: Duration,
+    /// A plain-SQL dump may be restored: it is a `psql` script, whose meta-commands (`\!`,
+    /// `\copy … program`) run programs. True where the operator vouches for the dump (the
+    /// configuration file, or HTTP with `--allow-http-commands`); otherwise only
+    /// `pg_restore` formats are restored.
+    pub allow_script: bool,
 }
 
 /// A migration command: run with `sh -c` in `workdir`, with `DATABASE_URL` and

@@ -64,6 +64,14 @@ pub enum StartError {
         /// The user name.
         user: String,
     },
+    /// The OS user for children (`--child-user`) cannot be used.
+    #[error("--child-user {user:?}: {reason}; as root pglease runs every program it starts (migration commands, psql, pg_restore) as this unprivileged user (default `nobody`)")]
+    ChildUser {
+        /// The user name.
+        user: String,
+        /// Why not.
+        reason: String,
+    },
     /// The copy-on-write store (`--storage cow`) could not be made.
     #[error("--storage cow: cannot make the copy-on-write store ({step}): {message}")]
     CowStore {
@@ -193,6 +201,16 @@ pub enum LeaseError {
     /// No template has this name.
     #[error("unknown template \"{0}\"")]
     UnknownTemplate(TemplateName),
+    /// A source sent over HTTP cannot be used as it is (a file that is not a regular file,
+    /// too big, unreadable by the child user, or a script where none may run); nothing was
+    /// registered.
+    #[error("template \"{template}\": {message}")]
+    InvalidSource {
+        /// The template.
+        template: TemplateName,
+        /// Why, naming the path (never the file's contents).
+        message: String,
+    },
     /// The template's build failed; the message names the file, postgres' message and line.
     #[error("template \"{template}\" failed to build: {message}")]
     BuildFailed {

@@ -10,6 +10,7 @@
 //! (`placed`). Lease ids are random, so a release or renew is simply offered to each
 //! server until one knows the id. The IntegreSQL API is the primary's alone.
 
+use crate::child_user::ChildUser;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +55,9 @@ struct Inner {
     /// The further servers' pool tasks, awaited at shutdown.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stopping: std::sync::atomic::AtomicBool,
+    /// Whose rights a registered source is checked with (the builds read it as that user);
+    /// None over a fake pool, which reads no files.
+    child_user: Option<ChildUser>,
 }
 
 /// One running server: its major, what it reports as its version, and its pool.
@@ -133,8 +137,10 @@ impl Servers {
                 placed.insert(template.name.clone(), wanted.major());
             }
         }
+        let child_user = ChildUser::resolve(config.child_user.as_deref())?;
         let servers = Servers {
             inner: Arc::new(Inner {
+                child_user: Some(child_user),
                 primary,
                 base: (!external).then_some(config),
                 slots: Mutex::new(BTreeMap::new()),
@@ -175,6 +181,7 @@ impl Servers {
                 placed: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(Vec::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                child_user: None,
             }),
         }
     }
@@ -287,6 +294,17 @@ impl Servers {
         source: TemplateSource,
         postgres_version: Option<VersionSpec>,
     ) -> Result<(Registered, TemplateStatus), LeaseError> {
+        // Refused before anything is placed, with the rights the build will read it with.
+        if let Some(user) = &self.inner.child_user {
+            let checked = source.clone();
+            user.read(move || crate::template::check_source(&checked))
+                .await
+                .and_then(|checked| checked)
+                .map_err(|message| LeaseError::InvalidSource {
+                    template: name.clone(),
+                    message: user.explain(message),
+                })?;
+        }
         let current = self.placement(&name);
         let wanted = postgres_version.map(VersionSpec::major);
         let exists_on_primary = current.is_none() && self.primary_has(&name).await;

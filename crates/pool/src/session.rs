@@ -7,6 +7,7 @@
 //! A new `Session` is opened every time postgres (re)starts or is reconnected; it does not
 //! decide what to clone or drop, it only carries it out.
 
+use crate::child_user::ChildUser;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -90,6 +91,8 @@ pub struct SessionParams {
     /// The data directory of a server pglease runs, when released clones are to be proven
     /// unchanged (`--reuse-unchanged`); None otherwise.
     pub proof_dir: Option<PathBuf>,
+    /// Who runs the builds' programs and reads their sources.
+    pub child_user: ChildUser,
 }
 
 /// What a sweep keeps.
@@ -147,6 +150,9 @@ pub struct Session {
     pub(crate) build_progress: template::progress::Board,
     /// The data directory, when released clones are proven unchanged (`session/proof.rs`).
     proof_dir: Option<PathBuf>,
+    /// Who runs the builds' programs (`psql`, `pg_restore`, migration commands) and reads
+    /// template sources.
+    pub(crate) child_user: ChildUser,
 }
 
 impl std::fmt::Debug for Session {
@@ -260,6 +266,7 @@ impl Session {
             _lock: Arc::new(lock),
             template_settings: Arc::default(),
             build_progress: template::progress::Board::default(),
+            child_user: params.child_user,
             proof_dir: match params.proof_dir {
                 Some(dir) => match client
                     // In a schema of its own in the `postgres` database (the daemon's
@@ -287,13 +294,13 @@ impl Session {
         drop(client);
         // Leftovers cost space, not correctness: failing to remove them must not stop us.
         let mut session = session;
-        // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread.
+        // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread, and
+        // with the child user's rights.
         let (templates, pg_major) = (params.templates.clone(), session.pg_major);
-        let current = tokio::task::spawn_blocking(move || {
-            template::current_versions(&templates, pg_major, &HashMap::new())
-        })
-        .await
-        .map_err(|e| format!("reading the templates' sources failed: {e}"));
+        let current = session
+            .child_user
+            .read(move || template::current_versions(&templates, pg_major, &HashMap::new()))
+            .await;
         // Without the current versions every template would look stale: no sweep then.
         let swept = match current {
             Ok(current) => session.sweep(current, Sweep::Start).await,

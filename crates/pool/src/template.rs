@@ -5,229 +5,25 @@
 //! behind; errors are plain messages naming the file, postgres' message and the line,
 //! because they travel to every waiting client.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio_postgres::error::ErrorPosition;
 use tokio_postgres::NoTls;
 
-use crate::config::{CommandSource, TemplateConfig, TemplateSource};
+use crate::child_user::ChildUser;
+use crate::config::{CommandSource, TemplateSource};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
 use crate::state::Built;
 
 mod dump;
 pub mod progress;
+mod sources;
 
-/// Sizes and modification times of a source's files: cheap to take, and compared before
-/// paying for a hash when checking whether sources changed.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SourceStamp(Vec<(PathBuf, u64, Option<SystemTime>)>);
-
-impl SourceStamp {
-    /// The bytes of the source's files, from the sizes the stamp took (directories enter
-    /// with none).
-    pub fn bytes(&self) -> u64 {
-        self.0.iter().map(|(_, len, _)| len).sum()
-    }
-}
-
-/// Takes the stamp of a source. Unreadable paths enter as such, so their repair shows.
-pub fn stamp(source: &TemplateSource) -> SourceStamp {
-    if let TemplateSource::Superuser(inner) = source {
-        return stamp(inner);
-    }
-    let mut entries = Vec::new();
-    let mut add = |path: &Path| {
-        let meta = std::fs::metadata(path).ok();
-        entries.push((
-            path.to_path_buf(),
-            // A directory's own size says nothing (its mtime tells a changed listing), and
-            // leaving it out lets the sizes add up to the source's bytes.
-            meta.as_ref().filter(|m| !m.is_dir()).map_or(0, |m| m.len()),
-            meta.and_then(|m| m.modified().ok()),
-        ));
-    };
-    match source {
-        TemplateSource::Empty => {}
-        TemplateSource::SqlFile(path) => add(path),
-        TemplateSource::Migrations(dir) => {
-            // The directory's own mtime moves when a file is added, removed or renamed.
-            add(dir);
-            for file in migration_files(dir).unwrap_or_default() {
-                add(&file);
-            }
-        }
-        // The client's hash stands for its sources; there is nothing to stat.
-        TemplateSource::Client | TemplateSource::Superuser(_) => {}
-        TemplateSource::Command(command) => {
-            for root in &command.watch {
-                add(root);
-                for path in walk(root).unwrap_or_default() {
-                    add(&path);
-                }
-            }
-        }
-        TemplateSource::Dump(dump) => {
-            add(&dump.path);
-            for path in walk(&dump.path).unwrap_or_default() {
-                add(&path);
-            }
-        }
-    }
-    SourceStamp(entries)
-}
-
-/// Every file and directory below `root` (not following symlinked directories), sorted.
-/// A file `root` yields nothing: the caller has it already.
-fn walk(root: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    if !std::fs::symlink_metadata(root)?.is_dir() {
-        return Ok(found);
-    }
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let path = entry.path();
-            if entry.file_type()?.is_dir() {
-                pending.push(path.clone());
-            }
-            found.push(path);
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
-/// SHA-256 (hex) of a source and the postgres major version. File names and contents count;
-/// for a migrations directory, only its `*.sql` files, in the order they are applied.
-pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, String> {
-    let mut hasher = Sha256::new();
-    hasher.update(format!("pglease-template-v1\0postgres-{pg_major}\0").as_bytes());
-    match source {
-        TemplateSource::Client => {
-            return Err("a client-built template's fingerprint is its client's hash".into())
-        }
-        // Applied with other rights, it is another version.
-        TemplateSource::Superuser(inner) => {
-            hasher.update(b"superuser\0");
-            hasher.update(fingerprint(inner, pg_major)?.as_bytes());
-        }
-        TemplateSource::Empty => hasher.update(b"empty\0"),
-        TemplateSource::SqlFile(path) => {
-            hasher.update(b"sql\0");
-            hash_file(&mut hasher, path)?;
-        }
-        TemplateSource::Migrations(dir) => {
-            hasher.update(b"migrations\0");
-            for path in migration_files(dir)? {
-                hash_file(&mut hasher, &path)?;
-            }
-        }
-        TemplateSource::Dump(dump) => {
-            // The contents only: the same dump anywhere is the same version.
-            hasher.update(b"dump\0");
-            let meta = std::fs::metadata(&dump.path)
-                .map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
-            if meta.is_file() {
-                hash_file(&mut hasher, &dump.path)?;
-            } else {
-                let files =
-                    walk(&dump.path).map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
-                for path in files.iter().filter(|p| p.is_file()) {
-                    let relative = path.strip_prefix(&dump.path).unwrap_or(path);
-                    hasher.update(format!("{}\0", relative.display()).as_bytes());
-                    hash_file(&mut hasher, path)?;
-                }
-            }
-        }
-        TemplateSource::Command(command) => {
-            hasher.update(format!("command\0{}\0", command.command).as_bytes());
-            for root in &command.watch {
-                hasher.update(format!("watch\0{}\0", root.display()).as_bytes());
-                let meta = std::fs::metadata(root)
-                    .map_err(|e| format!("watched path {}: {e}", root.display()))?;
-                if meta.is_file() {
-                    hash_file(&mut hasher, root)?;
-                    continue;
-                }
-                let files =
-                    walk(root).map_err(|e| format!("watched path {}: {e}", root.display()))?;
-                for path in files.iter().filter(|p| p.is_file()) {
-                    // Relative names, so moving the checkout does not change the fingerprint.
-                    let relative = path.strip_prefix(root).unwrap_or(path);
-                    hasher.update(format!("{}\0", relative.display()).as_bytes());
-                    hash_file(&mut hasher, path)?;
-                }
-            }
-        }
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-/// The current fingerprint of every configured template whose sources can be read, by name
-/// (file I/O: call it where blocking is allowed). A template in `known` (its sources' stamp
-/// and the fingerprint hashed from them) keeps that fingerprint while the stamp has not
-/// moved: a stat per file instead of hashing a dump of tens of GB again.
-pub fn current_versions(
-    templates: &[TemplateConfig],
-    pg_major: u32,
-    known: &HashMap<TemplateName, (SourceStamp, String)>,
-) -> Vec<(TemplateName, String)> {
-    templates
-        .iter()
-        .filter_map(|t| {
-            let fingerprint = match known.get(&t.name) {
-                Some((stamp, fingerprint)) if self::stamp(&t.source) == *stamp => {
-                    fingerprint.clone()
-                }
-                _ => fingerprint(&t.source, pg_major).ok()?,
-            };
-            Some((t.name.clone(), fingerprint))
-        })
-        .collect()
-}
-
-/// Hashes a file's name, length and contents, streamed: a dump of tens of GB is never held
-/// in memory.
-fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
-    let unreadable = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-    let mut file = std::fs::File::open(path).map_err(unreadable)?;
-    let len = file.metadata().map_err(unreadable)?.len();
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    hasher.update(format!("{name}\0{len}\0").as_bytes());
-    let copied = std::io::copy(&mut file, hasher).map_err(unreadable)?;
-    if copied != len {
-        return Err(format!(
-            "{} changed while it was read ({len} bytes, then {copied})",
-            path.display()
-        ));
-    }
-    Ok(())
-}
-
-/// The `*.sql` files of a directory in lexical (byte) order of their names.
-pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry
-            .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
-        let path = entry.path();
-        if path.extension().is_some_and(|ext| ext == "sql") && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    Ok(files)
-}
+pub use sources::{
+    check as check_source, current_versions, fingerprint, migration_files, stamp, SourceStamp,
+};
 
 /// Builds (or, with `reuse_existing`, finds already built) the template database of `name`.
 /// On failure nothing is left behind.
@@ -239,10 +35,12 @@ pub async fn build(
 ) -> Result<Built, String> {
     let source_for_hash = source.clone();
     let major = session.pg_major;
-    // Sources are small files, but reading them is still blocking I/O.
-    let fingerprint = tokio::task::spawn_blocking(move || fingerprint(&source_for_hash, major))
-        .await
-        .map_err(|e| format!("fingerprint task failed: {e}"))??;
+    // Blocking I/O on paths a caller may have named: with the child user's rights.
+    let user = &session.child_user;
+    let fingerprint = user
+        .read(move || fingerprint(&source_for_hash, major))
+        .await?
+        .map_err(|e| user.explain(e))?;
     let db = DbName::template(name, &fingerprint);
     let started = std::time::Instant::now();
     let finished = |fingerprint: String, db: DbName, size_bytes: i64| Built {
@@ -250,7 +48,7 @@ pub async fn build(
         db,
         elapsed: started.elapsed(),
         size_bytes,
-        built_at: SystemTime::now(),
+        built_at: std::time::SystemTime::now(),
     };
     if reuse_existing && session.is_complete_template(&db).await? {
         tracing::info!(template = %name, %fingerprint, database = %db, "template already built");
@@ -529,7 +327,7 @@ pub async fn finalize_client_template(
         db: db.clone(),
         elapsed: migrating_since.elapsed(),
         size_bytes,
-        built_at: SystemTime::now(),
+        built_at: std::time::SystemTime::now(),
     })
 }
 
@@ -569,16 +367,17 @@ async fn apply_source(
         TemplateSource::SqlFile(path) => vec![path.clone()],
         TemplateSource::Migrations(dir) => {
             let dir = dir.clone();
-            tokio::task::spawn_blocking(move || migration_files(&dir))
-                .await
-                .map_err(|e| format!("listing migrations failed: {e}"))??
+            let user = &session.child_user;
+            user.read(move || migration_files(&dir))
+                .await?
+                .map_err(|e| user.explain(e))?
         }
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
             return retire_build_role(session, db, superuser).await;
         }
         TemplateSource::Dump(dump) => {
-            let restore = dump::restore_command(dump).await?;
+            let restore = dump::restore_command(dump, &session.child_user).await?;
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {
@@ -605,7 +404,7 @@ async fn apply_source(
         .user(db.as_str())
         .password(password.as_str())
         .dbname(db.as_str());
-    let applied = apply_files(config, &files, db).await;
+    let applied = apply_files(config, &files, db, &session.child_user).await;
     let retired = retire_build_role(session, db, superuser).await;
     applied.and(retired)
 }
@@ -615,6 +414,7 @@ async fn apply_files(
     config: tokio_postgres::Config,
     files: &[PathBuf],
     db: &DbName,
+    child_user: &ChildUser,
 ) -> Result<(), String> {
     let (mut client, connection) = config.connect(NoTls).await.map_err(|e| {
         format!(
@@ -625,9 +425,11 @@ async fn apply_files(
     let connection = tokio::spawn(connection);
     let result = async {
         for path in files {
-            let sql = tokio::fs::read_to_string(path)
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let file = path.clone();
+            let sql = child_user
+                .read(move || sources::read_sql(&file))
+                .await?
+                .map_err(|e| child_user.explain(e))?;
             let transaction = client
                 .transaction()
                 .await
@@ -742,7 +544,9 @@ async fn run_command_with(
         db.as_str(),
         db.as_str()
     );
-    let mut command = tokio::process::Command::new("sh");
+    // As the child user, never as the daemon's (root's) own; with none of its environment.
+    let user = &session.child_user;
+    let mut command = user.command("sh");
     command
         .arg("-c")
         .arg(&source.command)
@@ -760,13 +564,14 @@ async fn run_command_with(
         // started (`CommandGroup`).
         .process_group(0)
         .kill_on_drop(true);
-    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), "running the migration command");
+    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), user = %user.name, "running the migration command");
     let started = std::time::Instant::now();
     let mut child = CommandGroup(command.spawn().map_err(|e| {
         format!(
-            "cannot run `{}` in {}: {e}",
+            "cannot run `{}` in {} as {}: {e}",
             source.command,
-            source.workdir.display()
+            source.workdir.display(),
+            user.describe()
         )
     })?);
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
@@ -817,7 +622,12 @@ async fn run_command_with(
     }
     let outcome = match waited {
         Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(format!("`{}` failed ({status})", source.command)),
+        Ok(Ok(status)) => Err(format!(
+            "`{}` failed ({status}; it ran as {} in {})",
+            source.command,
+            user.describe(),
+            source.workdir.display()
+        )),
         Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
         Err(_) => {
             child.kill();

@@ -140,8 +140,14 @@ fn template_source(state: &AppState, body: TemplateBody) -> Result<TemplateSourc
     )?)))
 }
 
-/// A `dump` source: alone, an absolute path, 1 to 64 jobs.
-fn dump_source(dump: &str, body: &TemplateBody) -> Result<TemplateSource, ApiError> {
+/// A `dump` source: alone, an absolute path, 1 to 64 jobs. A plain-SQL one (a psql script,
+/// which can run programs) is restored only where the operator allowed commands; the pool
+/// tells the format by the dump's bytes, with the child user's rights.
+fn dump_source(
+    state: &AppState,
+    dump: &str,
+    body: &TemplateBody,
+) -> Result<TemplateSource, ApiError> {
     if body.migrations.is_some() || body.sql.is_some() || body.command.is_some() {
         return Err(ApiError::invalid(
             "give one of migrations, sql, dump or command",
@@ -172,13 +178,14 @@ fn dump_source(dump: &str, body: &TemplateBody) -> Result<TemplateSource, ApiErr
         path: checked_path("dump", dump)?,
         jobs,
         timeout,
+        allow_script: state.config.allow_http_commands,
     }))
 }
 
 /// [`template_source`] without the superuser flag.
 fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, ApiError> {
     if let Some(dump) = &body.dump {
-        return dump_source(dump, &body);
+        return dump_source(state, dump, &body);
     }
     if body.jobs.is_some() {
         return Err(ApiError::invalid("jobs goes with dump"));

@@ -54,6 +54,7 @@ impl Server {
             build_timeout: Duration::from_secs(60),
             admin_timeout: DEFAULT_ADMIN_TIMEOUT,
             proof_dir: None,
+            child_user: crate::child_user::ChildUser::resolve(None).expect("child user"),
         }
     }
 

@@ -11,6 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::child_user::ChildUser;
 use crate::config::{CommandSource, DumpSource};
 
 /// What a dump is, by its first bytes (not its name).
@@ -45,8 +46,8 @@ impl Format {
             };
         }
         let mut head = [0u8; 512];
-        let mut file =
-            std::fs::File::open(path).map_err(|e| format!("dump {}: {e}", path.display()))?;
+        // A device or FIFO is refused before a byte is read.
+        let (mut file, _) = super::sources::open_regular(path).map_err(|e| format!("dump {e}"))?;
         let mut read = 0;
         while read < head.len() {
             match file.read(&mut head[read..]) {
@@ -69,6 +70,11 @@ impl Format {
         })
     }
 
+    /// A psql script (plain SQL, compressed or not), as opposed to a pg_restore archive.
+    fn is_script(self) -> bool {
+        matches!(self, Format::Plain | Format::PlainGzip | Format::PlainZstd)
+    }
+
     fn tool(self) -> &'static str {
         match self {
             Format::Custom | Format::Directory | Format::Tar => "pg_restore",
@@ -86,6 +92,19 @@ pub(crate) struct Restore {
     pub tool: String,
     pub entries: Option<u64>,
     pub counts: fn(&str) -> bool,
+}
+
+/// Refuses a plain-SQL dump where no script may run (see [`DumpSource::allow_script`]).
+pub(crate) fn check_script(dump: &DumpSource, format: Format) -> Result<(), String> {
+    if format.is_script() && !dump.allow_script {
+        return Err(format!(
+            "{} is a plain-SQL dump, a psql script whose meta-commands (\\!, \\copy … program) run programs; \
+             over HTTP this daemon restores only pg_restore formats (pg_dump -Fc, -Fd, -Ft) unless started with \
+             --allow-http-commands (or name the dump in its configuration file)",
+            dump.path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// A line of `pg_restore --verbose --jobs N` that counts an entry: "processing item …"
@@ -108,12 +127,18 @@ fn starts_with_any(line: &str, starts: &[&str]) -> bool {
         .is_some_and(|rest| starts.iter().any(|start| rest.starts_with(start)))
 }
 
-/// The command that restores `dump` into `$DATABASE_URL`.
-pub(crate) async fn restore_command(dump: &DumpSource) -> Result<Restore, String> {
+/// The command that restores `dump` into `$DATABASE_URL`, run (like every tool here) as
+/// `user`, who must be able to read the dump.
+pub(crate) async fn restore_command(
+    dump: &DumpSource,
+    user: &ChildUser,
+) -> Result<Restore, String> {
     let path = dump.path.clone();
-    let format = tokio::task::spawn_blocking(move || Format::of(&path))
-        .await
-        .map_err(|e| format!("inspecting the dump failed: {e}"))??;
+    let format = user
+        .read(move || Format::of(&path))
+        .await?
+        .map_err(|e| user.explain(e))?;
+    check_script(dump, format)?;
     let tool_name = format.tool();
     let tool = find_tool(tool_name).ok_or_else(|| {
         format!(
@@ -121,7 +146,8 @@ pub(crate) async fn restore_command(dump: &DumpSource) -> Result<Restore, String
              needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
         )
     })?;
-    let version = tokio::process::Command::new(&tool)
+    let version = user
+        .command(&tool)
         .arg("--version")
         .output()
         .await
@@ -156,7 +182,9 @@ pub(crate) async fn restore_command(dump: &DumpSource) -> Result<Restore, String
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("/"));
     let entries = match format {
-        Format::Custom | Format::Directory | Format::Tar => toc_entries(&tool, &dump.path).await,
+        Format::Custom | Format::Directory | Format::Tar => {
+            toc_entries(user, &tool, &dump.path).await
+        }
         _ => None,
     };
     Ok(Restore {
@@ -179,13 +207,8 @@ pub(crate) async fn restore_command(dump: &DumpSource) -> Result<Restore, String
 
 /// The entries of a dump's table of contents (`pg_restore -l`), None if it cannot be read
 /// (the restore then says why).
-async fn toc_entries(tool: &Path, path: &Path) -> Option<u64> {
-    let out = tokio::process::Command::new(tool)
-        .arg("-l")
-        .arg(path)
-        .output()
-        .await
-        .ok()?;
+async fn toc_entries(user: &ChildUser, tool: &Path, path: &Path) -> Option<u64> {
+    let out = user.command(tool).arg("-l").arg(path).output().await.ok()?;
     out.status.success().then(|| {
         String::from_utf8_lossy(&out.stdout)
             .lines()

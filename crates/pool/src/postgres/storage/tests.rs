@@ -142,6 +142,7 @@ fn the_largest_template_is_read_from_sources_and_the_snapshot() {
             path: dump,
             jobs: None,
             timeout: std::time::Duration::from_secs(60),
+            allow_script: true,
         }))),
     ));
     assert_eq!(
