@@ -56,6 +56,9 @@ fn main() -> ExitCode {
             Ok::<_, ()>(ExitCode::FAILURE)
         })
     });
+    // Work still running on the runtime's blocking threads (a copy, a hash of a huge
+    // source) must not hold the exit: dropping the runtime would wait for it without end.
+    runtime.shutdown_timeout(Duration::from_secs(2));
     outcome.unwrap_or(ExitCode::FAILURE)
 }
 

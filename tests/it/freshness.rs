@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{connect, id_of, poll_until, scratch_dir, wait_until_dropped, TestDaemon};
+use crate::support::{
+    connect, id_of, poll_until, reading_sources, scratch_dir, wait_until_dropped, TestDaemon,
+};
 
 async fn tables(lease: &serde_json::Value) -> Vec<String> {
     let client = connect(lease).await.expect("connect");
@@ -168,7 +170,7 @@ async fn a_stalled_source_check_holds_up_no_other_lease() {
     poll_until(
         Duration::from_secs(10),
         "the daemon to start hashing the sources",
-        || async move { reading_threads(pid).then_some(()) },
+        || async move { reading_sources(pid).then_some(()) },
     )
     .await;
     let other = tokio::time::timeout(Duration::from_secs(10), daemon.lease_ok("default")).await;
@@ -177,23 +179,11 @@ async fn a_stalled_source_check_holds_up_no_other_lease() {
         "a lease of another template waited on the check"
     );
     assert!(
-        reading_threads(pid),
+        reading_sources(pid),
         "the check ended before the other lease was tried"
     );
     stalled.abort();
     // The hash would go on for minutes: no graceful stop to wait for.
     daemon.kill();
     let _ = fs::remove_file(&schema);
-}
-
-/// Whether process `pid` has a thread reading template sources (`child_user.rs` names it).
-fn reading_threads(pid: u32) -> bool {
-    fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|task| {
-            fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim() == "pglease-read-as")
-        })
 }

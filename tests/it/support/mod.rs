@@ -493,3 +493,16 @@ pub fn tool_available(program: &str, test: &str, install_hint: &str) -> bool {
 pub fn id_of(lease: &Value) -> String {
     lease["id"].as_str().expect("lease id").to_owned()
 }
+
+/// Whether the daemon with process id `pid` is reading template sources: it runs a thread
+/// of the name `child_user.rs` gives those.
+pub fn reading_sources(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "pglease-read-as")
+        })
+}
