@@ -639,3 +639,37 @@ async fn a_dump_loads_into_the_template_with_psql_and_the_initialize_answer() {
         .expect("a test owns the dump's tables");
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 25, row 6: the initialize answer's role once had no connection limit, and one
+/// client holding 263 connections left lease holders none. It gets what a lease gets.
+#[tokio::test]
+async fn a_migrating_client_gets_a_leases_connection_limit() {
+    let daemon = TestDaemon::builder()
+        .args(["--lease-connections", "3"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize("c0ffee").await;
+    assert_eq!(status, 200, "{template}");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect(&template).await.expect("within the limit"));
+    }
+    let error = connect(&template)
+        .await
+        .err()
+        .expect("a fourth connection is refused");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),
+        "{error}"
+    );
+    // Lease holders are still served.
+    let lease = daemon.lease_ok("default").await;
+    crate::support::connect(&lease)
+        .await
+        .expect("a lease connects");
+    drop(held);
+    assert_eq!(compat.finalize("c0ffee").await, 204);
+    assert!(daemon.stop().await.success());
+}

@@ -646,6 +646,11 @@ impl Session {
         Ok(password)
     }
 
+    /// A lease's connection limit unless its request names one (`--lease-connections`).
+    pub(crate) fn lease_connections(&self) -> u32 {
+        self.lease_connections
+    }
+
     /// Sets the connection limit of a clone's role (for a lease that asked for its own).
     pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), String> {
         let sql = format!(

@@ -300,7 +300,17 @@ pub async fn open_client_template(
     db: &DbName,
 ) -> Result<String, String> {
     create_template_database(session, db, &client_template_marker(name)).await?;
-    create_build_role(session, db, false).await
+    let password = create_build_role(session, db, false).await?;
+    // Its client holds these credentials until it finalizes: without a limit it could take
+    // every connection slot the lease holders need. It gets what a lease gets.
+    session
+        .execute(&format!(
+            "ALTER ROLE {} CONNECTION LIMIT {}",
+            quote_ident(db.as_str()),
+            session.lease_connections()
+        ))
+        .await?;
+    Ok(password)
 }
 
 /// Makes the database a client migrated a template: its login role is locked out and its
