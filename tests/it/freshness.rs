@@ -4,10 +4,9 @@
 use std::fs;
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::support::{
-    connect, id_of, poll_until, reading_sources, scratch_dir, wait_until_dropped, TestDaemon,
+    connect, daemon_hashing_a_huge_source, id_of, reading_sources, scratch_dir, wait_until_dropped,
+    TestDaemon,
 };
 
 async fn tables(lease: &serde_json::Value) -> Vec<String> {
@@ -149,37 +148,16 @@ async fn templates_are_listed_and_a_rebuild_can_be_forced() {
 /// other templates are answered.
 #[tokio::test]
 async fn a_stalled_source_check_holds_up_no_other_lease() {
-    let dir = scratch_dir("fresh-stall");
-    let schema = dir.join("schema.sql");
-    fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
-    let daemon = TestDaemon::builder()
-        .args(["--template", &format!("app=sql:{}", schema.display())])
-        .start()
-        .await;
-    daemon.lease_ok("app").await;
-    // The file grows to 64 GiB (sparse): hashing it takes minutes. (A FIFO, which once
-    // stalled the check for good, is now refused before it is read.)
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&schema)
-        .and_then(|file| file.set_len(64 << 30))
-        .expect("grow");
-    let stalled = daemon.lease_in_background(json!({ "template": "app", "wait_ms": 1000 }));
-    // The check has begun once the daemon runs a thread reading the sources.
-    let pid = daemon.pid();
-    poll_until(
-        Duration::from_secs(10),
-        "the daemon to start hashing the sources",
-        || async move { reading_sources(pid).then_some(()) },
-    )
-    .await;
+    // The check hashes a 64 GiB source for minutes. (A FIFO, which once stalled it for
+    // good, is now refused before it is read.)
+    let (daemon, stalled, schema) = daemon_hashing_a_huge_source("fresh-stall").await;
     let other = tokio::time::timeout(Duration::from_secs(10), daemon.lease_ok("default")).await;
     assert!(
         other.is_ok(),
         "a lease of another template waited on the check"
     );
     assert!(
-        reading_sources(pid),
+        reading_sources(daemon.pid()),
         "the check ended before the other lease was tried"
     );
     stalled.abort();

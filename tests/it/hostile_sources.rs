@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{connect, poll_until, reading_sources, scratch_dir, TestDaemon};
+use crate::support::{connect, daemon_hashing_a_huge_source, scratch_dir, TestDaemon};
 
 /// What a file only root may read holds: seen in no answer and no log line.
 const SECRET: &str = "pglease-secret-7f3a91";
@@ -305,28 +305,7 @@ async fn a_configured_command_runs_as_the_child_user_without_the_daemons_environ
 
 #[tokio::test]
 async fn a_stop_while_a_source_is_hashed_finishes_within_the_grace_period() {
-    let dir = scratch_dir("hostile-stop");
-    let schema = dir.join("schema.sql");
-    fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
-    let daemon = TestDaemon::builder()
-        .args(["--template", &format!("app=sql:{}", schema.display())])
-        .start()
-        .await;
-    daemon.lease_ok("app").await;
-    // 64 GiB of nothing (sparse) to hash: minutes of work nobody will wait for.
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&schema)
-        .and_then(|file| file.set_len(64 << 30))
-        .expect("grow");
-    let hashing = daemon.lease_in_background(json!({ "template": "app", "wait_ms": 60000 }));
-    let pid = daemon.pid();
-    poll_until(
-        Duration::from_secs(10),
-        "the daemon to start hashing the sources",
-        || async move { reading_sources(pid).then_some(()) },
-    )
-    .await;
+    let (daemon, hashing, schema) = daemon_hashing_a_huge_source("hostile-stop").await;
     let started = Instant::now();
     let (status, log) = daemon.stop_with_log().await;
     assert!(status.success(), "{status:?}\n{log}");

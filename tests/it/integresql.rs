@@ -657,8 +657,7 @@ async fn a_migrating_client_gets_a_leases_connection_limit() {
     }
     let error = connect(&template)
         .await
-        .err()
-        .expect("a fourth connection is refused");
+        .expect_err("a fourth connection is refused");
     assert_eq!(
         error.code(),
         Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),

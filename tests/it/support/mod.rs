@@ -506,3 +506,34 @@ pub fn reading_sources(pid: u32) -> bool {
                 .is_ok_and(|name| name.trim() == "pglease-read-as")
         })
 }
+
+/// A daemon busy hashing a template's sources, for minutes: template `app`, an SQL file
+/// grown to 64 GiB (sparse) after its first build, and a lease of it sent in the background,
+/// whose check hashes the file again. Returns once the daemon reads it; remove the file
+/// (the returned path) when done.
+pub async fn daemon_hashing_a_huge_source(
+    name: &str,
+) -> (TestDaemon, tokio::task::JoinHandle<Answer>, PathBuf) {
+    let dir = scratch_dir(name);
+    let schema = dir.join("schema.sql");
+    std::fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
+    let daemon = TestDaemon::builder()
+        .args(["--template", &format!("app=sql:{}", schema.display())])
+        .start()
+        .await;
+    daemon.lease_ok("app").await;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&schema)
+        .and_then(|file| file.set_len(64 << 30))
+        .expect("grow");
+    let hashing = daemon.lease_in_background(json!({ "template": "app", "wait_ms": 60000 }));
+    let pid = daemon.pid();
+    poll_until(
+        Duration::from_secs(10),
+        "the daemon to start hashing the sources",
+        || async move { reading_sources(pid).then_some(()) },
+    )
+    .await;
+    (daemon, hashing, schema)
+}

@@ -64,14 +64,7 @@ fn kind_of(file_type: &std::fs::FileType) -> &'static str {
 
 /// Reads a SQL file whole: a regular file of at most [`MAX_SQL_FILE_BYTES`], in UTF-8.
 pub fn read_sql(path: &Path) -> Result<String, String> {
-    let (file, len) = open_regular(path)?;
-    if len > MAX_SQL_FILE_BYTES {
-        return Err(format!(
-            "{} is {len} bytes, more than the {} MiB a SQL source may be: restore a big schema from a dump (pg_dump) instead",
-            path.display(),
-            MAX_SQL_FILE_BYTES >> 20
-        ));
-    }
+    let file = open_sql(path)?;
     let mut sql = String::new();
     // Bounded again while reading: the file may grow after the check.
     file.take(MAX_SQL_FILE_BYTES + 1)
@@ -362,7 +355,12 @@ pub fn check(source: &TemplateSource) -> Result<(), String> {
 
 /// A SQL file as [`read_sql`] will want it, without reading it.
 fn check_sql_file(path: &Path) -> Result<(), String> {
-    let (_, len) = open_regular(path)?;
+    open_sql(path).map(drop)
+}
+
+/// Opens a SQL file: a regular file of at most [`MAX_SQL_FILE_BYTES`].
+fn open_sql(path: &Path) -> Result<std::fs::File, String> {
+    let (file, len) = open_regular(path)?;
     if len > MAX_SQL_FILE_BYTES {
         return Err(format!(
             "{} is {len} bytes, more than the {} MiB a SQL source may be: restore a big schema from a dump (pg_dump) instead",
@@ -370,5 +368,5 @@ fn check_sql_file(path: &Path) -> Result<(), String> {
             MAX_SQL_FILE_BYTES >> 20
         ));
     }
-    Ok(())
+    Ok(file)
 }
