@@ -151,7 +151,9 @@ pub async fn release(args: ReleaseArgs) -> Result<()> {
     };
     Client::new(&args.client)?.release(&args.id, ending).await?;
     if let Some(secs) = args.keep {
-        eprintln!("database kept for up to {secs} s: `pglease kept` shows its URL");
+        eprintln!(
+            "database kept for up to {secs} s: it opens with the lease's URL (`pglease kept` lists it, with its URL where the daemon has a token)"
+        );
     }
     Ok(())
 }

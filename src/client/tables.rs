@@ -93,19 +93,19 @@ pub(super) fn status(status: &Value) -> String {
 }
 
 /// `GET /kept` as a table, with each database's URL on a line of its own (it is long, and
-/// it is what one copies).
+/// it is what one copies) where the daemon shows them: only with a token.
 pub(super) fn kept(kept: &Value) -> String {
     let entries: Vec<&Value> = list(&kept["kept"]).collect();
     if entries.is_empty() {
         return "no kept databases (release with --keep SECS, or run --keep-on-failure)\n".into();
     }
     let mut out = table(
-        &["ID", "TEMPLATE", "KEPT UNTIL", "SIZE", "LABEL"],
+        &["DATABASE", "TEMPLATE", "KEPT UNTIL", "SIZE", "LABEL"],
         entries
             .iter()
             .map(|k| {
                 vec![
-                    text(&k["id"]),
+                    text(&k["database"]),
                     text(&k["template"]),
                     text(&k["expires_at"]),
                     k["size_bytes"].as_u64().map(bytes).unwrap_or_default(),
@@ -114,9 +114,21 @@ pub(super) fn kept(kept: &Value) -> String {
             })
             .collect(),
     );
-    out.push('\n');
-    for k in entries {
-        out.push_str(&format!("{}  {}\n", text(&k["id"]), text(&k["url"])));
+    let with_urls: Vec<&&Value> = entries.iter().filter(|k| k["url"].is_string()).collect();
+    if with_urls.is_empty() {
+        out.push_str(
+            "\nURLs and ids are shown to token holders only; the lease answer (or the test's log) has yours\n",
+        );
+    } else {
+        out.push('\n');
+        for k in with_urls {
+            out.push_str(&format!(
+                "{}  {}  {}\n",
+                text(&k["database"]),
+                text(&k["id"]),
+                text(&k["url"])
+            ));
+        }
     }
     out
 }
@@ -260,11 +272,21 @@ mod tests {
 
     #[test]
     fn kept_lists_each_url_on_its_own_line() {
-        let kept = json!({"kept": [{"id": "abc", "template": "app", "expires_at": "2026-11-23T07:00:00Z", "size_bytes": 20_000_000, "label": "x".repeat(100), "url": "postgres://u:p@h:1/d"}]});
+        let kept = json!({"kept": [{"id": "abc", "database": "pglease_d", "template": "app", "expires_at": "2026-11-23T07:00:00Z", "size_bytes": 20_000_000, "label": "x".repeat(100), "url": "postgres://u:p@h:1/d"}]});
         let out = super::kept(&kept);
-        assert!(out.contains("abc  postgres://u:p@h:1/d"), "{out}");
+        assert!(
+            out.contains("pglease_d  abc  postgres://u:p@h:1/d"),
+            "{out}"
+        );
         assert!(out.contains("19 MB"), "{out}");
         assert!(out.contains(&format!("…{}", "x".repeat(59))), "{out}");
         assert!(super::kept(&json!({"kept": []})).starts_with("no kept databases"));
+        // Without a token the daemon shows neither ids nor URLs: the table says why.
+        let bare = json!({"kept": [{"database": "pglease_d", "template": "app", "expires_at": "2026-11-23T07:00:00Z", "size_bytes": 1}]});
+        let out = super::kept(&bare);
+        assert!(
+            out.contains("pglease_d") && out.contains("token holders only"),
+            "{out}"
+        );
     }
 }

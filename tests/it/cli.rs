@@ -20,12 +20,21 @@ fn output(args: &[&str], server: &str) -> std::process::Output {
 }
 
 /// [`output`] against `daemon`, off the async runtime.
+/// The daemon's token, if it has one, goes in `PGLEASE_TOKEN`.
 pub(crate) async fn output_of(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
     let base = daemon.base.clone();
+    let token = daemon.token.clone();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        output(&args, &base)
+        let mut command = binary();
+        command
+            .args(&args)
+            .env("PGLEASE_URL", &base)
+            .stdin(Stdio::null());
+        if let Some(token) = token {
+            command.env("PGLEASE_TOKEN", token);
+        }
+        command.output().expect("run pglease")
     })
     .await
     .expect("join")
@@ -402,7 +411,11 @@ async fn lease_label_shows_in_status() {
     let leases = daemon.status().await["leases"].clone();
     let listed = leases
         .as_array()
-        .and_then(|all| all.iter().find(|l| l["id"] == lease["id"]).cloned())
+        .and_then(|all| {
+            all.iter()
+                .find(|l| l["database"] == lease["database"])
+                .cloned()
+        })
         .expect("listed");
     assert_eq!(listed["label"], "suite/test_one");
 }
@@ -419,7 +432,7 @@ async fn status_is_a_table_on_a_terminal_and_json_otherwise() {
     for args in [&["status"][..], &["status", "--json"][..]] {
         let out = output_of(&daemon, args).await;
         let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        assert_eq!(status["leases"][0]["id"], lease["id"]);
+        assert_eq!(status["leases"][0]["database"], lease["database"]);
     }
     // On a terminal (script(1) gives it one): tables.
     let command = format!(
@@ -446,5 +459,8 @@ async fn status_is_a_table_on_a_terminal_and_json_otherwise() {
     ] {
         assert!(table.contains(part), "{part} in:\n{table}");
     }
-    assert!(table.contains(lease["id"].as_str().expect("id")), "{table}");
+    assert!(
+        table.contains(lease["database"].as_str().expect("database")),
+        "{table}"
+    );
 }

@@ -11,7 +11,9 @@ fn clients_dir() -> PathBuf {
 }
 
 /// A daemon serving `app` with lease roles every driver accepts (lib/pq wants at least
-/// 1000 SCRAM iterations).
+/// 1000 SCRAM iterations), guarded by a token as on a shared CI host: the suites match
+/// their leases in `/status` and `/kept` by id, which only a token holder is shown
+/// (docs/security.md), and each helper must send the token it finds in PGLEASE_TOKEN.
 async fn daemon() -> TestDaemon {
     let migrations = clients_dir().join("testdata/migrations");
     TestDaemon::builder()
@@ -23,6 +25,7 @@ async fn daemon() -> TestDaemon {
             "--min-ready",
             "4",
         ])
+        .token("helpers-token")
         .start()
         .await
 }
@@ -35,7 +38,7 @@ async fn run_suite(daemon: &TestDaemon, dir: PathBuf, program: &str, args: &[&st
         .current_dir(&dir)
         .env("PGLEASE_URL", &daemon.base)
         .env("PGLEASE_BIN", env!("CARGO_BIN_EXE_pglease"))
-        .env_remove("PGLEASE_TOKEN");
+        .env("PGLEASE_TOKEN", daemon.token.as_deref().unwrap_or_default());
     let what = format!("{program} {}", args.join(" "));
     let output = tokio::task::spawn_blocking(move || command.output())
         .await

@@ -20,7 +20,12 @@ async fn daemon(extra: &[&str]) -> TestDaemon {
         "1".to_owned(),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
-    TestDaemon::builder().args(args).start().await
+    // With a token: only then does GET /kept show ids and URLs (docs/security.md).
+    TestDaemon::builder()
+        .args(args)
+        .token("kept-token")
+        .start()
+        .await
 }
 
 async fn kept(daemon: &TestDaemon) -> Vec<Value> {
@@ -30,9 +35,12 @@ async fn kept(daemon: &TestDaemon) -> Vec<Value> {
 }
 
 async fn keep(daemon: &TestDaemon, id: &str, query: &str) -> (u16, Value) {
-    let http = reqwest::Client::new();
     daemon
-        .send(http.delete(format!("{}/leases/{id}?{query}", daemon.base)))
+        .send(
+            daemon
+                .http
+                .delete(format!("{}/leases/{id}?{query}", daemon.base)),
+        )
         .await
 }
 
@@ -85,7 +93,7 @@ async fn a_kept_database_stays_as_the_test_left_it_and_opens_with_its_url() {
     assert_eq!(daemon.status().await["limits"]["kept"], 1);
 
     // Dropped on request; then it is gone, and a second drop is 404.
-    let http = reqwest::Client::new();
+    let http = &daemon.http;
     let (status, body) = daemon
         .send(http.delete(format!("{}/kept/{id}", daemon.base)))
         .await;
@@ -177,7 +185,11 @@ async fn run_keeps_a_failed_commands_database_and_kept_lists_it() {
     let table = String::from_utf8_lossy(&out.stdout);
     let id = entry["id"].as_str().expect("id");
     assert!(
-        table.contains(&format!("{id}  {}", entry["url"].as_str().expect("url"))),
+        table.contains(&format!(
+            "{}  {id}  {}",
+            entry["database"].as_str().expect("database"),
+            entry["url"].as_str().expect("url")
+        )),
         "{table}"
     );
     // A command that succeeds gives its database back as usual.

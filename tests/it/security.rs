@@ -155,3 +155,66 @@ async fn the_token_can_come_from_a_file() {
     );
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 25, row 9: without a token anybody on loopback reads `/status` and `/kept`, and a
+/// lease id releases (or drops) its lease: neither shows ids or passwords then. Each holder
+/// has its own from the lease answer, which is all it needs. With a token they show.
+#[tokio::test]
+async fn without_a_token_no_answer_carries_another_leases_id_or_password() {
+    use crate::support::{connect, id_of};
+    let daemon = TestDaemon::start().await;
+    let lease = daemon.lease_ok("default").await;
+    let id = id_of(&lease);
+    let password = lease["password"].as_str().expect("password").to_owned();
+    let (status, listed) = daemon.get("/status").await;
+    assert_eq!(status, 200);
+    let entry = &listed["leases"][0];
+    assert_eq!(entry["database"], lease["database"]);
+    assert!(entry.get("id").is_none(), "{entry}");
+    let (status, body) = daemon
+        .send(
+            daemon
+                .http
+                .delete(format!("{}/leases/{id}?keep=60", daemon.base)),
+        )
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, kept) = daemon.get("/kept").await;
+    assert_eq!(status, 200);
+    let entry = &kept["kept"][0];
+    assert_eq!(entry["database"], lease["database"]);
+    for secret in ["id", "password", "url"] {
+        assert!(entry.get(secret).is_none(), "{secret} in {entry}");
+    }
+    for (path, body) in [("/status", &listed), ("/kept", &kept)] {
+        let text = body.to_string();
+        assert!(
+            !text.contains(&id) && !text.contains(&password),
+            "{path}: {text}"
+        );
+    }
+    // The holder, who has its lease answer, still opens and drops its kept database.
+    connect(&lease).await.expect("the lease's own URL opens it");
+    let (status, body) = daemon
+        .send(daemon.http.delete(format!("{}/kept/{id}", daemon.base)))
+        .await;
+    assert_eq!(status, 204, "{body}");
+    assert!(daemon.stop().await.success());
+
+    // A token holder is trusted with every lease: it sees them.
+    let daemon = TestDaemon::builder().token("s3cret").start().await;
+    let lease = daemon.lease_ok("default").await;
+    let (_, listed) = daemon.get("/status").await;
+    assert_eq!(listed["leases"][0]["id"], lease["id"]);
+    let (status, _) = daemon
+        .send(
+            daemon
+                .http
+                .delete(format!("{}/leases/{}?keep=60", daemon.base, id_of(&lease))),
+        )
+        .await;
+    assert_eq!(status, 204);
+    let (_, kept) = daemon.get("/kept").await;
+    assert_eq!(kept["kept"][0]["password"], lease["password"]);
+    assert!(daemon.stop().await.success());
+}

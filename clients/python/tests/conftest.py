@@ -26,8 +26,17 @@ def daemon_url() -> str:
     return url.rstrip("/")
 
 
+def authorized(request: urllib.request.Request) -> urllib.request.Request:
+    """`request` with the daemon's token (PGLEASE_TOKEN), when it has one."""
+    token = os.environ.get("PGLEASE_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    return request
+
+
 def get(path: str):
-    with urllib.request.urlopen(daemon_url() + path, timeout=30) as response:
+    request = authorized(urllib.request.Request(daemon_url() + path))
+    with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
 

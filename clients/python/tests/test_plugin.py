@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import daemon_url, get, open_leases
+from conftest import authorized, daemon_url, get, open_leases
 
 TESTDATA = Path(__file__).resolve().parents[2] / "testdata" / "migrations"
 
@@ -53,8 +53,9 @@ def test_parallel_workers_each_lease_their_own_and_label_them(pytester):
                 conn.commit()
                 rows = conn.execute("SELECT total_cents FROM orders").fetchall()
                 assert rows == [(n,)], "another test's order is in this database"
-            url = os.environ["PGLEASE_URL"].rstrip("/") + "/status"
-            leases = json.load(urllib.request.urlopen(url))["leases"]
+            request = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
+            request.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
+            leases = json.load(urllib.request.urlopen(request))["leases"]
             mine = [l for l in leases if l["id"] == pglease_db.id]
             assert mine and mine[0]["label"] == request.node.nodeid
         """
@@ -81,8 +82,9 @@ def test_failed_and_erroring_tests_give_their_databases_back(pytester):
 
         def test_after_them():
             # Released in their own teardown, not at the end of the session.
-            url = os.environ["PGLEASE_URL"].rstrip("/") + "/status"
-            open_ids = {l["id"] for l in json.load(urllib.request.urlopen(url))["leases"]}
+            request = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
+            request.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
+            open_ids = {l["id"] for l in json.load(urllib.request.urlopen(request))["leases"]}
             assert len(seen) == 2 and not open_ids & set(seen)
         """
     )
@@ -114,7 +116,7 @@ def test_a_failed_tests_database_is_kept_with_its_url(pytester):
     # The passing test's database was not kept; clean up the kept one.
     assert not [k for k in get("/kept")["kept"] if k["label"] == "test_keep.py::test_passes"]
     request = urllib.request.Request(daemon_url() + f"/kept/{kept[0]['id']}", method="DELETE")
-    urllib.request.urlopen(request).close()
+    urllib.request.urlopen(authorized(request)).close()
 
 
 def test_the_session_database_is_shared_by_the_sessions_tests(pytester):

@@ -129,6 +129,13 @@ impl AppState {
     fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
+
+    /// Whether answers may carry other leases' secrets (ids, which release a lease, and
+    /// passwords): only where a token guards the API. Without one anybody on loopback is a
+    /// caller, and each holder has its own lease's from the lease answer.
+    fn shows_lease_secrets(&self) -> bool {
+        self.config.token.is_some()
+    }
 }
 
 /// The whole API as an axum router.

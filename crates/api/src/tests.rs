@@ -645,9 +645,9 @@ async fn status_renders_the_report_without_credentials() {
                     "postgres_version": "16.4",
                 },
             ],
+            // No token guards this API: no lease id, which would release the lease.
             "leases": [
                 {
-                    "id": LEASE_ID,
                     "template": "default",
                     "database": "pglease_abc123_7",
                     "expires_at": "2023-11-14T22:13:20Z",

@@ -94,8 +94,10 @@ pub struct KeptResponse {
 /// A kept database and what opens it (the lease's own credentials).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct KeptJson {
-    /// The id of the lease it was kept from.
-    pub id: String,
+    /// The id of the lease it was kept from — only where a token guards the API (it drops
+    /// the database; its holder has it from the lease).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Its template.
     pub template: Option<String>,
     /// The database.
@@ -108,10 +110,12 @@ pub struct KeptJson {
     pub port: u16,
     /// Role.
     pub user: String,
-    /// Its password.
-    pub password: String,
-    /// `postgres://user:password@host:port/database`.
-    pub url: String,
+    /// Its password — only where a token guards the API; its holder has it from the lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// `postgres://user:password@host:port/database` — with the password, likewise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     /// When it was kept (RFC 3339, UTC).
     pub kept_at: String,
     /// When it is dropped (RFC 3339, UTC).
@@ -362,8 +366,10 @@ pub struct ProgressJson {
 /// A lease in `/status` (no credentials).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LeaseJson {
-    /// Lease id.
-    pub id: String,
+    /// Lease id — only where a token guards the API: without one anybody on loopback reads
+    /// `/status`, and a lease id releases its lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Template.
     pub template: String,
     /// Database.

@@ -50,6 +50,8 @@ pub struct DaemonBuilder {
     wrapper: Vec<String>,
     /// Environment variables for the daemon.
     envs: Vec<(String, String)>,
+    /// The API token (`--token`), which [`TestDaemon::http`] then sends with every request.
+    token: Option<String>,
 }
 
 impl DaemonBuilder {
@@ -95,6 +97,12 @@ impl DaemonBuilder {
         self
     }
 
+    /// Guards the API with `token` (`--token`); the daemon's [`TestDaemon::http`] sends it.
+    pub fn token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_owned());
+        self.args(["--token", token])
+    }
+
     /// Starts the daemon and waits until it listens.
     pub async fn start(self) -> TestDaemon {
         let mut command = self.command();
@@ -129,11 +137,20 @@ impl DaemonBuilder {
                 );
             }
         };
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &self.token {
+            let bearer = format!("Bearer {token}").parse().expect("a header value");
+            headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        }
         TestDaemon {
             base: format!("http://{addr}"),
             child: Some(child),
             log,
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .expect("an HTTP client"),
+            token: self.token.clone(),
         }
     }
 
@@ -199,8 +216,10 @@ pub struct TestDaemon {
     pub base: String,
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
-    /// An HTTP client.
+    /// An HTTP client (sending the token, when the daemon has one).
     pub http: reqwest::Client,
+    /// The API token, if the daemon was started with one.
+    pub token: Option<String>,
 }
 
 impl TestDaemon {
@@ -220,6 +239,7 @@ impl TestDaemon {
             no_pg_bin_dir: false,
             wrapper: Vec::new(),
             envs: Vec::new(),
+            token: None,
         }
     }
 

@@ -11,15 +11,17 @@ use crate::error::ApiError;
 use crate::wire::{ErrorBody, KeptJson, KeptResponse};
 use crate::AppState;
 
-/// `GET /kept`: every kept database, oldest first.
+/// `GET /kept`: every kept database, oldest first; ids and credentials only where a token
+/// guards the API (`docs/security.md`).
 #[utoipa::path(get, path = "/kept", responses(
     (status = 200, description = "The kept databases", body = KeptResponse),
     (status = 401, description = "A token is required", body = ErrorBody),
 ))]
 pub async fn list(State(state): State<AppState>) -> Json<KeptResponse> {
     let kept = state.pool.kept().await;
+    let secrets = state.shows_lease_secrets();
     Json(KeptResponse {
-        kept: kept.into_iter().map(kept_json).collect(),
+        kept: kept.into_iter().map(|k| kept_json(k, secrets)).collect(),
     })
 }
 
@@ -41,17 +43,17 @@ pub async fn drop(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn kept_json(kept: KeptDatabase) -> KeptJson {
+fn kept_json(kept: KeptDatabase, secrets: bool) -> KeptJson {
     KeptJson {
-        id: kept.id.to_string(),
+        id: secrets.then(|| kept.id.to_string()),
         template: kept.template.map(|t| t.to_string()),
         database: kept.connect.database.to_string(),
         label: kept.label,
-        url: kept.connect.url(),
+        url: secrets.then(|| kept.connect.url()),
         host: kept.connect.host,
         port: kept.connect.port,
         user: kept.connect.user,
-        password: kept.connect.password,
+        password: secrets.then_some(kept.connect.password),
         kept_at: rfc3339(kept.kept_at),
         expires_at: rfc3339(kept.expires_at),
         size_bytes: kept.size_bytes,

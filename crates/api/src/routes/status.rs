@@ -15,7 +15,8 @@ use crate::wire::{
 };
 use crate::AppState;
 
-/// `GET /status`: postgres, templates and open leases (never credentials).
+/// `GET /status`: postgres, templates and open leases (never credentials; lease ids only
+/// where a token guards the API, see `docs/security.md`).
 #[utoipa::path(get, path = "/status", responses(
     (status = 200, description = "The pool", body = StatusResponse),
     (status = 401, description = "A token is required", body = ErrorBody),
@@ -27,6 +28,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
         .status()
         .await
         .ok_or_else(ApiError::shutting_down)?;
+    let ids = state.shows_lease_secrets();
     Ok(Json(StatusResponse {
         postgres: postgres_json(report.postgres),
         templates: report.templates.into_iter().map(template_json).collect(),
@@ -34,7 +36,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
             .leases
             .into_iter()
             .map(|l| LeaseJson {
-                id: l.id.to_string(),
+                id: ids.then(|| l.id.to_string()),
                 template: l.template.to_string(),
                 database: l.database.to_string(),
                 expires_at: rfc3339(l.expires_at),
