@@ -143,63 +143,28 @@ impl ChildUser {
 
     /// Runs `work` — file I/O on paths a caller named — on a new thread whose file-system
     /// identity is this user's, and returns its result: what this user cannot read or
-    /// traverse fails there with `EACCES`, whatever the daemon itself may do.
+    /// traverse fails there with `EACCES`, whatever the daemon itself may do. The thread
+    /// ends with `work`, so the identity never reaches another task; the rest of the
+    /// process keeps root's.
     pub async fn read<T, F>(&self, work: F) -> Result<T, String>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.spawn_reader(
-            move |result| {
-                let _ = tx.send(result);
-            },
-            work,
-        )?;
-        rx.await
-            .map_err(|_| "the thread reading the template's sources died".to_owned())?
-    }
-
-    /// [`ChildUser::read`] for a caller that may block.
-    pub fn read_blocking<T, F>(&self, work: F) -> Result<T, String>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
-    {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.spawn_reader(
-            move |result| {
-                let _ = tx.send(result);
-            },
-            work,
-        )?;
-        rx.recv()
-            .map_err(|_| "the thread reading the template's sources died".to_owned())?
-    }
-
-    /// Starts the reading thread: it takes this user's file-system identity (its own: the
-    /// rest of the process keeps root's), runs `work`, hands the result to `deliver` and
-    /// ends, so the identity never leaks into another task.
-    fn spawn_reader<T, F, D>(&self, deliver: D, work: F) -> Result<(), String>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
-        D: FnOnce(Result<T, String>) + Send + 'static,
-    {
         let (switch, uid, gid, who) = (self.switch, self.uid, self.gid, self.describe());
         std::thread::Builder::new()
             .name("pglease-read-as".into())
             .spawn(move || {
-                if switch {
-                    if let Err(error) = take_file_identity(uid, gid) {
-                        deliver(Err(format!("cannot read as {who}: {error}")));
-                        return;
-                    }
-                }
-                deliver(Ok(work()));
+                let result = match switch.then(|| take_file_identity(uid, gid)) {
+                    Some(Err(error)) => Err(format!("cannot read as {who}: {error}")),
+                    _ => Ok(work()),
+                };
+                let _ = tx.send(result);
             })
-            .map(drop)
-            .map_err(|e| format!("cannot start a thread to read the template's sources: {e}"))
+            .map_err(|e| format!("cannot start a thread to read the template's sources: {e}"))?;
+        rx.await
+            .map_err(|_| "the thread reading the template's sources died".to_owned())?
     }
 }
 

@@ -6,7 +6,7 @@
 //! commands. [`start`] brings postgres up and spawns the actor.
 
 mod actor;
-pub mod child_user;
+mod child_user;
 pub mod config;
 pub mod error;
 mod handle;

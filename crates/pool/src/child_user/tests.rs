@@ -53,12 +53,6 @@ async fn a_file_only_root_may_read_is_refused_to_the_reading_thread_alone() {
         .await
         .expect("thread");
     assert_eq!(read.expect("world-readable"), "anyone");
-    // The same through the blocking form.
-    let path = secret.clone();
-    let refused = user
-        .read_blocking(move || std::fs::read(path))
-        .expect("thread");
-    assert!(refused.is_err());
     // The rest of the process kept root's rights.
     assert_eq!(
         std::fs::read_to_string(&secret).expect("root reads it"),
