@@ -938,6 +938,8 @@ impl ServeArgs {
                 ));
             }
         }
+        // Only a token holder may make the daemon download and start another major.
+        let majors_on_request = token.is_some();
         Ok(ServeConfig {
             listen,
             integresql_listen: self.integresql_listen,
@@ -965,6 +967,7 @@ impl ServeArgs {
                     file.verify_templates,
                 ),
                 child_user: self.child_user.or(file.child_user),
+                majors_on_request,
             },
         })
     }

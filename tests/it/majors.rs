@@ -314,13 +314,15 @@ async fn one_daemon_serves_a_15_template_and_an_18_template_at_once() {
 
 #[tokio::test]
 async fn a_server_that_cannot_start_fails_its_requests_and_not_the_daemon() {
-    // The tests' own cache, which holds no PostgreSQL 14 binaries.
+    // The tests' own cache, which holds no PostgreSQL 14 binaries. A token: only its
+    // holders may make the daemon start a major its configuration does not name.
     let daemon = TestDaemon::builder()
         .args([
             // Nothing listens there: PostgreSQL 14 can be neither found nor downloaded.
             "--postgres-repository",
             "http://127.0.0.1:9/maven2",
         ])
+        .token("majors-token")
         .start()
         .await;
     let (status, body) = daemon.lease(json!({"postgres_version": "14"})).await;

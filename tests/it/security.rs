@@ -2,6 +2,8 @@
 //! compared in constant time; health checks stay open; no CORS headers; a cap on waiting
 //! requests.
 
+use std::time::Duration;
+
 use serde_json::json;
 
 use crate::support::{binary, TestDaemon};
@@ -216,5 +218,53 @@ async fn without_a_token_no_answer_carries_another_leases_id_or_password() {
     assert_eq!(status, 204);
     let (_, kept) = daemon.get("/kept").await;
     assert_eq!(kept["kept"][0]["password"], lease["password"]);
+    assert!(daemon.stop().await.success());
+}
+
+/// Issue 25, row 9: an anonymous `POST /lease {"postgres_version": "16"}` made the daemon
+/// download binaries and start a second postmaster. Without a token a request gets the
+/// majors the operator chose — the primary's and those its templates name — no more.
+#[tokio::test]
+async fn without_a_token_no_request_starts_a_server_of_another_major() {
+    let daemon = TestDaemon::builder()
+        .args([
+            // Were a download tried, nothing answers there: it would fail with 503.
+            "--postgres-repository",
+            "http://127.0.0.1:9/maven2",
+        ])
+        .start()
+        .await;
+    let primary: u32 = daemon.status().await["postgres"]["version"]
+        .as_str()
+        .and_then(|v| v.split('.').next())
+        .and_then(|major| major.parse().ok())
+        .expect("the primary's major");
+    let other = if primary == 14 { "13" } else { "14" };
+    let started = std::time::Instant::now();
+    for body in [
+        json!({"postgres_version": other}),
+        json!({"template": "default", "postgres_version": other, "wait_ms": 30000}),
+    ] {
+        let (status, answer) = daemon.lease(body.clone()).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "postgres_version_not_served");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("--token"), "{message}");
+    }
+    let (status, answer) = daemon
+        .put_template("app", json!({"postgres_version": other}))
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered at once"
+    );
+    // Nothing was started or fetched: one server, and no download in the log.
+    assert_eq!(
+        daemon.status().await["servers"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert!(!daemon.log().contains("127.0.0.1:9"), "{}", daemon.log());
+    daemon.lease_ok("default").await;
     assert!(daemon.stop().await.success());
 }

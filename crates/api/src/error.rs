@@ -125,6 +125,11 @@ impl From<LeaseError> for ApiError {
             LeaseError::UnknownTemplate(_) => {
                 Self::new(StatusCode::NOT_FOUND, "unknown_template", message)
             }
+            LeaseError::VersionNotOffered { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "postgres_version_not_served",
+                message,
+            ),
             LeaseError::InvalidSource { .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_source", message)
             }

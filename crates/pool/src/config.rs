@@ -31,6 +31,10 @@ pub struct PoolConfig {
     /// Build each template from scratch once per run even if a template database with the
     /// same fingerprint exists (a drift guard for CI).
     pub verify_templates: bool,
+    /// A request may start a server of a major no configured template names (and download
+    /// its binaries). The binary sets it where a token guards the API: an anonymous caller
+    /// on loopback gets the majors the operator chose, no more (`docs/security.md`).
+    pub majors_on_request: bool,
     /// The OS user that migration commands, `psql` and `pg_restore` run as and whose rights
     /// template sources are read with, when pglease runs as root (default `nobody`;
     /// `crate::child_user`).

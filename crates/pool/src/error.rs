@@ -201,6 +201,15 @@ pub enum LeaseError {
     /// No template has this name.
     #[error("unknown template \"{0}\"")]
     UnknownTemplate(TemplateName),
+    /// A request named a major the operator did not make available, and this daemon starts
+    /// no others on request (without a token, see `PoolConfig::majors_on_request`).
+    #[error("PostgreSQL {asked} is not offered here: this daemon runs {offered}; a request can start a server of another major only where a token guards the API (--token), or name the major in a template of the configuration")]
+    VersionNotOffered {
+        /// The version asked for.
+        asked: String,
+        /// The majors there are (the primary's and the configured ones).
+        offered: String,
+    },
     /// A source sent over HTTP cannot be used as it is (a file that is not a regular file,
     /// too big, unreadable by the child user, or a script where none may run); nothing was
     /// registered.

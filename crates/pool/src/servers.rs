@@ -55,6 +55,9 @@ struct Inner {
     /// The further servers' pool tasks, awaited at shutdown.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stopping: std::sync::atomic::AtomicBool,
+    /// The majors the operator made available: the primary's and those configured templates
+    /// name. Without `PoolConfig::majors_on_request` no request starts another.
+    configured_majors: std::collections::BTreeSet<u32>,
     /// Whose rights a registered source is checked with (the builds read it as that user);
     /// None over a fake pool, which reads no files.
     child_user: Option<ChildUser>,
@@ -138,9 +141,18 @@ impl Servers {
             }
         }
         let child_user = ChildUser::resolve(config.child_user.as_deref())?;
+        let configured_majors = std::iter::once(primary.major)
+            .chain(
+                config
+                    .templates
+                    .iter()
+                    .filter_map(|t| t.postgres_version.map(VersionSpec::major)),
+            )
+            .collect();
         let servers = Servers {
             inner: Arc::new(Inner {
                 child_user: Some(child_user),
+                configured_majors,
                 primary,
                 base: (!external).then_some(config),
                 slots: Mutex::new(BTreeMap::new()),
@@ -182,6 +194,7 @@ impl Servers {
                 tasks: Mutex::new(Vec::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
                 child_user: None,
+                configured_majors: std::iter::once(major).collect(),
             }),
         }
     }
@@ -403,6 +416,23 @@ impl Servers {
         }
     }
 
+    /// "PostgreSQL 15.14 (…) and the configured majors 16, 17", for errors.
+    fn offered(&self) -> String {
+        let others: Vec<String> = self
+            .inner
+            .configured_majors
+            .iter()
+            .filter(|&&major| major != self.inner.primary.major)
+            .map(u32::to_string)
+            .collect();
+        let primary = format!("PostgreSQL {}", self.inner.primary.version);
+        if others.is_empty() {
+            primary
+        } else {
+            format!("{primary} and the configured majors {}", others.join(", "))
+        }
+    }
+
     fn placement(&self, template: &TemplateName) -> Option<u32> {
         lock(&self.inner.placed).get(template).copied()
     }
@@ -461,6 +491,12 @@ impl Servers {
                         .load(std::sync::atomic::Ordering::SeqCst)
                     {
                         return Err(LeaseError::ShuttingDown);
+                    }
+                    if !base.majors_on_request && !self.inner.configured_majors.contains(&major) {
+                        return Err(LeaseError::VersionNotOffered {
+                            asked: asked.map_or_else(|| major.to_string(), |v| v.to_string()),
+                            offered: self.offered(),
+                        });
                     }
                     let (send, outcome) = watch::channel(None);
                     slots.insert(major, Slot::Starting(outcome.clone()));
