@@ -268,3 +268,51 @@ async fn without_a_token_no_request_starts_a_server_of_another_major() {
     daemon.lease_ok("default").await;
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 25, row 9: a client sending its request a byte at a time (or not at all) held a
+/// connection and a task without end. Headers and bodies must now arrive within 10 s each.
+#[tokio::test]
+async fn a_client_that_stalls_its_request_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let daemon = TestDaemon::start().await;
+    let address = daemon.base.trim_start_matches("http://").to_owned();
+    let stalled = |request: &'static str| {
+        let address = address.clone();
+        tokio::spawn(async move {
+            let mut stream = tokio::net::TcpStream::connect(&address)
+                .await
+                .expect("connect");
+            stream.write_all(request.as_bytes()).await.expect("send");
+            let started = std::time::Instant::now();
+            let mut answer = Vec::new();
+            // Until the server answers and closes, or hangs up; far longer than its bound.
+            let read =
+                tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+                    .await;
+            (
+                read.is_ok(),
+                started.elapsed(),
+                String::from_utf8_lossy(&answer).into_owned(),
+            )
+        })
+    };
+    let headers = stalled("GET /status HTTP/1.1\r\nHost: pglease\r\n");
+    let body = stalled(
+        "PUT /templates/x HTTP/1.1\r\nHost: pglease\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\nConnection: close\r\n\r\n{\"sql\"",
+    );
+    // Everyone else is served meanwhile.
+    daemon.lease_ok("default").await;
+    for (what, task) in [("headers", headers), ("body", body)] {
+        let (closed, after, answer) = task.await.expect("join");
+        assert!(closed, "a stalled {what} held its connection for {after:?}");
+        assert!(
+            after < Duration::from_secs(20),
+            "{what}: cut off only after {after:?}"
+        );
+        if what == "body" {
+            assert!(answer.starts_with("HTTP/1.1 4"), "{what}: {answer}");
+        }
+    }
+    assert!(daemon.stop().await.success());
+}

@@ -36,6 +36,7 @@ pub mod integresql;
 mod metrics;
 pub mod openapi;
 mod routes;
+mod serve;
 pub mod wire;
 
 pub use error::ApiError;
@@ -206,9 +207,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve::serve(listener, router(state), shutdown).await
 }
 
 /// Serves the IntegreSQL API alone on `listener` (no token: its clients cannot send one)
@@ -218,9 +217,7 @@ pub async fn serve_integresql(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, integresql::router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve::serve(listener, integresql::router(state), shutdown).await
 }
 
 #[cfg(test)]
