@@ -53,9 +53,9 @@ def test_parallel_workers_each_lease_their_own_and_label_them(pytester):
                 conn.commit()
                 rows = conn.execute("SELECT total_cents FROM orders").fetchall()
                 assert rows == [(n,)], "another test's order is in this database"
-            request = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
-            request.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
-            leases = json.load(urllib.request.urlopen(request))["leases"]
+            status = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
+            status.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
+            leases = json.load(urllib.request.urlopen(status))["leases"]
             mine = [l for l in leases if l["id"] == pglease_db.id]
             assert mine and mine[0]["label"] == request.node.nodeid
         """
@@ -82,9 +82,9 @@ def test_failed_and_erroring_tests_give_their_databases_back(pytester):
 
         def test_after_them():
             # Released in their own teardown, not at the end of the session.
-            request = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
-            request.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
-            open_ids = {l["id"] for l in json.load(urllib.request.urlopen(request))["leases"]}
+            status = urllib.request.Request(os.environ["PGLEASE_URL"].rstrip("/") + "/status")
+            status.add_header("Authorization", "Bearer " + os.environ.get("PGLEASE_TOKEN", ""))
+            open_ids = {l["id"] for l in json.load(urllib.request.urlopen(status))["leases"]}
             assert len(seen) == 2 and not open_ids & set(seen)
         """
     )
