@@ -27,6 +27,7 @@ mod metrics;
 mod privileges;
 mod proof;
 mod register;
+mod release;
 mod security;
 mod snapshots;
 mod storage_auto;

@@ -229,6 +229,11 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         "Databases waiting to be dropped",
         gauge(report.drops.pending as u64),
     );
+    registry.register(
+        "drops_failing",
+        "Databases whose drop failed and is retried with back-off (/status says why)",
+        gauge(report.drops.failed as u64),
+    );
     // Every server's, where the report has several.
     let kept = match report.servers.as_slice() {
         [] => report.limits.kept,

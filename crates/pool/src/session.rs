@@ -690,13 +690,15 @@ impl Session {
 
     async fn drop_with(client: &tokio_postgres::Client, db: &DbName) -> Result<(), String> {
         if !db.is_template() {
-            client
+            let dropped = client
                 .batch_execute(&format!(
                     "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                     db.quoted()
                 ))
-                .await
-                .map_err(|e| pg_message(&e))?;
+                .await;
+            if let Err(error) = dropped {
+                return Self::drop_held_clone(client, db, &error).await;
+            }
             return client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(db.as_str())))
                 .await
@@ -730,6 +732,70 @@ impl Session {
             .await
             .map_err(|e| pg_message(&e))?;
         Self::drop_role(client, db).await
+    }
+
+    /// The drop of a clone whose plain drop failed: its holder may have made it undroppable
+    /// (`ALTER DATABASE … IS_TEMPLATE true` — it owns the database). First its role is
+    /// locked out — no login, no password, no settings — so that whatever happens next the
+    /// former holder's credentials never work again; then its sessions are ended, the
+    /// attributes an owner can set are undone, and the drop is tried again. An error names
+    /// what still failed and the first failure.
+    async fn drop_held_clone(
+        client: &tokio_postgres::Client,
+        db: &DbName,
+        first: &tokio_postgres::Error,
+    ) -> Result<(), String> {
+        let first = pg_message(first);
+        tracing::warn!(database = %db, error = %first, "a released database did not drop; undoing what its holder may have done to it");
+        let role = quote_ident(db.as_str());
+        let careful = async {
+            let role_exists = client
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&db.as_str()])
+                .await?
+                .is_some();
+            if role_exists {
+                client
+                    .batch_execute(&format!(
+                        "ALTER ROLE {role} NOLOGIN PASSWORD NULL; ALTER ROLE {role} RESET ALL"
+                    ))
+                    .await?;
+            }
+            client
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 OR usename = $1",
+                    &[&db.as_str()],
+                )
+                .await?;
+            let db_exists = client
+                .query_opt(
+                    "SELECT 1 FROM pg_database WHERE datname = $1",
+                    &[&db.as_str()],
+                )
+                .await?
+                .is_some();
+            if db_exists {
+                client
+                    .batch_execute(&format!(
+                        "ALTER DATABASE {db} WITH IS_TEMPLATE false ALLOW_CONNECTIONS true \
+                         CONNECTION LIMIT -1",
+                        db = db.quoted()
+                    ))
+                    .await?;
+                client
+                    .batch_execute(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        db.quoted()
+                    ))
+                    .await?;
+            }
+            client
+                .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+                .await
+        };
+        careful.await.map_err(|e: tokio_postgres::Error| {
+            format!("{} (the first attempt: {first})", pg_message(&e))
+        })
     }
 
     /// Drops the lease role named like `db`, if there is one (templates have none).

@@ -180,10 +180,18 @@ impl Session {
                 return Ok((password, changed));
             }
         }
+        // What the holder may have done to its own role and database is undone for the
+        // next one, with LOGIN in one transaction: role settings (a `search_path` or `role`
+        // of its choosing) and the attributes an owner can set that would break the pool
+        // (IS_TEMPLATE makes the drop fail; ALLOW_CONNECTIONS and CONNECTION LIMIT lock
+        // the next holder out). After the proof, which counts them as changes.
         client
             .batch_execute(&format!(
-                "ALTER ROLE {role} LOGIN CONNECTION LIMIT {}",
-                self.lease_connections
+                "ALTER ROLE {role} RESET ALL; \
+                 ALTER DATABASE {db} WITH IS_TEMPLATE false ALLOW_CONNECTIONS true CONNECTION LIMIT -1; \
+                 ALTER ROLE {role} LOGIN CONNECTION LIMIT {}",
+                self.lease_connections,
+                db = clone.quoted(),
             ))
             .await
             .map_err(|e| pg_message(&e))?;
