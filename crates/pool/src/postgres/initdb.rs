@@ -205,10 +205,10 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// chown when `owner` is set.
+/// chown when `owner` is set — of `path` itself, never of what a link there points at.
 pub(crate) fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartError> {
     match owner {
-        Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
+        Some((uid, gid)) => std::os::unix::fs::lchown(path, Some(uid), Some(gid))
             .map_err(|e| io_error("cannot chown", path, e)),
         None => Ok(()),
     }

@@ -425,18 +425,23 @@ impl Launch {
             }
         };
         let hba = self.data_dir.join("pg_hba.conf");
-        // Overwriting keeps the file's owner (the server's user) and mode.
-        std::fs::write(&hba, pg_hba(self.config.lease_auth))
-            .map_err(|e| io_error("cannot write", &hba, e))?;
+        write_anew(
+            &hba,
+            pg_hba(self.config.lease_auth).as_bytes(),
+            self.run_as.owner(),
+        )?;
         let port = choose_port(
             self.config.port,
             self.previous_port,
             &self.config.listen_host,
         )?;
 
+        // Never through a link: the instance directory is the server user's.
+        use std::os::unix::fs::OpenOptionsExt;
         let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&self.log_path)
             .map_err(|e| io_error("cannot open", &self.log_path, e))?;
         let spec = CommandSpec {
@@ -908,4 +913,30 @@ where
             }),
         },
     }
+}
+
+/// Writes `path` anew, owner-only and given to `owner`: whatever is there — a link a
+/// hostile snapshot or a kept directory left, say — is removed, not written through.
+fn write_anew(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>) -> Result<(), StartError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => std::fs::remove_file(path).map_err(|e| io_error("cannot replace", path, e))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("cannot stat", path, e)),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_error("cannot create", path, e))?;
+    file.write_all(bytes)
+        .map_err(|e| io_error("cannot write", path, e))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+            .map_err(|e| io_error("cannot chown", path, e))?;
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -26,6 +27,8 @@ use tracing::{info, warn};
 
 /// The snapshot files' extension.
 pub const EXTENSION: &str = "pgsnap";
+mod unpack;
+
 /// The archive's first entry.
 const MANIFEST_ENTRY: &str = "pglease-snapshot.json";
 /// This code's format; another one is ignored.
@@ -267,42 +270,18 @@ fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
 }
 
 /// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist), owned by
-/// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. On error
-/// the caller removes `data_dir`.
+/// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
+/// that is not a plain file or directory inside the cluster fails it (`unpack.rs`). On
+/// error the caller removes `data_dir`.
 pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let started = Instant::now();
     let mut archive = open_archive(snapshot)?;
-    archive.set_preserve_permissions(true);
-    archive.set_overwrite(false);
     std::fs::create_dir(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
-    let mut bytes = 0u64;
     let entries = archive
         .entries()
         .map_err(|e| format!("cannot read the archive: {e}"))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
-        let path = entry
-            .path()
-            .map_err(|e| format!("cannot read the archive: {e}"))?
-            .into_owned();
-        if path == Path::new(MANIFEST_ENTRY) {
-            continue;
-        }
-        bytes += entry.size();
-        // unpack_in refuses `..` and absolute paths: nothing lands outside data_dir.
-        let inside = entry
-            .unpack_in(data_dir)
-            .map_err(|e| format!("cannot unpack {}: {e}", path.display()))?;
-        if !inside {
-            return Err(format!(
-                "the archive names {} outside the cluster",
-                path.display()
-            ));
-        }
-        // Given to the server's user as it lands (every directory has an entry of its own).
-        chown(&data_dir.join(&path), owner)?;
-    }
+    let bytes = unpack::unpack(entries, data_dir, Path::new(MANIFEST_ENTRY), owner)?;
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
@@ -326,7 +305,13 @@ pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> R
 pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, String> {
     let started = Instant::now();
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // Private to the service user: a snapshot holds the whole cluster, password verifiers
+    // included.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
         path.file_name()
@@ -353,7 +338,12 @@ pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, St
 }
 
 fn write_archive(cluster: &Path, manifest: &Manifest, tmp: &Path) -> Result<(), String> {
-    let file = File::create(tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let file = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
     let mut encoder = zstd::stream::write::Encoder::new(BufWriter::new(file), ZSTD_LEVEL)
         .map_err(|e| format!("zstd: {e}"))?;
     // Both cores: a save runs while nothing else does (at stop).
@@ -513,143 +503,4 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn manifest() -> Manifest {
-        Manifest::new(
-            "15.14",
-            &["--nosync".into(), "--locale=C".into()],
-            vec![SnapshotTemplate {
-                name: "app".into(),
-                fingerprint: "ab".repeat(32),
-                size_bytes: 8_000_000,
-            }],
-        )
-    }
-
-    fn fake_cluster(dir: &Path) {
-        std::fs::create_dir_all(dir.join("global")).expect("test step");
-        std::fs::create_dir_all(dir.join("base/1")).expect("test step");
-        std::fs::write(dir.join("PG_VERSION"), "15\n").expect("test step");
-        std::fs::write(dir.join("global/pg_control"), [7u8; 8192]).expect("test step");
-        std::fs::write(dir.join("base/1/1259"), vec![0u8; 100_000]).expect("test step");
-        std::fs::write(dir.join("postmaster.opts"), "stale").expect("test step");
-    }
-
-    #[test]
-    fn the_major_is_read_from_what_postgres_prints() {
-        assert_eq!(
-            major_of("postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"),
-            15
-        );
-        assert_eq!(major_of("18.6"), 18);
-        assert_eq!(version_number("postgres (PostgreSQL) 16.15"), "16.15");
-    }
-
-    #[test]
-    fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
-        let root = tempdir();
-        let cluster = root.join("cluster");
-        fake_cluster(&cluster);
-        let path = path_for(&root.join("snaps"), 15);
-        let written = manifest();
-        write(&cluster, &written, &path).expect("test step");
-        assert_eq!(read_manifest(&path).expect("test step"), written);
-        let found = find(&root.join("snaps"), "15.13", &written.initdb_args).expect("test step");
-        assert_eq!(found.manifest, written);
-        let out = root.join("out");
-        extract(&path, &out, None).expect("test step");
-        assert_eq!(
-            std::fs::read(out.join("base/1/1259"))
-                .expect("test step")
-                .len(),
-            100_000
-        );
-        assert!(!out.join("postmaster.opts").exists());
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&out)
-            .expect("test step")
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(mode, 0o700);
-    }
-
-    #[test]
-    fn a_snapshot_of_another_major_or_initdb_setting_is_passed_over() {
-        let root = tempdir();
-        let cluster = root.join("cluster");
-        fake_cluster(&cluster);
-        let written = manifest();
-        write(&cluster, &written, &path_for(&root, 15)).expect("test step");
-        // Another major looks for another file.
-        assert!(find(&root, "16.2", &written.initdb_args).is_none());
-        assert!(find(&root, "15.14", &["--locale=en_US.UTF-8".into()]).is_none());
-        assert!(find(&root, "15.14", &written.initdb_args).is_some());
-    }
-
-    #[test]
-    fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
-        let root = tempdir();
-        let path = path_for(&root, 15);
-        std::fs::write(&path, b"not a snapshot at all").expect("test step");
-        assert!(
-            read_manifest(&path).expect_err("an error").contains("zstd"),
-            "{:?}",
-            read_manifest(&path)
-        );
-        assert!(find(&root, "15.14", &[]).is_none());
-        // A valid zstd tar whose first entry is something else.
-        let mut builder = tar::Builder::new(Vec::new());
-        let mut header = tar::Header::new_gnu();
-        header.set_size(2);
-        header.set_cksum();
-        builder
-            .append_data(&mut header, "hello", &b"hi"[..])
-            .expect("test step");
-        let tar = builder.into_inner().expect("test step");
-        std::fs::write(
-            &path,
-            zstd::encode_all(tar.as_slice(), 1).expect("test step"),
-        )
-        .expect("test step");
-        let error = read_manifest(&path).expect_err("an error");
-        assert!(error.contains("not a pglease snapshot"), "{error}");
-        // A cut-off file fails extraction with a message, not a panic.
-        let cluster = root.join("cluster");
-        fake_cluster(&cluster);
-        write(&cluster, &manifest(), &path).expect("test step");
-        let bytes = std::fs::read(&path).expect("test step");
-        std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("test step");
-        let out = root.join("out");
-        assert!(extract(&path, &out, None).is_err());
-    }
-
-    #[test]
-    fn an_abandoned_temporary_file_goes_and_a_fresh_one_stays() {
-        let root = tempdir();
-        let old = root.join(".pglease-pg15.pgsnap.tmp-aaaa");
-        let fresh = root.join(".pglease-pg15.pgsnap.tmp-bbbb");
-        std::fs::write(&old, b"half").expect("write");
-        std::fs::write(&fresh, b"half").expect("write");
-        let two_hours_ago = SystemTime::now() - std::time::Duration::from_secs(7200);
-        File::options()
-            .write(true)
-            .open(&old)
-            .and_then(|f| f.set_modified(two_hours_ago))
-            .expect("set mtime");
-        assert!(find(&root, "15.14", &[]).is_none());
-        assert!(!old.exists());
-        assert!(fresh.exists());
-    }
-
-    fn tempdir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "pglease-snapshot-test-{}",
-            super::super::instance::random_hex(6)
-        ));
-        std::fs::create_dir_all(&dir).expect("test step");
-        dir
-    }
-}
+mod tests;
