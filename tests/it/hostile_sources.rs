@@ -22,6 +22,14 @@ use crate::support::{connect, daemon_hashing_a_huge_source, scratch_dir, TestDae
 /// What a file only root may read holds: seen in no answer and no log line.
 const SECRET: &str = "pglease-secret-7f3a91";
 
+/// The daemon's default child user as root.
+fn child_user() -> nix::unistd::User {
+    nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .expect("the user nobody")
+}
+
 fn as_root(test: &str) -> bool {
     let root = nix::unistd::geteuid().is_root();
     if !root {
@@ -249,10 +257,7 @@ async fn a_plain_dump_over_http_runs_no_program_unless_commands_are_allowed() {
     let lease = daemon.lease_ok("plain").await;
     connect(&lease).await.expect("connect");
     let uid = fs::read_to_string(&proof).expect("the trap ran");
-    let nobody = nix::unistd::User::from_name("nobody")
-        .ok()
-        .flatten()
-        .expect("nobody");
+    let nobody = child_user();
     assert_eq!(
         uid.trim(),
         nobody.uid.to_string(),
@@ -284,10 +289,7 @@ async fn a_configured_command_runs_as_the_child_user_without_the_daemons_environ
         .await;
     daemon.lease_ok("app").await;
     let seen = fs::read_to_string(&out).expect("the command ran");
-    let nobody = nix::unistd::User::from_name("nobody")
-        .ok()
-        .flatten()
-        .expect("nobody");
+    let nobody = child_user();
     let mut lines = seen.lines();
     assert_eq!(lines.next(), Some(nobody.uid.to_string().as_str()));
     assert_eq!(
