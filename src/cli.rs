@@ -83,7 +83,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Bearer token every API request must carry (health checks excepted); required when
-    /// --listen is not a loopback address.
+    /// --listen is not a loopback address. Only with one do /status and /kept show lease ids
+    /// and passwords, and may a request start a server of a major the configuration does not
+    /// name (docs/security.md).
     #[arg(
         long,
         env = "PGLEASE_TOKEN",
