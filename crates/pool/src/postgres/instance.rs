@@ -15,7 +15,6 @@
 //!
 //! It starts no server; the only processes it signals are postmasters of stale instances.
 
-use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -219,9 +218,7 @@ impl Instance {
             _ => {}
         }
         // Private: the socket accepts the superuser without a password.
-        std::fs::set_permissions(&self.socket_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|source| io_error("cannot chmod", &self.socket_dir, source))?;
-        run_as.chown(&self.socket_dir)?;
+        make_private_dir(&self.socket_dir, run_as)?;
         let longest = self.socket_dir.join(".s.PGSQL.65535");
         let len = longest.as_os_str().len();
         if len > MAX_SOCKET_PATH {
@@ -332,9 +329,7 @@ impl Instance {
                 })?;
             super::cow::make(&self.dir, free / 10 * 9)?
         };
-        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700))
-            .map_err(|source| io_error("cannot chmod", &store, source))?;
-        run_as.chown(&store)
+        make_private_dir(&store, run_as)
     }
 
     /// Mounts a tmpfs of `bytes` on the directory.
@@ -556,6 +551,32 @@ pub(crate) struct Marker {
     pub kept: bool,
 }
 
+/// Gives the directory `path` mode 0700 and the server's user, through a handle opened
+/// without following a link at its last component: `path` lies in the instance directory,
+/// which that user owns, so a link there (left in a kept directory) must not lead root's
+/// chmod and chown elsewhere.
+pub(super) fn make_private_dir(path: &Path, run_as: &RunAs) -> Result<(), StartError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            // O_DIRECTORY|O_NOFOLLOW on a link: ENOTDIR (or ELOOP).
+            Some(nix::libc::ENOTDIR | nix::libc::ELOOP) => {
+                io_error("refusing a link or a non-directory at", path, source)
+            }
+            _ => io_error("cannot open", path, source),
+        })?;
+    dir.set_permissions(std::fs::Permissions::from_mode(0o700))
+        .map_err(|source| io_error("cannot chmod", path, source))?;
+    match run_as.owner() {
+        Some((uid, gid)) => std::os::unix::fs::fchown(&dir, Some(uid), Some(gid))
+            .map_err(|source| io_error("cannot chown", path, source)),
+        None => Ok(()),
+    }
+}
+
 /// Writes the marker naming this process.
 pub(crate) fn write_marker(dir: &Path, kept: bool) -> Result<(), StartError> {
     let pid = std::process::id();
@@ -566,11 +587,9 @@ pub(crate) fn write_marker(dir: &Path, kept: bool) -> Result<(), StartError> {
     if kept {
         text.push_str("kept=1\n");
     }
-    let path = dir.join(MARKER_FILE);
-    let mut file =
-        std::fs::File::create(&path).map_err(|source| io_error("cannot create", &path, source))?;
-    file.write_all(text.as_bytes())
-        .map_err(|source| io_error("cannot write", &path, source))
+    // Anew, never through a link: the directory is the server user's, and a kept one
+    // outlives this run.
+    super::write_anew(&dir.join(MARKER_FILE), text.as_bytes(), None)
 }
 
 /// Reads the marker of `dir`; `None` unless it is a regular file owned by our euid: a

@@ -498,8 +498,16 @@ impl Launch {
         let path = self.snapshot.as_ref()?;
         match snapshot::extract(path, &self.data_dir, self.run_as.owner()) {
             Ok(_) => Some(ClusterOrigin::Snapshot),
+            // Refused (a hostile entry: `error` names it and why) or broken: nothing of it
+            // is used, and as nothing was adopted, a clean stop writes a snapshot over it.
             Err(error) => {
-                warn!(snapshot = %path.display(), %error, "cannot unpack the snapshot; starting a fresh cluster");
+                warn!(
+                    snapshot = %path.display(),
+                    %error,
+                    "cannot unpack the snapshot: refused, none of it is used; starting a \
+                     fresh cluster"
+                );
+                // remove_dir_all removes a link it meets, never what the link points at.
                 let _ = std::fs::remove_dir_all(&self.data_dir);
                 None
             }

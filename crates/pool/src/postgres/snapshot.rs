@@ -17,7 +17,7 @@
 //! manifest's list.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -25,9 +25,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+mod unpack;
+
 /// The snapshot files' extension.
 pub const EXTENSION: &str = "pgsnap";
-mod unpack;
 
 /// The archive's first entry.
 const MANIFEST_ENTRY: &str = "pglease-snapshot.json";
@@ -254,16 +255,38 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     serde_json::from_str(&text).map_err(|e| format!("its manifest is not valid: {e}"))
 }
 
-/// The archive in `path`, once its first bytes say it is zstd.
+/// The archive in `path`, once its first bytes say it is zstd. The file is opened once and
+/// must be a regular file, not a link: pglease renames a regular file into place, so a link
+/// or a FIFO there was put by someone else (and a FIFO would hang the start).
 fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
     const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
-    let mut file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut file = File::options()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => format!(
+                "refusing {}: it is a symbolic link, not a snapshot file",
+                path.display()
+            ),
+            _ => format!("cannot open {}: {e}", path.display()),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "refusing {}: it is not a regular file",
+            path.display()
+        ));
+    }
     let mut magic = [0u8; 4];
     let is_zstd = file.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
     if !is_zstd {
         return Err("not a snapshot: not a zstd stream".into());
     }
-    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.rewind()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let decoder = zstd::stream::read::Decoder::new(BufReader::new(file))
         .map_err(|e| format!("not a snapshot: {e}"))?;
     Ok(tar::Archive::new(decoder))
@@ -271,24 +294,25 @@ fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
 
 /// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist), owned by
 /// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
-/// that is not a plain file or directory inside the cluster fails it (`unpack.rs`). On
-/// error the caller removes `data_dir`.
+/// that is not a plain file or directory inside the cluster fails it, naming the entry and
+/// the reason (`unpack.rs`). On error the caller removes `data_dir`.
 pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let started = Instant::now();
     let mut archive = open_archive(snapshot)?;
     std::fs::create_dir(data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    // Everything below happens through this handle, never by a path someone could swap.
+    let root = unpack::open_directory(data_dir)?;
     let entries = archive
         .entries()
         .map_err(|e| format!("cannot read the archive: {e}"))?;
-    let bytes = unpack::unpack(entries, data_dir, Path::new(MANIFEST_ENTRY), owner)?;
+    let bytes = unpack::unpack(entries, &root, data_dir, Path::new(MANIFEST_ENTRY), owner)?;
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
         return Err("the archive holds no complete cluster (PG_VERSION, global/pg_control)".into());
     }
-    chown(data_dir, owner)?;
-    set_mode(data_dir, 0o700)?;
+    unpack::make_private(&root, owner)?;
     info!(
         snapshot = %snapshot.display(),
         to = %data_dir.display(),
@@ -489,17 +513,6 @@ fn needed_segments(cluster: &Path, segments: &[(String, PathBuf)]) -> Option<(St
         .iter()
         .any(|(n, _)| *n == first)
         .then_some((first, last))
-}
-
-/// chown (the initdb cache's), when `owner` is set.
-fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), String> {
-    super::initdb::chown(path, owner).map_err(|e| e.to_string())
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -637,3 +637,163 @@ async fn postgres_dies_with_its_daemon() {
     );
     assert!(!instance_dir.exists());
 }
+
+/// A file outside every directory pglease writes, owned by whoever runs the test: its
+/// content, owner and mode, to compare after an attempt to reach it.
+fn victim_state(path: &Path) -> (String, u32, u32, u32) {
+    let meta = std::fs::symlink_metadata(path).expect("stat the victim");
+    let content = std::fs::read_to_string(path).expect("read the victim");
+    (content, meta.uid(), meta.gid(), meta.mode())
+}
+
+/// The server's user as a start running as root resolves it (`nobody` here), so that a
+/// chown through a link would show on the victim; the current user otherwise.
+fn test_run_as() -> instance::RunAs {
+    let root = nix::unistd::geteuid().is_root();
+    instance::RunAs {
+        name: "nobody".into(),
+        uid: if root {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        },
+        gid: if root {
+            65534
+        } else {
+            nix::unistd::getegid().as_raw()
+        },
+        switch: root,
+    }
+}
+
+/// Issue 25, row 3: `pg_hba.conf` is written as root at every start into a data directory
+/// a snapshot filled or the server's user owns. A link there is replaced by a plain,
+/// owner-only file of the server's user; what it pointed at is untouched.
+#[test]
+fn pg_hba_conf_is_written_anew_never_through_a_link() {
+    let scratch = Scratch::new("hba-link");
+    let victim = scratch.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    let before = victim_state(&victim);
+    let data_dir = scratch.path().join("data");
+    std::fs::create_dir(&data_dir).expect("mkdir");
+    let hba = data_dir.join("pg_hba.conf");
+    std::os::unix::fs::symlink(&victim, &hba).expect("symlink");
+    let owner = test_run_as().owner();
+    let rules = pg_hba(LeaseAuth::Trust);
+    write_anew(&hba, rules.as_bytes(), owner).expect("write pg_hba.conf");
+    assert_eq!(victim_state(&victim), before, "the victim changed");
+    let meta = std::fs::symlink_metadata(&hba).expect("stat");
+    assert!(meta.file_type().is_file(), "{:?}", meta.file_type());
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    if let Some((uid, gid)) = owner {
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+    }
+    assert_eq!(std::fs::read_to_string(&hba).expect("read"), rules);
+}
+
+/// The instance marker is written as root into the instance directory, which the server's
+/// user owns and a kept one outlives the run: a link there is replaced, not written through.
+#[test]
+fn the_instance_marker_is_written_anew_never_through_a_link() {
+    let scratch = Scratch::new("marker-link");
+    let victim = scratch.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    let before = victim_state(&victim);
+    let dir = scratch.path().join("instance");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::os::unix::fs::symlink(&victim, dir.join(instance::MARKER_FILE)).expect("symlink");
+    instance::write_marker(&dir, true).expect("write the marker");
+    assert_eq!(victim_state(&victim), before, "the victim changed");
+    let marker = instance::read_marker(&dir).expect("a marker of ours");
+    assert_eq!(marker.pid, Some(std::process::id()));
+    assert!(marker.kept);
+}
+
+/// The socket directory and the copy-on-write store are made private (chmod 0700, chown to
+/// the server's user) as root inside the instance directory: a link in their place is
+/// refused, and the directory it points at keeps its mode and owner.
+#[test]
+fn a_private_directory_is_never_reached_through_a_link() {
+    let scratch = Scratch::new("private-dir-link");
+    let outside = scratch.path().join("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let before = std::fs::metadata(&outside).expect("stat");
+    let socket_dir = scratch.path().join("socket");
+    std::os::unix::fs::symlink(&outside, &socket_dir).expect("symlink");
+    let error = instance::make_private_dir(&socket_dir, &test_run_as())
+        .expect_err("made a link's target private");
+    let message = error.to_string();
+    assert!(
+        message.contains("refusing a link or a non-directory at") && message.contains("socket"),
+        "{message}"
+    );
+    let after = std::fs::metadata(&outside).expect("stat");
+    assert_eq!(
+        (after.mode(), after.uid(), after.gid()),
+        (before.mode(), before.uid(), before.gid())
+    );
+    // A real directory is made private, through its handle.
+    let real = scratch.path().join("real");
+    std::fs::create_dir(&real).expect("mkdir");
+    instance::make_private_dir(&real, &test_run_as()).expect("make private");
+    let meta = std::fs::metadata(&real).expect("stat");
+    assert_eq!(meta.mode() & 0o777, 0o700);
+}
+
+/// Issue 25, row 3, end to end: a start that finds a hostile snapshot for its server
+/// (`pg_hba.conf` a link to a file outside) refuses it, uses none of it and starts a fresh
+/// cluster, whose `pg_hba.conf` is pglease's own; the file outside is untouched, and as
+/// nothing was adopted a clean stop would replace the snapshot.
+#[tokio::test]
+async fn a_hostile_snapshot_is_refused_and_a_fresh_cluster_starts() {
+    let cache = Scratch::new("cache-hostile-snapshot");
+    let snapshots = Scratch::new("hostile-snapshots");
+    let victim = cache.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    let before = victim_state(&victim);
+    let mut config = test_config(cache.path());
+    // A manifest this server accepts: its version and initdb settings.
+    let probe = prepare(&config).await;
+    let manifest = snapshot::Manifest::new(&probe.binaries.version, &probe.initdb_args, vec![]);
+    probe.cleanup();
+    let mut builder = tar::Builder::new(Vec::new());
+    let json = serde_json::to_vec(&manifest).expect("json");
+    let mut header = tar::Header::new_gnu();
+    header.set_size(json.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "pglease-snapshot.json", json.as_slice())
+        .expect("manifest");
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    header.set_mode(0o777);
+    builder
+        .append_link(&mut header, "pg_hba.conf", &victim)
+        .expect("link");
+    let tar = builder.into_inner().expect("tar");
+    let path = snapshot::path_for(snapshots.path(), manifest.postgres_major);
+    std::fs::write(&path, zstd::encode_all(tar.as_slice(), 1).expect("zstd")).expect("write");
+
+    config.snapshot_dir = Some(snapshots.path().to_path_buf());
+    let mut embedded = prepare(&config).await;
+    assert!(embedded.snapshot.is_some(), "the snapshot was not found");
+    let running = start(&mut embedded).await;
+    assert_ne!(running.cluster_origin, ClusterOrigin::Snapshot);
+    assert!(embedded.adopted.is_none());
+    assert_eq!(victim_state(&victim), before, "the victim changed");
+    let hba = running.data_dir.join("pg_hba.conf");
+    assert!(std::fs::symlink_metadata(&hba)
+        .expect("stat")
+        .file_type()
+        .is_file());
+    assert!(std::fs::read_to_string(&hba)
+        .expect("read")
+        .contains("host    all        postgres   all       reject"));
+    assert_eq!(query_text(&running, "SELECT 1").await, "1");
+    running.shutdown(Duration::from_secs(10)).await;
+    embedded.cleanup();
+}

@@ -1,4 +1,7 @@
 //! Snapshots written and read back, and hostile ones refused.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
 use super::*;
 
 fn manifest() -> Manifest {
@@ -52,7 +55,6 @@ fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
         100_000
     );
     assert!(!out.join("postmaster.opts").exists());
-    use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&out)
         .expect("test step")
         .permissions()
@@ -195,92 +197,300 @@ fn link(name: &str, kind: tar::EntryType, target: &str) -> Entry {
     (entry(name, kind, Some(target), 0), Vec::new())
 }
 
-/// Issue 25, row 3: a snapshot a hostile job left in the CI cache. Each entry that is not
-/// a plain file or directory inside the cluster fails the unpacking, naming the entry and
-/// the reason, and nothing outside the data directory changes — not its content, owner or
-/// mode — even though the unpacking runs as root (as in CI) and chowns what it makes.
-#[test]
-fn a_hostile_snapshot_is_refused_and_touches_nothing_outside() {
-    use std::os::unix::fs::MetadataExt;
-    let root = tempdir();
-    let victim = root.join("victim");
-    std::fs::write(&victim, "precious").expect("write");
-    let victim_text = victim.display().to_string();
-    let owner = nix::unistd::geteuid().is_root().then_some((65534, 65534));
-    let escape = format!(
-        "../{}",
-        victim.file_name().and_then(|n| n.to_str()).expect("name")
-    );
-    let cases: Vec<(&str, Vec<Entry>, &str)> = vec![
-        (
-            "a link, then a file written through it",
-            vec![
-                dir("base"),
-                link("base/evil", tar::EntryType::Symlink, &victim_text),
-                file("base/evil", b"overwritten"),
-            ],
-            "symbolic link",
-        ),
-        (
-            "pg_hba.conf as a link",
-            vec![link("pg_hba.conf", tar::EntryType::Symlink, &victim_text)],
-            "symbolic link",
-        ),
-        (
-            "a hard link",
-            vec![link("PG_VERSION", tar::EntryType::Link, &victim_text)],
-            "hard link",
-        ),
-        (
-            "an absolute path",
-            vec![file(&victim_text, b"overwritten")],
-            "absolute path",
-        ),
-        (
-            "a path out of the cluster",
-            vec![
-                dir("base"),
-                file(&format!("base/../{escape}"), b"overwritten"),
-            ],
-            "leads out of the cluster",
-        ),
-        (
-            "a FIFO",
-            vec![(entry("base", tar::EntryType::Fifo, None, 0), Vec::new())],
-            "FIFO",
-        ),
-        (
-            "a file under a file",
-            vec![file("base", b"x"), file("base/1", b"y")],
-            "not a directory",
-        ),
-    ];
-    let before = std::fs::metadata(&victim).expect("stat");
-    for (what, entries, why) in cases {
-        let path = root.join("hostile.pgsnap");
-        hostile_snapshot(&path, entries);
-        let out = root.join("out");
-        let error = extract(&path, &out, owner).expect_err(what);
-        assert!(error.contains(why), "{what}: {error}");
-        // The caller removes the half-made directory; nothing there leads out.
-        std::fs::remove_dir_all(&out).expect("remove");
-        let after = std::fs::metadata(&victim).expect("stat");
+/// A file outside the data directory that a hostile snapshot aims at, with its content,
+/// owner and mode as they were, in a directory (the data directory's parent) where nothing
+/// else may appear but the snapshot file and the data directory.
+struct Victim {
+    path: PathBuf,
+    before: (Vec<u8>, u32, u32, u32),
+}
+
+impl Victim {
+    /// `root/victim`, holding "precious", mode 0644, owned by whoever runs the test.
+    fn new(root: &Path) -> Victim {
+        let path = root.join("victim");
+        std::fs::write(&path, "precious").expect("write the victim");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let before = Victim::state(&path);
+        Victim { path, before }
+    }
+
+    fn state(path: &Path) -> (Vec<u8>, u32, u32, u32) {
+        let meta = std::fs::symlink_metadata(path).expect("stat the victim");
+        let content = std::fs::read(path).expect("read the victim");
+        (content, meta.uid(), meta.gid(), meta.mode())
+    }
+
+    /// Its absolute path, for entries that name it.
+    fn text(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn assert_untouched(&self, what: &str) {
+        /// What the tests put beside the data directory (`out`).
+        const EXPECTED: [&str; 4] = ["victim", "outside", "hostile.pgsnap", "out"];
         assert_eq!(
-            std::fs::read_to_string(&victim).expect("read"),
-            "precious",
-            "{what}"
+            Victim::state(&self.path),
+            self.before,
+            "{what}: the victim changed"
         );
-        assert_eq!(
-            (after.uid(), after.gid(), after.mode()),
-            (before.uid(), before.gid(), before.mode()),
-            "{what}"
-        );
+        let dir = self.path.parent().expect("the victim's directory");
+        let mut beside: Vec<String> = std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("list").file_name().to_string_lossy().into_owned())
+            .filter(|name| !EXPECTED.contains(&name.as_str()))
+            .collect();
+        beside.sort();
+        assert_eq!(beside, Vec::<String>::new(), "{what}: made outside");
     }
 }
 
+/// The owner a start gives the unpacked cluster: when the test runs as root (as in CI),
+/// `nobody`, so that a chown through a link would change the victim's owner and show.
+fn server_owner() -> Option<(u32, u32)> {
+    nix::unistd::geteuid().is_root().then_some((65534, 65534))
+}
+
+/// Unpacks a snapshot of `entries` into `root/out` as a start does and removes the
+/// half-made directory as the caller does; then checks that the victim kept its content,
+/// owner and mode, and that the unpacking was refused with an error naming `entry` and
+/// saying `reason`.
+fn assert_refused(root: &Path, victim: &Victim, entries: Vec<Entry>, entry: &str, reason: &str) {
+    let path = root.join("hostile.pgsnap");
+    hostile_snapshot(&path, entries);
+    let out = root.join("out");
+    let result = extract(&path, &out, server_owner());
+    let _ = std::fs::remove_dir_all(&out);
+    // The victim first: whatever the error says, nothing outside may have changed.
+    victim.assert_untouched(entry);
+    let error = result.expect_err("a hostile snapshot unpacked");
+    assert!(
+        error.contains(&format!("{entry:?}")),
+        "the error does not name {entry}: {error}"
+    );
+    assert!(
+        error.contains(reason),
+        "the error does not say {reason:?}: {error}"
+    );
+}
+
+// Issue 25, row 3: a snapshot a hostile job left in the CI cache, unpacked as root. Each
+// test below tries one way out of the data directory; each entry that is not a plain file
+// or directory inside the cluster fails the whole unpacking, naming the entry and the
+// reason, and nothing outside the data directory changes.
+
+/// (a) A link to a file outside, then a file of the same name that would be written, and
+/// chowned, through it.
+#[test]
+fn a_link_is_refused_before_a_file_is_written_through_it() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let entries = vec![
+        dir("base"),
+        link("base/evil", tar::EntryType::Symlink, &victim.text()),
+        file("base/evil", b"overwritten"),
+    ];
+    assert_refused(&root, &victim, entries, "base/evil", "as a symbolic link");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (b) `pg_hba.conf` as a link, which each start writes (see also
+/// `postgres::tests::pg_hba_conf_is_written_anew_never_through_a_link`).
+#[test]
+fn pg_hba_conf_as_a_link_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let entries = vec![link("pg_hba.conf", tar::EntryType::Symlink, &victim.text())];
+    assert_refused(&root, &victim, entries, "pg_hba.conf", "as a symbolic link");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (c) A hard link to a file outside: chowning or writing it would be the victim's inode.
+#[test]
+fn a_hard_link_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let entries = vec![link("PG_VERSION", tar::EntryType::Link, &victim.text())];
+    assert_refused(&root, &victim, entries, "PG_VERSION", "as a hard link");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (d) An entry named by the victim's absolute path.
+#[test]
+fn an_absolute_path_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let name = victim.text();
+    let entries = vec![file(&name, b"overwritten")];
+    assert_refused(&root, &victim, entries, &name, "by an absolute path");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (e) A path that climbs out with `..` (the data directory is `root/out`), to the victim
+/// or to a new file beside it.
+#[test]
+fn a_path_out_of_the_cluster_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    for name in ["../escaped", "../victim", "base/../../victim"] {
+        let entries = vec![dir("base"), file(name, b"overwritten")];
+        assert_refused(&root, &victim, entries, name, "leads out of the cluster");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (f) Devices and FIFOs: a cluster holds none, and root could make any device.
+#[test]
+fn a_fifo_or_a_device_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    for (kind, reason) in [
+        (tar::EntryType::Fifo, "as a FIFO"),
+        (tar::EntryType::Char, "as a character device"),
+        (tar::EntryType::Block, "as a block device"),
+    ] {
+        let entries = vec![(entry("base", kind, None, 0), Vec::new())];
+        assert_refused(&root, &victim, entries, "base", reason);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// An entry's name comes from the archive and goes into the log: it is shown quoted, its
+/// control characters escaped, so that it cannot forge log lines.
+#[test]
+fn an_entry_name_is_shown_escaped() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let name = "evil\nWARN forged line";
+    let entries = vec![link(name, tar::EntryType::Symlink, &victim.text())];
+    assert_refused(&root, &victim, entries, name, "as a symbolic link");
+    let path = root.join("hostile.pgsnap");
+    let error = extract(&path, &root.join("out"), None).expect_err("refused");
+    assert!(!error.contains('\n'), "{error}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A file where a directory should be: its entries are not put beside it or elsewhere.
+#[test]
+fn a_file_under_a_file_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let entries = vec![file("base", b"x"), file("base/1", b"y")];
+    assert_refused(&root, &victim, entries, "base/1", "not a directory");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Defence in depth: a link already in the data directory (which the archive cannot make,
+/// but someone else might) is not followed to put an entry under it.
+#[test]
+fn a_link_already_in_the_data_directory_is_not_followed() {
+    let root = tempdir();
+    let outside = root.join("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    let out = root.join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::os::unix::fs::symlink(&outside, out.join("base")).expect("symlink");
+    let path = root.join("hostile.pgsnap");
+    hostile_snapshot(&path, vec![file("base/1259", b"overwritten")]);
+    let mut archive = open_archive(&path).expect("open");
+    let handle = unpack::open_directory(&out).expect("open the data directory");
+    let result = unpack::unpack(
+        archive.entries().expect("entries"),
+        &handle,
+        &out,
+        Path::new(MANIFEST_ENTRY),
+        server_owner(),
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).expect("read").count(),
+        0,
+        "something was put outside"
+    );
+    let error = result.expect_err("unpacked through a link");
+    assert!(
+        error.contains("\"base/1259\"") && error.contains("which is not a directory"),
+        "{error}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The caller removes a half-made data directory with `remove_dir_all`: it removes the
+/// links it meets, never what they point at.
+#[test]
+fn removing_a_data_directory_does_not_follow_its_links() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    let outside = root.join("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    std::fs::write(outside.join("keep"), "kept").expect("write");
+    let out = root.join("out");
+    std::fs::create_dir_all(out.join("base")).expect("mkdir");
+    std::os::unix::fs::symlink(&outside, out.join("base/dir_link")).expect("symlink");
+    std::os::unix::fs::symlink(&victim.path, out.join("file_link")).expect("symlink");
+    std::fs::remove_dir_all(&out).expect("remove");
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.join("keep")).expect("a file behind a link went"),
+        "kept"
+    );
+    victim.assert_untouched("remove_dir_all");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A snapshot file that is a link or a FIFO is not read: pglease never makes one, and a
+/// FIFO would hang the start.
+#[test]
+fn a_snapshot_file_that_is_a_link_or_a_fifo_is_not_read() {
+    let root = tempdir();
+    let cluster = root.join("cluster");
+    fake_cluster(&cluster);
+    let real = root.join("elsewhere.pgsnap");
+    write(&cluster, &manifest(), &real).expect("write");
+    let snaps = root.join("snaps");
+    std::fs::create_dir(&snaps).expect("mkdir");
+    let path = path_for(&snaps, 15);
+    std::os::unix::fs::symlink(&real, &path).expect("symlink");
+    let error = read_manifest(&path).expect_err("read through a link");
+    assert!(error.contains("it is a symbolic link"), "{error}");
+    assert!(find(&snaps, "15.14", &manifest().initdb_args).is_none());
+    std::fs::remove_file(&path).expect("remove");
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let error = read_manifest(&path).expect_err("read a FIFO");
+    assert!(error.contains("it is not a regular file"), "{error}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// What a good snapshot unpacks to is what postgres requires and the server's user owns
+/// (when the test runs as root): directories 0700, files 0600, whatever the archive says.
+#[test]
+fn an_unpacked_cluster_is_owner_only_and_the_server_users() {
+    let root = tempdir();
+    let cluster = root.join("cluster");
+    fake_cluster(&cluster);
+    std::fs::set_permissions(
+        cluster.join("base/1/1259"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .expect("chmod");
+    let path = root.join("good.pgsnap");
+    write(&cluster, &manifest(), &path).expect("write");
+    let out = root.join("out");
+    let owner = server_owner();
+    extract(&path, &out, owner).expect("extract");
+    for (relative, mode) in [("", 0o700), ("base/1", 0o700), ("base/1/1259", 0o600)] {
+        let meta = std::fs::symlink_metadata(out.join(relative)).expect("stat");
+        assert_eq!(meta.mode() & 0o777, mode, "{relative}");
+        if let Some((uid, gid)) = owner {
+            assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{relative}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// (g) A snapshot holds the whole cluster, password verifiers included: its file is 0600,
+/// the directory pglease makes for it 0700.
 #[test]
 fn a_snapshot_file_is_private_to_its_user() {
-    use std::os::unix::fs::PermissionsExt;
     let root = tempdir();
     let cluster = root.join("cluster");
     fake_cluster(&cluster);

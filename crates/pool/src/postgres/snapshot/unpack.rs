@@ -2,30 +2,69 @@
 //! CI cache — which other jobs may write — handed us. Each entry is checked before it
 //! touches the disk: only regular files and directories (a cluster holds nothing else:
 //! pglease's own snapshots never contain links, devices or FIFOs), relative paths of plain
-//! names (no `..`, no root), parents that are directories this unpacking made. Files are
-//! created new (`O_CREAT|O_EXCL|O_NOFOLLOW`: never through something already there),
-//! owner-only, and handed to the server's user through their open handle; directories
-//! with `lchown`. So a hostile entry can neither write nor chown anything outside the data
-//! directory, and the first one found fails the whole unpacking (the caller removes what
-//! was made and starts a fresh cluster).
+//! names (no `..`, no root).
+//!
+//! Everything is done relative to a handle on the data directory, never by path: each
+//! parent is opened component by component with `O_DIRECTORY|O_NOFOLLOW` (so a link, or a
+//! file, anywhere on the way fails instead of leading elsewhere, even one that appeared
+//! after a check), directories are made with `mkdirat`, files are created new with
+//! `O_CREAT|O_EXCL|O_NOFOLLOW` (never through something already there), and both get their
+//! mode and owner through their own open handle (`fchmod`, `fchown`). So a hostile entry can
+//! neither write nor chown anything outside the data directory, and the first one found
+//! fails the whole unpacking (the caller removes what was made and starts a fresh cluster).
+//!
+//! Entry names are shown quoted and escaped (`{:?}`) in errors: they come from the archive
+//! and end up in the log. This file does not read the manifest or decide whether a
+//! snapshot is used.
 
-use std::fs::OpenOptions;
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
 use tar::EntryType;
 
-/// Unpacks every entry of `entries` but the manifest (`skip`) into `data_dir`, which must
-/// exist and be empty, owned by `owner` when set. Returns the bytes unpacked.
+/// The modes postgres requires of a cluster it did not make with group access (`initdb -g`
+/// is not used): files owner-only, directories owner-only.
+const FILE_MODE: u32 = 0o600;
+const DIR_MODE: u32 = 0o700;
+
+/// Opens the directory `path` for `*at` calls, refusing a link at its last component.
+pub(super) fn open_directory(path: &Path) -> Result<OwnedFd, String> {
+    nix::fcntl::open(path, directory_flags(), Mode::empty()).map_err(|e| {
+        format!(
+            "cannot open {}: {}",
+            path.display(),
+            std::io::Error::from(e)
+        )
+    })
+}
+
+/// Gives the directory behind `dir` mode 0700 and `owner`, through the handle.
+pub(super) fn make_private(dir: &OwnedFd, owner: Option<(u32, u32)>) -> Result<(), String> {
+    set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
+}
+
+/// Unpacks every entry of `entries` but the manifest (`skip`) into the empty directory
+/// `root` (the data directory, named `data_dir` in errors), owned by `owner` when set.
+/// Returns the bytes unpacked.
 pub(super) fn unpack<R: Read>(
     entries: tar::Entries<'_, R>,
+    root: &OwnedFd,
     data_dir: &Path,
     skip: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<u64, String> {
     let mut bytes = 0u64;
+    // The parent of the last entry, open: a cluster's files come directory by directory,
+    // so most entries reuse it instead of walking their parents again.
+    let mut last_parent: Option<(PathBuf, OwnedFd)> = None;
     for entry in entries {
         let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
         let name = entry
@@ -35,103 +74,142 @@ pub(super) fn unpack<R: Read>(
         if name == skip {
             continue;
         }
-        let relative = plain_path(&name)?;
-        let target = data_dir.join(&relative);
-        if let Some(parent) = relative.parent() {
-            real_directory(data_dir, parent, &name)?;
+        // Every check comes before anything is made.
+        let kind = entry.header().entry_type();
+        if !matches!(kind, EntryType::Regular | EntryType::Directory) {
+            return Err(format!(
+                "the archive holds {name:?} as {}: a snapshot holds only files and directories",
+                describe(kind)
+            ));
         }
-        match entry.header().entry_type() {
-            EntryType::Directory => {
-                std::fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(&target)
-                    .map_err(|e| format!("cannot unpack {}: {e}", name.display()))?;
-                if let Some((uid, gid)) = owner {
-                    std::os::unix::fs::lchown(&target, Some(uid), Some(gid))
-                        .map_err(|e| format!("cannot chown {}: {e}", target.display()))?;
-                }
+        let (parent, last) = plain_path(&name)?;
+        let parent_dir = match last_parent.take() {
+            Some((path, fd)) if path == parent => fd,
+            _ => open_parent(root, &parent, &name, data_dir)?,
+        };
+        let failed = |action: &str, e: Errno| {
+            format!("cannot {action} {name:?}: {}", std::io::Error::from(e))
+        };
+        if kind == EntryType::Directory {
+            // mkdirat makes the directory or fails: it never follows a link at `last`.
+            nix::sys::stat::mkdirat(&parent_dir, last, Mode::from_bits_truncate(DIR_MODE))
+                .map_err(|e| failed("unpack", e))?;
+            let dir = nix::fcntl::openat(&parent_dir, last, directory_flags(), Mode::empty())
+                .map_err(|e| failed("open", e))?;
+            set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
+                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+        } else {
+            let flags = OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_EXCL
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC;
+            let fd = nix::fcntl::openat(
+                &parent_dir,
+                last,
+                flags,
+                Mode::from_bits_truncate(FILE_MODE),
+            )
+            .map_err(|e| failed("unpack", e))?;
+            let mut file = File::from(fd);
+            bytes += std::io::copy(&mut entry, &mut file)
+                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+            if let Ok(mtime) = entry.header().mtime() {
+                // As the cluster had it; nothing depends on it, but a copy is faithful.
+                let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
             }
-            EntryType::Regular | EntryType::Continuous => {
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(nix::libc::O_NOFOLLOW)
-                    .open(&target)
-                    .map_err(|e| format!("cannot unpack {}: {e}", name.display()))?;
-                bytes += std::io::copy(&mut entry, &mut file)
-                    .map_err(|e| format!("cannot unpack {}: {e}", name.display()))?;
-                if let Ok(mtime) = entry.header().mtime() {
-                    // As the cluster had it; nothing depends on it, but a copy is faithful.
-                    let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
-                }
-                if let Some((uid, gid)) = owner {
-                    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                        .map_err(|e| format!("cannot chown {}: {e}", target.display()))?;
-                }
-            }
-            other => {
-                return Err(format!(
-                    "the archive holds {} as {}: a snapshot holds only files and directories",
-                    name.display(),
-                    describe(other)
-                ))
-            }
+            set_mode_and_owner(file.as_fd(), FILE_MODE, owner)
+                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
         }
+        last_parent = Some((parent, parent_dir));
     }
     Ok(bytes)
 }
 
-/// `name` as a path of plain components (`.` dropped), or why not.
-fn plain_path(name: &Path) -> Result<PathBuf, String> {
-    let mut plain = PathBuf::new();
+/// `name` split into its parent (plain components, `.` dropped; empty for the top level)
+/// and its last component, or why it cannot be unpacked.
+fn plain_path(name: &Path) -> Result<(PathBuf, &OsStr), String> {
+    let mut parts = Vec::new();
     for component in name.components() {
         match component {
-            Component::Normal(part) => plain.push(part),
+            Component::Normal(part) => parts.push(part),
             Component::CurDir => {}
             Component::RootDir | Component::Prefix(_) => {
-                return Err(format!(
-                    "the archive names {} by an absolute path",
-                    name.display()
-                ))
+                return Err(format!("the archive names {name:?} by an absolute path"))
             }
             Component::ParentDir => {
                 return Err(format!(
-                    "the archive names {}, which leads out of the cluster",
-                    name.display()
+                    "the archive names {name:?}, which leads out of the cluster"
                 ))
             }
         }
     }
-    if plain.as_os_str().is_empty() {
-        return Err(format!("the archive holds an entry named {:?}", name));
-    }
-    Ok(plain)
+    let Some(last) = parts.pop() else {
+        return Err(format!("the archive holds an entry named {name:?}"));
+    };
+    Ok((parts.iter().collect(), last))
 }
 
-/// Every component of `parent` below `root` is a directory, not a link: defence in depth
-/// (this unpacking makes no links, and makes files only where nothing was).
-fn real_directory(root: &Path, parent: &Path, name: &Path) -> Result<(), String> {
-    let mut path = root.to_path_buf();
+/// The directory `parent` below `root`, opened one component at a time without following
+/// links: each component must be a directory this unpacking made.
+fn open_parent(
+    root: &OwnedFd,
+    parent: &Path,
+    name: &Path,
+    data_dir: &Path,
+) -> Result<OwnedFd, String> {
+    let mut dir = root
+        .try_clone()
+        .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+    let mut walked = data_dir.to_path_buf();
     for component in parent.components() {
-        path.push(component);
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_dir() => {}
-            Ok(_) => {
+        walked.push(component);
+        dir = match nix::fcntl::openat(
+            &dir,
+            component.as_os_str(),
+            directory_flags(),
+            Mode::empty(),
+        ) {
+            Ok(next) => next,
+            // ENOTDIR: a file, or a link (Linux checks O_DIRECTORY first); ELOOP: a link.
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
                 return Err(format!(
-                    "the archive puts {} under {}, which is not a directory",
-                    name.display(),
-                    path.display()
+                    "the archive puts {name:?} under {walked:?}, which is not a directory"
+                ))
+            }
+            Err(Errno::ENOENT) => {
+                return Err(format!(
+                    "the archive puts {name:?} under {walked:?}, which it does not hold"
                 ))
             }
             Err(e) => {
                 return Err(format!(
-                    "the archive puts {} under {}, which it does not hold: {e}",
-                    name.display(),
-                    path.display()
+                    "cannot open {walked:?}: {}",
+                    std::io::Error::from(e)
                 ))
             }
-        }
+        };
+    }
+    Ok(dir)
+}
+
+/// A directory, for `*at` calls: never through a link at the last component.
+fn directory_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// `fchmod` to `mode` (whatever the umask left at creation), then `fchown` to `owner`:
+/// both through the handle, so they act on what was made, whatever its name is now.
+fn set_mode_and_owner(
+    fd: BorrowedFd<'_>,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), String> {
+    nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode))
+        .map_err(|e| format!("cannot chmod: {}", std::io::Error::from(e)))?;
+    if let Some((uid, gid)) = owner {
+        nix::unistd::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(|e| format!("cannot chown: {}", std::io::Error::from(e)))?;
     }
     Ok(())
 }
@@ -144,6 +222,8 @@ fn describe(kind: EntryType) -> String {
         EntryType::Char => "a character device".into(),
         EntryType::Block => "a block device".into(),
         EntryType::Fifo => "a FIFO".into(),
+        EntryType::Continuous => "a contiguous file".into(),
+        EntryType::GNUSparse => "a sparse file".into(),
         other => format!("an entry of type {other:?}"),
     }
 }
