@@ -409,9 +409,12 @@ fi
 # The end of the container's mount namespace would unmount the store and free its loop
 # device even if pglease had not: that pglease removed its instance directory, which it
 # cannot while the store is mounted on cow/ inside it, says that pglease unmounted it.
-if ! "$DOCKER" logs "$cid" 2>&1 | grep -q "removed the instance directory"; then
+# The log is read whole first: `docker logs | grep -q` fails under pipefail when grep
+# stops at the match before docker has written the rest (SIGPIPE).
+cow_log=$("$DOCKER" logs "$cid" 2>&1)
+if ! grep -q "removed the instance directory" <<<"$cow_log"; then
   echo "pglease did not remove its instance directory (the store's mount point) at the stop:" >&2
-  "$DOCKER" logs "$cid" 2>&1 | tail -n 20 >&2
+  tail -n 20 <<<"$cow_log" >&2
   exit 1
 fi
 echo "ok: pglease unmounted its store at the stop (exit 0), and its loop device" \

@@ -110,14 +110,14 @@ case "$code" in 2*) echo "a broken template gave a lease" >&2; exit 1 ;; esac
 
 echo "==> the journal"
 in_box journalctl --sync 2>/dev/null || true
-in_box journalctl -u pglease --no-pager -o cat | grep -E "listening|template built|lease granted" | head -5
+in_box journalctl -u pglease --no-pager -o cat | grep -E "listening|template built|lease granted" | sed -n 1,5p
 # Lines carry a syslog priority prefix, which journald turns into the entry's priority:
 # `-p warning` shows the failed build and none of the info lines.
 warnings=$(in_box journalctl -u pglease --no-pager -o cat -p warning)
-echo "warnings and errors:"; printf '%s\n' "$warnings" | head -5
-printf '%s\n' "$warnings" | grep -q "template build failed" \
+echo "warnings and errors:"; sed -n 1,5p <<<"$warnings"
+grep -q "template build failed" <<<"$warnings" \
   || { echo "the failed build is not a warning in the journal" >&2; exit 1; }
-if printf '%s\n' "$warnings" | grep -q "listening"; then
+if grep -q "listening" <<<"$warnings"; then
   echo "info lines are logged as warnings" >&2; exit 1
 fi
 if in_box journalctl -u pglease --no-pager -o cat | grep -qE '^(<[0-9]>| )'; then
