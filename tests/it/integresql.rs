@@ -663,12 +663,54 @@ async fn a_migrating_client_gets_a_leases_connection_limit() {
         Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),
         "{error}"
     );
+    // Its connections count against the budget, beside a lease's, until it is finalized.
+    let limits = &daemon.status().await["limits"];
+    assert_eq!(limits["connections_in_use"], 3, "{limits}");
     // Lease holders are still served.
     let lease = daemon.lease_ok("default").await;
     crate::support::connect(&lease)
         .await
         .expect("a lease connects");
+    assert_eq!(daemon.status().await["limits"]["connections_in_use"], 6);
     drop(held);
     assert_eq!(compat.finalize("c0ffee").await, 204);
+    assert_eq!(daemon.status().await["limits"]["connections_in_use"], 3);
+    assert!(daemon.stop().await.success());
+}
+
+/// An initialize the connection budget has no room for is refused with 503 and says why;
+/// a finalize makes room for the next.
+#[tokio::test]
+async fn an_initialize_the_connection_budget_has_no_room_for_is_refused() {
+    // 40 connections less the superusers' and the daemon's: room for two roles of 10.
+    let daemon = TestDaemon::builder()
+        .args([
+            "--pg-setting",
+            "max_connections=40",
+            "--lease-connections",
+            "10",
+        ])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    let budget = daemon.status().await["limits"]["connection_budget"]
+        .as_u64()
+        .expect("budget");
+    assert!((10..100).contains(&budget), "{budget}");
+    for n in 0..budget / 10 {
+        let (status, body) = compat.initialize(&format!("cafe{n:02}")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = compat.initialize("cafeff").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no connections left")),
+        "{body}"
+    );
+    assert_eq!(compat.finalize("cafe00").await, 204);
+    let (status, body) = compat.initialize("cafeff").await;
+    assert_eq!(status, 200, "{body}");
     assert!(daemon.stop().await.success());
 }

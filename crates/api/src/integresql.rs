@@ -283,9 +283,9 @@ impl From<TemplateOpError> for CompatError {
             TemplateOpError::NotClientBuilt(_) => StatusCode::CONFLICT,
             TemplateOpError::Discarded(_) => StatusCode::GONE,
             TemplateOpError::Failed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-            TemplateOpError::ShuttingDown | TemplateOpError::PostgresDown(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            TemplateOpError::ShuttingDown
+            | TemplateOpError::PostgresDown(_)
+            | TemplateOpError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
         CompatError::new(status, error.to_string())
     }

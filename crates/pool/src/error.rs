@@ -442,4 +442,14 @@ pub enum TemplateOpError {
     /// Postgres is down or being restarted.
     #[error("postgres is unavailable: {0}")]
     PostgresDown(String),
+    /// The template's role would hold connections the budget does not have.
+    #[error("no connections left for a client to build a template: leases and open templates hold {in_use} of the {budget} the budget has, and its role may hold {needed} (--lease-connections); release leases or finalize another template first")]
+    TooManyConnections {
+        /// What its role may hold.
+        needed: u32,
+        /// What leases and open client templates hold.
+        in_use: u32,
+        /// The connection budget.
+        budget: u32,
+    },
 }

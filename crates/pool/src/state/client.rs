@@ -59,6 +59,15 @@ impl PoolState {
                 return Err(TemplateOpError::AlreadyInitialized(template.clone()));
             }
         }
+        // Its role may hold a lease's connections until it is finalized.
+        let (needed, in_use) = (self.limits.lease_connections, self.connections_in_use());
+        if in_use + needed > self.connection_budget {
+            return Err(TemplateOpError::TooManyConnections {
+                needed,
+                in_use,
+                budget: self.connection_budget,
+            });
+        }
         // A name of its own for every initialization: a discarded version's database may
         // still be waiting to be dropped.
         let db = DbName::template(
@@ -80,6 +89,29 @@ impl PoolState {
             template: template.clone(),
             db,
         })
+    }
+
+    /// Connections the roles of client-built templates may hold: a lease's limit
+    /// (`--lease-connections`, which their roles get) for each one being made, migrated
+    /// by its client or finalized.
+    pub(super) fn client_connections(&self) -> u32 {
+        let open = self
+            .templates
+            .values()
+            .filter(|entry| {
+                matches!(
+                    entry.lifecycle,
+                    Lifecycle::Client(
+                        ClientBuild::Opening { .. }
+                            | ClientBuild::Open { .. }
+                            | ClientBuild::Finalizing { .. }
+                    )
+                )
+            })
+            .count();
+        u32::try_from(open)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.limits.lease_connections)
     }
 
     /// The empty database `db` of a client-built template exists (or could not be made).

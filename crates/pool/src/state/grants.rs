@@ -139,13 +139,13 @@ impl PoolState {
         now: Instant,
         actions: &mut Vec<Action>,
     ) {
-        let mut in_use = self.dbs.connections_in_use();
+        let mut in_use = self.connections_in_use();
         self.serve_waiters_within(template, now, &mut in_use, actions);
     }
 
     /// Serves every template's waiters: a freed lease frees connections for all of them.
     pub(super) fn serve_all_waiters(&mut self, now: Instant, actions: &mut Vec<Action>) {
-        let mut in_use = self.dbs.connections_in_use();
+        let mut in_use = self.connections_in_use();
         let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
         for name in names {
             self.serve_waiters_within(&name, now, &mut in_use, actions);
@@ -458,7 +458,7 @@ impl PoolState {
         self.discard_abandoned(now, &mut actions);
         self.serve_all_waiters(now, &mut actions);
         let counts = self.dbs.all_counts();
-        let in_use = self.dbs.connections_in_use();
+        let in_use = self.connections_in_use();
         let names: Vec<TemplateName> = self.templates.keys().cloned().collect();
         for name in names {
             let count = counts.get(&name).copied().unwrap_or_default();
@@ -530,7 +530,7 @@ impl PoolState {
     /// recycle test databases when it is full).
     pub(super) fn reclaim_for_connections(&mut self, now: Instant, actions: &mut Vec<Action>) {
         loop {
-            let in_use = self.dbs.connections_in_use();
+            let in_use = self.connections_in_use();
             let blocked = self.templates.iter().any(|(name, entry)| {
                 entry
                     .waiters

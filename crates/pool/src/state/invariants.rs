@@ -130,10 +130,10 @@ impl PoolState {
                 }
             }
         }
-        let in_use = self.dbs.connections_in_use();
+        let in_use = self.connections_in_use();
         if in_use > self.connection_budget {
             return Err(format!(
-                "leases hold {in_use} connections, over the budget of {}",
+                "leases and open client templates hold {in_use} connections, over the budget of {}",
                 self.connection_budget
             ));
         }

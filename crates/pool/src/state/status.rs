@@ -23,14 +23,14 @@ impl PoolState {
     /// One template's counts, if it exists.
     pub fn status_of(&self, template: &TemplateName) -> Option<TemplateStatus> {
         let entry = self.templates.get(template)?;
-        let in_use = self.dbs.connections_in_use();
+        let in_use = self.connections_in_use();
         Some(self.status_entry(template, entry, self.dbs.counts(template), in_use))
     }
 
     /// Per-template counts for `/status`.
     pub fn template_status(&self) -> Vec<TemplateStatus> {
         let counts = self.dbs.all_counts();
-        let in_use = self.dbs.connections_in_use();
+        let in_use = self.connections_in_use();
         self.templates
             .iter()
             .map(|(name, entry)| {
@@ -45,7 +45,7 @@ impl PoolState {
     pub fn limit_status(&self) -> LimitStatus {
         LimitStatus {
             connection_budget: self.connection_budget,
-            connections_in_use: self.dbs.connections_in_use(),
+            connections_in_use: self.connections_in_use(),
             refused: self.refused.clone(),
             reclaimed: self.reclaimed,
             abandoned: self.abandoned,

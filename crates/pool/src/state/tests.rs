@@ -1612,3 +1612,38 @@ fn the_reset_drops_the_kept_databases_of_client_templates() {
     assert!(driver.state.kept_list().is_empty());
     assert!(driver.drops.contains(&test.database));
 }
+
+/// docs/security.md, "an IntegreSQL client": the role of a template a client builds may
+/// hold a lease's connections until it is finalized, so they count against the budget; an
+/// initialize the budget has no room for is refused, and a finalize gives them back.
+#[test]
+fn client_built_templates_count_against_the_connection_budget_until_finalized() {
+    let mut driver = small_budget_driver();
+    for hash in ["first", "second", "third"] {
+        initialize(&mut driver, hash).expect("room for three");
+    }
+    assert_eq!(driver.state.limit_status().connections_in_use, 30);
+    match initialize(&mut driver, "fourth") {
+        Err(TemplateOpError::TooManyConnections {
+            needed: 10,
+            in_use: 30,
+            budget: 30,
+        }) => {}
+        other => panic!("expected TooManyConnections, got {other:?}"),
+    }
+    // No lease fits beside them: it waits for the budget.
+    let waiting = driver.lease("default", 1000);
+    driver.settle();
+    assert!(driver.grant_of(waiting).is_none());
+    assert_eq!(
+        default_status(&driver.state).blocked_by,
+        Some("connection_budget")
+    );
+    // A finalized template's role holds nothing: the waiting lease gets its connections.
+    finalize(&mut driver, "first");
+    let actions = driver.state.tick(driver.now);
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.grant_of(waiting).is_some());
+    assert_eq!(driver.state.limit_status().connections_in_use, 30);
+}
