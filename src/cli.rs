@@ -220,12 +220,14 @@ pub struct ServeArgs {
     /// Instance directory for postgres' data [default: a fresh directory under /dev/shm].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Bytes templates and clones may take in all (e.g. 4G) [default: 3/4 of the data
-    /// directory's tmpfs; no limit on an external server]. Past it, what nobody waits for
-    /// is evicted, then requests get 507.
+    /// Bytes templates and clones may take in all (e.g. 4G) [default: 3/4 of the
+    /// databases' tmpfs, else of the data directory's; no limit on an external server].
+    /// Past it, what nobody waits for is evicted, then requests get 507.
     #[arg(long, value_name = "SIZE")]
     pub max_bytes: Option<String>,
-    /// Mount a dedicated tmpfs of this size (e.g. 2G) for the data (needs root).
+    /// Mount a dedicated tmpfs of this size (e.g. 2G) for the data (needs root). As root
+    /// on tmpfs, the databases get a tmpfs of their own, 3/4 of it, so that a lease that
+    /// fills it gets "No space left on device" and postgres stays up (docs/security.md).
     #[arg(long, value_name = "SIZE")]
     pub tmpfs_size: Option<String>,
     /// Allow fsync=off on a data directory that is not tmpfs/ramfs.

@@ -1,13 +1,14 @@
-//! A full tmpfs: on a dedicated 200 MB tmpfs (`--tmpfs-size`, which needs root), a template
-//! too big to build and clones that stop fitting get clear errors, nothing half-made stays,
-//! everything that fits keeps being served, and releasing makes room again.
+//! A full tmpfs: on a dedicated 300 MB tmpfs (`--tmpfs-size`, which needs root; the
+//! databases get 204 MB of it), a template too big to build and clones that stop fitting
+//! get clear errors, nothing half-made stays, everything that fits keeps being served, a
+//! lease that fills it fails alone, and releasing makes room again.
 
 use std::fs;
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{id_of, poll_until, scratch_dir, TestDaemon};
+use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
 /// with the hint "Check free disk space".
@@ -40,7 +41,7 @@ async fn a_full_tmpfs_gives_clear_errors_and_keeps_serving_what_fits() {
         // says "no space" (the budget's own refusal, 507, is tested in budget.rs).
         .args([
             "--tmpfs-size",
-            "200M",
+            "300M",
             "--max-bytes",
             "1G",
             "--min-ready",
@@ -117,4 +118,142 @@ async fn a_full_tmpfs_gives_clear_errors_and_keeps_serving_what_fits() {
         !instance_dir.exists(),
         "the tmpfs is unmounted and its directory removed"
     );
+}
+
+/// docs/security.md, "a lease holder fills the storage": its own writes fail with
+/// "No space left on device" (SQLSTATE 53100), while postgres stays up and every other
+/// lease keeps working; the log and `/status` name the database that filled it, and a
+/// release makes room again. Before the databases had a tmpfs of their own, postgres
+/// PANICked on its next WAL or checkpoint write and restarted, ending every lease.
+#[tokio::test]
+async fn a_lease_that_fills_the_tmpfs_fails_alone() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --tmpfs-size needs root");
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--tmpfs-size", "300M", "--min-ready", "1"])
+        .start()
+        .await;
+    let filler = daemon.lease_ok("default").await;
+    let bystander = daemon.lease_ok("default").await;
+    let other = connect(&bystander).await.expect("the bystander connects");
+    other
+        .batch_execute("CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)")
+        .await
+        .expect("the bystander writes");
+
+    // INSERTs into an existing table, as tests write: every row goes through WAL too.
+    let client = connect(&filler).await.expect("the filler connects");
+    client
+        .batch_execute("CREATE TABLE fill (n int, pad text)")
+        .await
+        .expect("create");
+    let mut error = None;
+    for _ in 0..400 {
+        let insert = client
+            .batch_execute(
+                "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
+                 FROM generate_series(1, 100000) g",
+            )
+            .await;
+        if let Err(e) = insert {
+            error = Some(e);
+            break;
+        }
+    }
+    let error = error.expect("the tmpfs never filled");
+    let db_error = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not an error of the filler's own statement: {error:?}"));
+    assert_eq!(
+        db_error.code(),
+        &tokio_postgres::error::SqlState::DISK_FULL,
+        "{db_error:?}"
+    );
+    assert!(says_disk_full(db_error.message()), "{db_error:?}");
+
+    // Churn on the full tmpfs, as a suite does: rows deleted, their room reused. The data
+    // stays the size it is, but WAL grows by every row: it needs room of its own.
+    for _ in 0..3 {
+        for statement in [
+            "DELETE FROM fill WHERE n % 2 = 0",
+            "VACUUM fill",
+            "INSERT INTO fill SELECT g * 2, md5(g::text) || md5((g + 1)::text) \
+             FROM generate_series(1, 100000) g",
+        ] {
+            match client.batch_execute(statement).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {}
+                Err(e) => panic!("`{statement}` on the full tmpfs: {e:?}"),
+            }
+        }
+    }
+
+    // The server stayed up: the bystander's connection and data are there, it still
+    // writes, and the filler's own session goes on too.
+    let rows = other
+        .query("SELECT count(*) FROM mine", &[])
+        .await
+        .expect("the bystander's connection survived");
+    assert_eq!(rows[0].get::<_, i64>(0), 1);
+    other
+        .batch_execute("INSERT INTO mine VALUES (2)")
+        .await
+        .expect("a row that fits its page");
+    client
+        .batch_execute("SELECT 1")
+        .await
+        .expect("the filler's session survived");
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+
+    // The log and /status say which database filled it.
+    let database = filler["database"].as_str().expect("database").to_owned();
+    let status = poll_until(
+        Duration::from_secs(10),
+        "/status to name the filler",
+        || {
+            let daemon = &daemon;
+            let database = database.clone();
+            async move {
+                let status = daemon.status().await;
+                (status["postgres"]["databases_space"]["filled_by"]["database"]
+                    == database.as_str())
+                .then_some(status)
+            }
+        },
+    )
+    .await;
+    let space = &status["postgres"]["databases_space"];
+    assert_eq!(space["filled_by"]["template"], "default", "{space}");
+    assert_eq!(space["full"], true, "{space}");
+    let log = daemon.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("the databases' tmpfs is full"))
+        .unwrap_or_else(|| panic!("no warning in the log:\n{log}"));
+    assert!(
+        warning.contains(&database) && warning.contains(&id_of(&filler)),
+        "{warning}"
+    );
+
+    // Releasing the filler makes room: leases are granted and written in again.
+    drop(client);
+    let (code, _) = daemon.release(&id_of(&filler), false).await;
+    assert_eq!(code, 204);
+    poll_until(Duration::from_secs(20), "room again", || async {
+        let status = daemon.status().await;
+        (status["postgres"]["databases_space"]["full"] == false).then_some(())
+    })
+    .await;
+    let next = daemon.lease_ok("default").await;
+    connect(&next)
+        .await
+        .expect("connect")
+        .batch_execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g")
+        .await
+        .expect("a new lease writes");
+    assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
+    assert!(daemon.stop().await.success());
 }

@@ -44,8 +44,14 @@ async fn auto_keeps_tmpfs_for_small_templates() {
     assert_eq!(method.as_deref(), Some("copy"));
     let dir = data_dir(&daemon).await;
     let instance = dir.parent().expect("instance dir").to_path_buf();
-    assert!(mounts_under(&instance).is_empty(), "no store was made");
+    // The one mount is the databases' own tmpfs (root, on tmpfs): no store.
+    assert_eq!(
+        mounts_under(&instance),
+        vec![dir.join("base").display().to_string()],
+        "no store was made"
+    );
     assert!(daemon.stop().await.success());
+    assert!(mounts_under(&instance).is_empty(), "unmounted at stop");
 }
 
 /// A template whose sources reach the line makes `auto` build the store (and clone there);

@@ -44,6 +44,8 @@ use crate::wire;
         wire::ServerJson,
         wire::PostgresJson,
         wire::StorageJson,
+        wire::DatabasesSpaceJson,
+        wire::FilledByJson,
         wire::TemplateJson,
         wire::ProgressJson,
         wire::LeaseJson,

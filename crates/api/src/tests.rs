@@ -496,6 +496,18 @@ async fn status_renders_the_report_without_credentials() {
             restarts: 1,
             last_error: Some("postgres exited (signal 9)".into()),
             admin_timeouts: 2,
+            databases_space: Some(pglease_pool::DatabasesSpace {
+                path: "/dev/shm/pglease-abc123/pgdata-1/base".into(),
+                bytes: 1 << 30,
+                free_bytes: 1 << 20,
+                full: true,
+                filled_by: Some(pglease_pool::FilledBy {
+                    database: pglease_pool::DbName::from_server("pglease_abc123_7".into()),
+                    template: Some(TemplateName::default_name()),
+                    bytes: 900 << 20,
+                    at: expiry(),
+                }),
+            }),
         },
         templates: vec![
             TemplateStatus {
@@ -591,6 +603,18 @@ async fn status_renders_the_report_without_credentials() {
         "restarts": 1,
         "last_error": "postgres exited (signal 9)",
         "admin_timeouts": 2,
+        "databases_space": {
+            "path": "/dev/shm/pglease-abc123/pgdata-1/base",
+            "bytes": 1u64 << 30,
+            "free_bytes": 1u64 << 20,
+            "full": true,
+            "filled_by": {
+                "database": "pglease_abc123_7",
+                "template": "default",
+                "bytes": 900u64 << 20,
+                "at": humantime::format_rfc3339_seconds(expiry()).to_string(),
+            },
+        },
     });
     let drops = json!({ "pending": 2, "failed": 1, "last_error": "ERROR: disk full" });
     let limits = json!({

@@ -296,6 +296,38 @@ pub struct PostgresJson {
     /// Admin operations (clone, recycle, drop, ...) that timed out since the server was
     /// last (re)connected; each one's error says "timed out after …".
     pub admin_timeouts: u64,
+    /// The databases' own tmpfs (embedded, on tmpfs, as root): filling it fails the
+    /// writer with "No space left on device", never the server.
+    pub databases_space: Option<DatabasesSpaceJson>,
+}
+
+/// The databases' own tmpfs, in `/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatabasesSpaceJson {
+    /// Its mount point, the cluster's `base/`.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Free bytes at the last look (every 250 ms).
+    pub free_bytes: u64,
+    /// Under 2% free (until 5% is free again).
+    pub full: bool,
+    /// The database that held the most when it last filled: of the leased ones the
+    /// biggest, else the biggest of all.
+    pub filled_by: Option<FilledByJson>,
+}
+
+/// What filled the databases' tmpfs, in `/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FilledByJson {
+    /// The database.
+    pub database: String,
+    /// The template of its lease, when it was leased.
+    pub template: Option<String>,
+    /// Its size then, in bytes.
+    pub bytes: u64,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 /// What an embedded server's clusters live on, in `/status`.

@@ -36,6 +36,7 @@ use crate::types::{
 };
 
 mod client;
+mod space;
 
 /// How often the actor checks that postgres is alive ("notices within a second").
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
@@ -139,6 +140,10 @@ struct Report {
 
 /// Results of worker tasks.
 enum JobResult {
+    /// The databases' tmpfs filled: every database's size, to name the biggest.
+    SpaceFilled {
+        sizes: Result<Vec<(String, i64)>, String>,
+    },
     Built {
         template: TemplateName,
         /// The sources' stamp, taken before they were hashed.
@@ -240,7 +245,10 @@ pub async fn start(
             embedded.lease_auth = config.lease_auth;
             let prepared = Embedded::prepare(&embedded, &templates).await?;
             if limits.max_bytes.is_none() {
-                limits.max_bytes = default_byte_budget(prepared.instance_dir());
+                limits.max_bytes = match prepared.databases_space() {
+                    Some(bytes) => Some(bytes / 4 * 3),
+                    None => default_byte_budget(prepared.instance_dir()),
+                };
             }
             Target::Embedded(prepared)
         }
@@ -295,6 +303,7 @@ pub async fn start(
         passwords: HashMap::new(),
         stamps: HashMap::new(),
         store: None,
+        space: None,
         watches: HashMap::new(),
         verify_templates: config.verify_templates,
         verified: HashSet::new(),
@@ -482,6 +491,8 @@ struct Actor {
     /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
+    /// The databases' own tmpfs, while the server runs with one.
+    space: Option<space::SpaceWatch>,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -518,6 +529,7 @@ impl Actor {
                 }
                 _ = liveness.tick() => {
                     self.measure_store();
+                    self.watch_space();
                     self.check_server();
                     self.drop_cancelled_waiters();
                     let actions = self.state.tick(Instant::now());
@@ -768,6 +780,7 @@ impl Actor {
                 self.sessions_counted(*give_back, outcome);
             }
             JobResult::Probed { outcome } => self.probed(outcome),
+            JobResult::SpaceFilled { sizes } => self.space_filled(sizes),
             // Handled above, whatever its generation.
             JobResult::SourcesChecked { .. } => {}
         }
@@ -787,6 +800,7 @@ impl Actor {
             // server went (`PoolState::server_lost`, `fail_client_work`), which also set
             // the probe back to idle for the new generation.
             JobResult::Probed { .. }
+            | JobResult::SpaceFilled { .. }
             | JobResult::Built { .. }
             | JobResult::Cloned { .. }
             | JobResult::Dropped { .. }
@@ -845,6 +859,12 @@ impl Actor {
             tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
         }
         self.measure_store();
+        self.space = up
+            .running
+            .as_ref()
+            .and_then(|running| running.databases_space.clone())
+            .map(space::SpaceWatch::new);
+        self.watch_space();
         let adoptable = std::mem::take(&mut up.session.adoptable);
         let client_templates = std::mem::take(&mut up.session.client_templates);
         self.session = Some(up.session);
@@ -959,6 +979,7 @@ impl Actor {
     fn server_lost(&mut self, reason: String) {
         self.probe = Probe::Idle;
         self.store = None;
+        self.space = None;
         self.state.store_usage(None);
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
@@ -1400,6 +1421,7 @@ impl Actor {
                 restarts: self.restarts,
                 last_error: self.last_error.clone(),
                 admin_timeouts: session.map_or(0, Session::admin_timeouts),
+                databases_space: self.space.as_ref().map(space::SpaceWatch::status),
             },
             templates: self
                 .state

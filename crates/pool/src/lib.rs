@@ -33,7 +33,7 @@ pub use pglease_binaries::{parse_version_number, VersionSpec};
 pub use servers::Servers;
 pub use state::Registered;
 pub use types::{
-    BuildProgress, ConnectInfo, DropStatus, KeptDatabase, Lease, LeaseRequest, LeaseSummary,
-    LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus, StatusReport, StorageStatus,
-    TemplateStatus,
+    BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, FilledBy, KeptDatabase, Lease,
+    LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus,
+    StatusReport, StorageStatus, TemplateStatus,
 };

@@ -470,6 +470,24 @@ impl Session {
         .await
     }
 
+    /// Every database's name and `pg_database_size`, in bytes.
+    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, String> {
+        self.bounded(
+            || "sizing the databases".to_string(),
+            async |client| {
+                let rows = client
+                    .query(
+                        "SELECT datname::text, pg_database_size(oid) FROM pg_database",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+            },
+        )
+        .await
+    }
+
     /// True when `db` exists, is marked a template and refuses connections: a finished build.
     pub async fn is_complete_template(&self, db: &DbName) -> Result<bool, String> {
         self.bounded(

@@ -219,6 +219,38 @@ pub struct PostgresStatus {
     /// Admin operations (clone, recycle, drop, ...) that hit their time bound since the
     /// server was last (re)connected.
     pub admin_timeouts: u64,
+    /// The databases' own tmpfs (embedded, on tmpfs, as root).
+    pub databases_space: Option<DatabasesSpace>,
+}
+
+/// The tmpfs every database of the embedded server lives on, apart from WAL and the
+/// shared catalogs: filling it fails the writer, not the server.
+#[derive(Debug, Clone)]
+pub struct DatabasesSpace {
+    /// Its mount point, the cluster's `base/`.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// What is free, at the last look (every 250 ms).
+    pub free_bytes: u64,
+    /// Under 2% free (until 5% is free again).
+    pub full: bool,
+    /// What held the most when it last filled.
+    pub filled_by: Option<FilledBy>,
+}
+
+/// The database that held the most when the databases' tmpfs filled: of the leased ones
+/// the biggest, else the biggest of all.
+#[derive(Debug, Clone)]
+pub struct FilledBy {
+    /// Its name.
+    pub database: DbName,
+    /// The template of its lease, when it was leased.
+    pub template: Option<TemplateName>,
+    /// Its size then.
+    pub bytes: u64,
+    /// When.
+    pub at: std::time::SystemTime,
 }
 
 /// A template's side of a status report.

@@ -10,8 +10,8 @@ use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
-    DropsJson, ErrorBody, HealthResponse, LeaseJson, LimitsJson, PostgresJson, ReadyResponse,
-    RefusedJson, ServerJson, StatusResponse, StorageJson,
+    DatabasesSpaceJson, DropsJson, ErrorBody, FilledByJson, HealthResponse, LeaseJson, LimitsJson,
+    PostgresJson, ReadyResponse, RefusedJson, ServerJson, StatusResponse, StorageJson,
 };
 use crate::AppState;
 
@@ -80,6 +80,18 @@ fn postgres_json(postgres: PostgresStatus) -> PostgresJson {
         restarts: postgres.restarts,
         last_error: postgres.last_error,
         admin_timeouts: postgres.admin_timeouts,
+        databases_space: postgres.databases_space.map(|space| DatabasesSpaceJson {
+            path: space.path.display().to_string(),
+            bytes: space.bytes,
+            free_bytes: space.free_bytes,
+            full: space.full,
+            filled_by: space.filled_by.map(|filled| FilledByJson {
+                database: filled.database.to_string(),
+                template: filled.template.map(|t| t.to_string()),
+                bytes: filled.bytes,
+                at: rfc3339(filled.at),
+            }),
+        }),
     }
 }
 

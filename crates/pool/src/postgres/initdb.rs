@@ -162,7 +162,12 @@ pub(crate) fn copy_tree(
     owner: Option<(u32, u32)>,
 ) -> Result<(), StartError> {
     let meta = std::fs::symlink_metadata(src).map_err(|e| io_error("cannot stat", src, e))?;
-    std::fs::create_dir(dst).map_err(|e| io_error("cannot create", dst, e))?;
+    match std::fs::create_dir(dst) {
+        // Made already, empty: a cluster directory whose databases have a tmpfs of their
+        // own (`space.rs`) and that tmpfs' mount point.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && is_real_dir(dst) => {}
+        result => result.map_err(|e| io_error("cannot create", dst, e))?,
+    }
     let entries = std::fs::read_dir(src).map_err(|e| io_error("cannot read", src, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| io_error("cannot read", src, e))?;
@@ -212,4 +217,9 @@ pub(crate) fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartE
             .map_err(|e| io_error("cannot chown", path, e)),
         None => Ok(()),
     }
+}
+
+/// `path` is a directory, not a link to one.
+fn is_real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
 }

@@ -24,6 +24,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{geteuid, Pid, User};
 use tracing::{info, warn};
 
+use super::space;
 use super::storage::{self, Layout, StorageHints};
 use crate::config::{EmbeddedConfig, Storage};
 use crate::error::StartError;
@@ -150,6 +151,8 @@ pub(crate) struct Instance {
     created: bool,
     /// We mounted a tmpfs on it (so cleanup unmounts it).
     mounted: bool,
+    /// Each cluster's databases get a tmpfs of their own (`space.rs`): on tmpfs, as root.
+    pub databases_space: Option<space::Split>,
 }
 
 impl Instance {
@@ -184,6 +187,7 @@ impl Instance {
             in_memory: false,
             created,
             mounted: false,
+            databases_space: None,
         };
         match instance.set_up(config, hints, run_as) {
             Ok(()) => Ok(instance),
@@ -208,6 +212,7 @@ impl Instance {
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
         self.choose_storage(config, hints, run_as)?;
+        self.share_space(config)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
         run_as.chown(&self.dir)?;
@@ -285,6 +290,54 @@ impl Instance {
             // take counts in the budget, as a build's would.
             self.store_base = super::cow::used_bytes(&self.clusters()).ok();
         }
+        Ok(())
+    }
+
+    /// On tmpfs, as root, where clones copy: gives the databases a tmpfs of their own
+    /// (`space.rs`), sized from the dedicated tmpfs (which shrinks to the rest) or from
+    /// what the shared one has free.
+    fn share_space(&mut self, config: &EmbeddedConfig) -> Result<(), StartError> {
+        if self.layout != Layout::Copy || !self.in_memory {
+            return Ok(());
+        }
+        if !geteuid().is_root() {
+            info!("the databases share the server's tmpfs (giving them one of their own needs root): a lease that fills it makes postgres restart, ending every lease");
+            return Ok(());
+        }
+        let total = match config.tmpfs_size {
+            Some(bytes) => bytes,
+            None => nix::sys::statvfs::statvfs(&self.dir)
+                .map(|s| s.blocks_available() * s.fragment_size())
+                .map_err(|source| StartError::Sys {
+                    action: "cannot statvfs",
+                    path: self.dir.clone(),
+                    source,
+                })?,
+        };
+        let Some(split) = space::split(total) else {
+            warn!(path = %self.dir.display(), total, "too little room to give the databases a tmpfs of their own: a lease that fills it makes postgres restart, ending every lease");
+            return Ok(());
+        };
+        if self.mounted {
+            nix::mount::mount(
+                None::<&str>,
+                &self.dir,
+                None::<&str>,
+                MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(format!("size={}", split.rest).as_str()),
+            )
+            .map_err(|source| StartError::Sys {
+                action: "cannot resize the tmpfs on",
+                path: self.dir.clone(),
+                source,
+            })?;
+        }
+        info!(
+            databases = split.databases,
+            rest = split.rest,
+            "the databases get a tmpfs of their own, WAL and the shared catalogs the rest: a lease that fills its database gets an error, the server stays up"
+        );
+        self.databases_space = Some(split);
         Ok(())
     }
 
@@ -420,6 +473,8 @@ impl Instance {
         if matches!(self.layout, Layout::Store { .. }) {
             super::cow::unmount(&self.clusters());
         }
+        // The databases' tmpfs of each cluster (the instance's own tmpfs goes below).
+        space::unmount_inside(&self.dir);
         if self.mounted {
             // Detach: a straggling backend with a file open must not make this fail.
             if let Err(e) = nix::mount::umount2(&self.dir, MntFlags::MNT_DETACH) {
@@ -455,6 +510,7 @@ pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
         let name = name.to_string_lossy();
         let ours = name.starts_with(CLUSTER_PREFIX) || name.starts_with(INITDB_TMP_PREFIX);
         if ours && path != keep {
+            space::unmount_inside(&path);
             match std::fs::remove_dir_all(&path) {
                 Ok(()) => info!(path = %path.display(), "removed a previous cluster directory"),
                 Err(e) => {
@@ -726,6 +782,8 @@ fn sweep_one(dir: &Path) -> bool {
         super::cow::unmount(&store);
         info!(path = %store.display(), "unmounted a stale copy-on-write store");
     }
+    // The databases' tmpfs of its clusters.
+    space::unmount_inside(dir);
     if is_mount_point(dir) {
         match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
             Ok(()) => info!(path = %dir.display(), "unmounted a stale instance tmpfs"),

@@ -14,6 +14,7 @@ mod cow;
 mod initdb;
 mod instance;
 pub mod snapshot;
+mod space;
 mod spawn;
 mod storage;
 #[cfg(test)]
@@ -261,6 +262,7 @@ impl Embedded {
             data_dir: self.instance.cluster_dir(self.generation),
             in_memory: self.instance.in_memory,
             clones: self.instance.clones(),
+            databases_space: self.instance.databases_space,
             cache: self.cache.clone(),
             initdb_args: self.initdb_args.clone(),
             config: (*self.config).clone(),
@@ -272,6 +274,8 @@ impl Embedded {
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
         // From here on the value owns the child: if this future is dropped, Drop kills it.
+        let databases_space =
+            Some(launched.data_dir.join(space::DIR)).filter(|base| instance::is_mount_point(base));
         let mut running = RunningPostgres {
             pid: launched.child.id(),
             port: launched.port,
@@ -284,6 +288,7 @@ impl Embedded {
             cluster_origin: launched.origin,
             storage: self.instance.storage(),
             store_base: self.instance.store_base,
+            databases_space,
             child: Some(launched.child),
         };
         match running.wait_ready().await {
@@ -313,6 +318,11 @@ impl Embedded {
     /// The instance directory.
     pub fn instance_dir(&self) -> &Path {
         &self.instance.dir
+    }
+
+    /// The size of each cluster's databases' tmpfs, when they get one (`space.rs`).
+    pub fn databases_space(&self) -> Option<u64> {
+        self.instance.databases_space.map(|split| split.databases)
     }
 
     /// The initdb cache entry for this server version and settings (it exists once a
@@ -386,6 +396,8 @@ struct Launch {
     in_memory: bool,
     /// The clusters' file system clones files.
     clones: bool,
+    /// The databases get a tmpfs of their own (`space.rs`).
+    databases_space: Option<space::Split>,
     cache: Option<Cache>,
     initdb_args: Vec<String>,
     config: EmbeddedConfig,
@@ -416,10 +428,10 @@ impl Launch {
             ClusterOrigin::Kept
         } else {
             if self.data_dir.exists() {
-                std::fs::remove_dir_all(&self.data_dir)
-                    .map_err(|e| io_error("cannot remove", &self.data_dir, e))?;
+                self.remove_cluster()?;
             }
-            match self.unpack_snapshot() {
+            self.make_room()?;
+            match self.unpack_snapshot()? {
                 Some(origin) => origin,
                 None => self.make_cluster()?,
             }
@@ -451,9 +463,12 @@ impl Launch {
                 &self.data_dir,
                 &self.socket_dir,
                 port,
-                self.in_memory,
-                self.clones,
-                snapshot::major_of(&self.binaries.version),
+                &Place {
+                    in_memory: self.in_memory,
+                    clones: self.clones,
+                    major: snapshot::major_of(&self.binaries.version),
+                    rest: self.databases_space.map(|split| split.rest),
+                },
             ),
             cwd: self.instance_dir.clone(),
             user: self.run_as.owner(),
@@ -493,11 +508,33 @@ impl Launch {
         })
     }
 
+    /// Makes the (empty) data directory with its databases' tmpfs, when they get one;
+    /// else the fill makes the directory.
+    fn make_room(&self) -> Result<(), StartError> {
+        match self.databases_space {
+            Some(split) => space::mount(&self.data_dir, split.databases, self.run_as.owner()),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the data directory, its databases' tmpfs first.
+    fn remove_cluster(&self) -> Result<(), StartError> {
+        space::unmount_inside(&self.data_dir);
+        match std::fs::remove_dir_all(&self.data_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io_error("cannot remove", &self.data_dir, e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Fills the data directory from the snapshot, if there is one and it unpacks.
-    fn unpack_snapshot(&self) -> Option<ClusterOrigin> {
-        let path = self.snapshot.as_ref()?;
+    fn unpack_snapshot(&self) -> Result<Option<ClusterOrigin>, StartError> {
+        let Some(path) = self.snapshot.as_ref() else {
+            return Ok(None);
+        };
         match snapshot::extract(path, &self.data_dir, self.run_as.owner()) {
-            Ok(_) => Some(ClusterOrigin::Snapshot),
+            Ok(_) => Ok(Some(ClusterOrigin::Snapshot)),
             // Refused (a hostile entry: `error` names it and why) or broken: nothing of it
             // is used, and as nothing was adopted, a clean stop writes a snapshot over it.
             Err(error) => {
@@ -508,8 +545,9 @@ impl Launch {
                      fresh cluster"
                 );
                 // remove_dir_all removes a link it meets, never what the link points at.
-                let _ = std::fs::remove_dir_all(&self.data_dir);
-                None
+                self.remove_cluster()?;
+                self.make_room()?;
+                Ok(None)
             }
         }
     }
@@ -518,13 +556,8 @@ impl Launch {
     fn make_cluster(&self) -> Result<ClusterOrigin, StartError> {
         let owner = self.run_as.owner();
         let Some(cache) = &self.cache else {
-            initdb::run_initdb(
-                &self.binaries,
-                &self.run_as,
-                &self.initdb_args,
-                &self.data_dir,
-                &self.instance_dir,
-            )?;
+            let fresh = self.run_initdb_beside()?;
+            self.move_into_place(&fresh)?;
             return Ok(ClusterOrigin::InitdbUncached);
         };
         if let Some(entry) = cache.lookup() {
@@ -543,23 +576,12 @@ impl Launch {
                 // only a shortcut, so fall back to initdb.
                 Err(e) => {
                     warn!(entry = %entry.display(), error = %e, "cannot copy the cached initdb result; running initdb");
-                    let _ = std::fs::remove_dir_all(&self.data_dir);
+                    self.remove_cluster()?;
+                    self.make_room()?;
                 }
             }
         }
-        // initdb runs as the server's user into the instance (on tmpfs, owned by that
-        // user): the cache directory may not be reachable for it, e.g. under /root.
-        // Beside the cluster directory: on the same file system, for the rename below.
-        let fresh = self
-            .clusters_dir
-            .join(format!("{INITDB_TMP_PREFIX}{}", instance::random_hex(4)));
-        initdb::run_initdb(
-            &self.binaries,
-            &self.run_as,
-            &self.initdb_args,
-            &fresh,
-            &self.instance_dir,
-        )?;
+        let fresh = self.run_initdb_beside()?;
         let origin = match cache.store(&fresh) {
             Ok(()) => {
                 info!(entry = %cache.entry.display(), "stored the initdb result in the cache");
@@ -574,10 +596,49 @@ impl Launch {
                 ClusterOrigin::InitdbUncached
             }
         };
-        std::fs::rename(&fresh, &self.data_dir)
-            .map_err(|e| io_error("cannot rename into", &self.data_dir, e))?;
+        self.move_into_place(&fresh)?;
         Ok(origin)
     }
+
+    /// Runs initdb as the server's user into a new directory in the instance (on tmpfs,
+    /// owned by that user: the cache directory may not be reachable for it, e.g. under
+    /// /root), beside the cluster directory: on the same file system, for the rename.
+    fn run_initdb_beside(&self) -> Result<PathBuf, StartError> {
+        let fresh = self
+            .clusters_dir
+            .join(format!("{INITDB_TMP_PREFIX}{}", instance::random_hex(4)));
+        initdb::run_initdb(
+            &self.binaries,
+            &self.run_as,
+            &self.initdb_args,
+            &fresh,
+            &self.instance_dir,
+        )?;
+        Ok(fresh)
+    }
+
+    /// Puts initdb's output in place: renamed, or copied into the databases' tmpfs.
+    fn move_into_place(&self, fresh: &Path) -> Result<(), StartError> {
+        if self.databases_space.is_none() {
+            return std::fs::rename(fresh, &self.data_dir)
+                .map_err(|e| io_error("cannot rename into", &self.data_dir, e));
+        }
+        initdb::copy_tree(fresh, &self.data_dir, self.run_as.owner())?;
+        std::fs::remove_dir_all(fresh).map_err(|e| io_error("cannot remove", fresh, e))
+    }
+}
+
+/// What the cluster lives on, as far as postgres' settings care.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    /// On tmpfs or ramfs.
+    in_memory: bool,
+    /// The file system clones files.
+    clones: bool,
+    /// The server's major version.
+    major: u32,
+    /// With the databases on a tmpfs of their own: the bytes the rest of the cluster has.
+    rest: Option<u64>,
 }
 
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.
@@ -586,9 +647,7 @@ fn server_args(
     data_dir: &Path,
     socket_dir: &Path,
     port: u16,
-    in_memory: bool,
-    clones: bool,
-    major: u32,
+    place: &Place,
 ) -> Vec<OsString> {
     let mut settings: Vec<(String, String)> = [
         // The data is thrown away: crash safety buys nothing.
@@ -600,8 +659,6 @@ fn server_args(
         ("max_wal_senders", "0"),
         // JIT compilation slows the short queries tests run.
         ("jit", "off"),
-        // Checkpoints only when CREATE/DROP DATABASE force them.
-        ("max_wal_size", "8GB"),
         ("checkpoint_timeout", "1d"),
         ("password_encryption", "scram-sha-256"),
         // stderr goes to our log file; a collector would write elsewhere.
@@ -623,14 +680,27 @@ fn server_args(
             guc_list_element(&socket_dir.to_string_lossy()),
         ),
     ]);
-    if in_memory {
+    settings.extend(match place.rest {
+        // WAL shares the rest with the shared catalogs: checkpoints recycle it long
+        // before it can fill that (`space.rs`), at RAM speed.
+        Some(rest) => [
+            ("max_wal_size".to_string(), space::max_wal_size(rest)),
+            ("min_wal_size".to_string(), space::max_wal_size(rest)),
+        ],
+        // Checkpoints only when CREATE/DROP DATABASE force them.
+        None => [
+            ("max_wal_size".to_string(), "8GB".to_string()),
+            ("min_wal_size".to_string(), "80MB".to_string()),
+        ],
+    });
+    if place.in_memory {
         // Dynamic shared memory as files in the data directory's pg_dynshmem instead of
         // /dev/shm/PostgreSQL.*: just as fast on tmpfs, counted against a dedicated
         // tmpfs' size, and removed with the instance even when postgres was killed
         // (a killed postmaster leaves its /dev/shm segments behind for good).
         settings.push(("dynamic_shared_memory_type".to_string(), "mmap".to_string()));
     }
-    if clones && major >= 18 {
+    if place.clones && place.major >= 18 {
         // On a file system that clones, a FILE_COPY clone shares its template's blocks.
         // Before 18 postgres only copies; those servers work there all the same.
         settings.push(("file_copy_method".to_string(), "clone".to_string()));
@@ -721,6 +791,8 @@ pub struct RunningPostgres {
     pub storage: StorageStatus,
     /// Where clones share blocks: what the store held before any cluster was put there.
     pub store_base: Option<u64>,
+    /// The databases' tmpfs (`<data_dir>/base`), when they have one of their own.
+    pub databases_space: Option<PathBuf>,
     /// The postmaster; `None` once reaped by shutdown.
     child: Option<Child>,
 }

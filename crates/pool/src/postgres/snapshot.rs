@@ -299,8 +299,12 @@ fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
 pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let started = Instant::now();
     let mut archive = open_archive(snapshot)?;
-    std::fs::create_dir(data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    match std::fs::create_dir(data_dir) {
+        // Made already, empty, with its databases' tmpfs (`space.rs`): the handle below
+        // refuses a link.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        result => result.map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?,
+    }
     // Everything below happens through this handle, never by a path someone could swap.
     let root = unpack::open_directory(data_dir)?;
     let entries = archive

@@ -532,9 +532,12 @@ fn server_args_put_user_settings_last() {
         Path::new("/d"),
         Path::new("/s p"),
         5433,
-        true,
-        false,
-        15,
+        &Place {
+            in_memory: true,
+            clones: false,
+            major: 15,
+            rest: None,
+        },
     )
     .into_iter()
     .map(|arg| arg.to_string_lossy().into_owned())
@@ -555,13 +558,19 @@ fn server_args_put_user_settings_last() {
         Path::new("/d"),
         Path::new("/s"),
         5433,
-        false,
-        false,
-        15,
+        &Place {
+            in_memory: false,
+            clones: false,
+            major: 15,
+            rest: Some(96 << 20),
+        },
     );
     assert!(!on_disk.iter().any(|arg| arg
         .to_string_lossy()
         .starts_with("dynamic_shared_memory_type")));
+    // WAL kept to a quarter of what the rest of a split cluster has.
+    assert!(on_disk.iter().any(|arg| arg == "max_wal_size=32MB"));
+    assert!(args.contains(&"max_wal_size=8GB".to_owned()));
 }
 
 /// Turns [`helper_daemon_that_dies`] into a daemon for [`postgres_dies_with_its_daemon`].

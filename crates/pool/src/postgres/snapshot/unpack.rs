@@ -91,9 +91,12 @@ pub(super) fn unpack<R: Read>(
             format!("cannot {action} {name:?}: {}", std::io::Error::from(e))
         };
         if kind == EntryType::Directory {
-            // mkdirat makes the directory or fails: it never follows a link at `last`.
-            nix::sys::stat::mkdirat(&parent_dir, last, Mode::from_bits_truncate(DIR_MODE))
-                .map_err(|e| failed("unpack", e))?;
+            // mkdirat makes the directory or fails: it never follows a link at `last`. One
+            // there already (`base/`, the databases' tmpfs) is opened below, never a link.
+            match nix::sys::stat::mkdirat(&parent_dir, last, Mode::from_bits_truncate(DIR_MODE)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(failed("unpack", e)),
+            }
             let dir = nix::fcntl::openat(&parent_dir, last, directory_flags(), Mode::empty())
                 .map_err(|e| failed("open", e))?;
             set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
