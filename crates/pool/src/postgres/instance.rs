@@ -300,6 +300,12 @@ impl Instance {
         if self.layout != Layout::Copy || !self.in_memory {
             return Ok(());
         }
+        if config.keep_data {
+            // A mount would outlive the run with the directory, and make `rm -r` of a
+            // kept directory fail on its mount point.
+            info!("--keep-data: the databases share the data directory's tmpfs; a lease that fills it makes postgres restart, ending every lease");
+            return Ok(());
+        }
         if !geteuid().is_root() {
             info!("the databases share the server's tmpfs (giving them one of their own needs root): a lease that fills it makes postgres restart, ending every lease");
             return Ok(());

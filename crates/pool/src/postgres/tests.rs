@@ -39,6 +39,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // The databases' tmpfs of a cluster a test left (root, on tmpfs) first.
+        super::space::unmount_inside(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
