@@ -24,13 +24,13 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T, TemplateOpError>>;
 
 impl Actor {
     pub(super) fn initialize(&mut self, template: TemplateName, reply: Reply<ConnectInfo>) {
-        match self.state.initialize(&template) {
-            Ok(action) => {
-                if let Action::OpenTemplate { db, .. } = &action {
+        match self.state.initialize(&template, Instant::now()) {
+            Ok(actions) => {
+                if let Some(Action::OpenTemplate { db, .. }) = actions.last() {
                     self.initializers.insert(db.clone(), reply);
                 }
                 tracing::info!(template = %template, "template initialized by a client");
-                self.apply(vec![action]);
+                self.apply(actions);
             }
             Err(error) => {
                 let _ = reply.send(Err(error));

@@ -48,7 +48,15 @@ impl PoolState {
     /// A client wants to build `template` itself. Only the first gets it; everyone else
     /// is told it is initialized already (and asks for test databases, which wait). A
     /// discarded or failed one may be initialized again.
-    pub fn initialize(&mut self, template: &TemplateName) -> Result<Action, TemplateOpError> {
+    /// Its role may hold a lease's connections until it is finalized: where the budget has
+    /// no room for them, the longest-held IntegreSQL test databases nobody gave back are
+    /// recreated first (as for a waiting request); only if that is not enough is it refused.
+    /// Returns those recreations' actions, then the open.
+    pub fn initialize(
+        &mut self,
+        template: &TemplateName,
+        now: Instant,
+    ) -> Result<Vec<Action>, TemplateOpError> {
         self.check_server()?;
         let old = self.templates.get(template);
         if let Some(entry) = old {
@@ -59,15 +67,18 @@ impl PoolState {
                 return Err(TemplateOpError::AlreadyInitialized(template.clone()));
             }
         }
-        // Its role may hold a lease's connections until it is finalized.
         let (needed, in_use) = (self.limits.lease_connections, self.connections_in_use());
-        if in_use + needed > self.connection_budget {
+        if in_use - self.reclaimable_connections() + needed > self.connection_budget {
             return Err(TemplateOpError::TooManyConnections {
                 needed,
                 in_use,
                 budget: self.connection_budget,
             });
         }
+        let mut actions = Vec::new();
+        while self.connections_in_use() + needed > self.connection_budget
+            && self.reclaim_oldest(now, &mut actions)
+        {}
         // A name of its own for every initialization: a discarded version's database may
         // still be waiting to be dropped.
         let db = DbName::template(
@@ -85,10 +96,11 @@ impl PoolState {
             entry.waiters = old.waiters;
         }
         self.templates.insert(template.clone(), entry);
-        Ok(Action::OpenTemplate {
+        actions.push(Action::OpenTemplate {
             template: template.clone(),
             db,
-        })
+        });
+        Ok(actions)
     }
 
     /// Connections the roles of client-built templates may hold: a lease's limit

@@ -538,24 +538,39 @@ impl PoolState {
                     .is_some_and(|w| in_use + w.connections > self.connection_budget)
                     && self.dbs.ready_front(name).is_some()
             });
-            if !blocked {
+            if !blocked || !self.reclaim_oldest(now, actions) {
                 return;
             }
-            let oldest = self
-                .dbs
-                .leases()
-                .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
-                .min_by_key(|(_, _, r)| r.granted_at)
-                .map(|(database, db, r)| (database.clone(), db.template.clone(), r.id.clone()));
-            let Some((database, template, id)) = oldest else {
-                return;
-            };
-            tracing::info!(template = ?template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
-            self.reclaimed += 1;
-            let name = template.unwrap_or_else(TemplateName::default_name);
-            self.end_lease(database, || LeaseError::Discarded(name), actions);
-            self.serve_all_waiters(now, actions);
         }
+    }
+
+    /// Connections the leases [`PoolState::reclaim_oldest`] may take back hold.
+    pub(super) fn reclaimable_connections(&self) -> u32 {
+        self.dbs
+            .leases()
+            .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
+            .map(|(_, _, r)| r.connections)
+            .sum()
+    }
+
+    /// Ends the longest-held IntegreSQL test database nobody gave back (its client never
+    /// does), for the connections it holds; false when there is none.
+    pub(super) fn reclaim_oldest(&mut self, now: Instant, actions: &mut Vec<Action>) -> bool {
+        let oldest = self
+            .dbs
+            .leases()
+            .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
+            .min_by_key(|(_, _, r)| r.granted_at)
+            .map(|(database, db, r)| (database.clone(), db.template.clone(), r.id.clone()));
+        let Some((database, template, id)) = oldest else {
+            return false;
+        };
+        tracing::info!(template = ?template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
+        self.reclaimed += 1;
+        let name = template.unwrap_or_else(TemplateName::default_name);
+        self.end_lease(database, || LeaseError::Discarded(name), actions);
+        self.serve_all_waiters(now, actions);
+        true
     }
 
     /// The earliest instant at which [`PoolState::tick`] has something to do.

@@ -542,8 +542,9 @@ impl World {
             }
             Event::ServerUp { leftovers } => self.server_up(leftovers),
             Event::Initialize { client } => {
-                if let Ok(action) = self.state.initialize(&template(NAMES[CONFIGURED + client])) {
-                    self.jobs.push(action);
+                let name = template(NAMES[CONFIGURED + client]);
+                if let Ok(actions) = self.state.initialize(&name, self.now) {
+                    self.apply(actions);
                 }
             }
             Event::Finalize { client } => {

@@ -819,8 +819,8 @@ fn test_request(hash: &str) -> LeaseRequest {
 
 /// Initializes `hash` and carries out the open.
 fn initialize(driver: &mut Driver, hash: &str) -> Result<(), TemplateOpError> {
-    let action = driver.state.initialize(&name(hash))?;
-    driver.pending.push(action);
+    let actions = driver.state.initialize(&name(hash), driver.now)?;
+    driver.pending.extend(actions);
     driver.settle();
     Ok(())
 }
@@ -1109,9 +1109,11 @@ fn a_failed_reopen_keeps_the_numbers_of_an_earlier_versions_open_test_databases(
         .extend(driver.state.discard(&name("feed"), now).expect("discard"));
     driver.settle();
     // Initialized again, but making its database fails.
-    let Ok(Action::OpenTemplate { db, .. }) = driver.state.initialize(&name("feed")) else {
+    let opened = driver.state.initialize(&name("feed"), now);
+    let Ok([Action::OpenTemplate { db, .. }]) = opened.as_deref() else {
         panic!("expected an open");
     };
+    let db = db.clone();
     let (result, actions) =
         driver
             .state
@@ -1646,4 +1648,29 @@ fn client_built_templates_count_against_the_connection_budget_until_finalized() 
     driver.settle();
     assert!(driver.grant_of(waiting).is_some());
     assert_eq!(driver.state.limit_status().connections_in_use, 30);
+}
+
+/// IntegreSQL's clients never give their test databases back and expect the server to
+/// recycle them when it is full: an initialize the budget has no room for recreates the
+/// longest-held of those first, and is refused only when that is not enough.
+#[test]
+fn an_initialize_recreates_test_databases_nobody_gave_back_for_its_connections() {
+    let mut driver = small_budget_driver();
+    initialize(&mut driver, "feed").expect("room");
+    finalize(&mut driver, "feed");
+    let first = driver.lease_with(&test_request("feed"));
+    let second = driver.lease_with(&test_request("feed"));
+    driver.settle();
+    assert!(driver.grant_of(first).is_some() && driver.grant_of(second).is_some());
+    initialize(&mut driver, "other").expect("room beside two test databases");
+    assert_eq!(driver.state.limit_status().connections_in_use, 30);
+    initialize(&mut driver, "third").expect("the oldest test database makes room");
+    assert_eq!(driver.state.limit_status().reclaimed, 1);
+    initialize(&mut driver, "fourth").expect("the other one makes room");
+    assert_eq!(driver.state.limit_status().reclaimed, 2);
+    assert!(matches!(
+        initialize(&mut driver, "fifth"),
+        Err(TemplateOpError::TooManyConnections { in_use: 30, .. })
+    ));
+    assert_eq!(driver.state.limit_status().reclaimed, 2);
 }
