@@ -157,7 +157,9 @@ pub struct ServeArgs {
     /// How lease roles log in: scram (a low-iteration SCRAM verifier) or trust [default: scram].
     #[arg(long, value_enum)]
     pub lease_auth: Option<LeaseAuthArg>,
-    /// PBKDF2 iterations of lease roles' SCRAM verifiers (postgres' own default is 4096) [default: 16].
+    /// PBKDF2 iterations of lease roles' SCRAM verifiers [default: 4096, postgres' own, which
+    /// every common driver accepts]. 16 saves ~0.2 ms a connection where every client takes
+    /// it (not pg8000, nor Go's lib/pq under 1000).
     #[arg(long, value_name = "N")]
     pub scram_iterations: Option<u32>,
     /// Make lease roles superusers (for suites that need it; they can then reach every database).

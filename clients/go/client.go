@@ -73,7 +73,8 @@ type Database struct {
 	Port     int
 	User     string
 	Password string
-	// URL is a postgres:// URL with all of the above, as the daemon wrote it (no query).
+	// URL is a postgresql:// URL with all of the above, as the daemon wrote it (with
+	// sslmode=disable where the server has no SSL).
 	URL string
 	// ExpiresAt is when the daemon drops the database unless the lease is renewed.
 	ExpiresAt time.Time

@@ -23,8 +23,9 @@
 //
 // Options given to [Lease] win over the environment.
 //
-// Go's lib/pq refuses SCRAM iteration counts below 1000, and pglease's lease roles use 16 by
-// default: suites on lib/pq need a daemon started with --scram-iterations 4096 (or
-// --lease-auth trust). pgx accepts any count. lib/pq also asks for TLS by default, which
-// pglease's postgres does not offer; [OpenDB] adds sslmode=disable for it.
+// Go's lib/pq refuses SCRAM iteration counts below 1000: pglease's lease roles use 4096 by
+// default, and a daemon started with a lower --scram-iterations serves lib/pq only with
+// --lease-auth trust. pgx accepts any count. lib/pq also asks for TLS by default, which
+// pglease's postgres does not offer: the lease's URL says sslmode=disable, and [OpenDB]
+// adds it for lib/pq to a URL without one.
 package pglease

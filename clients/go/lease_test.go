@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -34,8 +35,17 @@ func TestLeaseGivesConnectionDetails(t *testing.T) {
 	if db.Port <= 0 {
 		t.Errorf("port: got %d", db.Port)
 	}
-	if !strings.HasSuffix(db.URL, "/"+db.Name) || !strings.Contains(db.URL, db.User+":"+db.Password+"@") {
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatalf("URL %q: %v", db.URL, err)
+	}
+	password, _ := u.User.Password()
+	if u.Scheme != "postgresql" || u.Path != "/"+db.Name || u.User.Username() != db.User || password != db.Password {
 		t.Errorf("URL %q does not name database %s as user %s", db.URL, db.Name, db.User)
+	}
+	// lib/pq requires SSL unless told; pglease's postgres has none.
+	if u.Query().Get("sslmode") != "disable" {
+		t.Errorf("URL %q does not say sslmode=disable", db.URL)
 	}
 	if until := time.Until(db.ExpiresAt); until <= 0 || until > 24*time.Hour {
 		t.Errorf("expires at %s: not within a day from now", db.ExpiresAt)

@@ -50,9 +50,9 @@ func Lease(t testing.TB, opts ...Option) *Database {
 // It checks that a connection succeeds, so a driver that cannot log in fails the test here
 // with advice, and it closes the *sql.DB before the database is released.
 //
-// For "postgres" (lib/pq) it adds sslmode=disable: lib/pq asks for TLS by default, which
-// pglease's postgres does not offer. lib/pq also needs a daemon whose lease roles use at
-// least 1000 SCRAM iterations (--scram-iterations 4096) or --lease-auth trust.
+// For "postgres" (lib/pq) it adds sslmode=disable to a URL without one: lib/pq asks for
+// TLS by default, which pglease's postgres does not offer. lib/pq also needs lease roles of
+// at least 1000 SCRAM iterations (the default is 4096) or --lease-auth trust.
 //
 // With MaxConnections, the pool opens at most that many connections, the lease's limit.
 func OpenDB(t testing.TB, driverName string, opts ...Option) *sql.DB {

@@ -70,7 +70,7 @@ async fn lease_prints_a_url_and_release_ends_it() {
         .await
         .expect("join");
     let url = String::from_utf8(out.stdout).expect("utf8");
-    assert!(url.trim().starts_with("postgres://"), "{url}");
+    assert!(url.trim().starts_with("postgresql://"), "{url}");
     assert_eq!(
         url.trim().lines().count(),
         1,

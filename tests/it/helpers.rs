@@ -10,8 +10,9 @@ fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("clients")
 }
 
-/// A daemon serving `app` with lease roles every driver accepts (lib/pq wants at least
-/// 1000 SCRAM iterations), guarded by a token as on a shared CI host: the suites match
+/// A daemon serving `app` on default options (which every driver accepts: lib/pq, among
+/// the Go examples, wants at least 1000 SCRAM iterations and sslmode=disable in the URL),
+/// guarded by a token as on a shared CI host: the suites match
 /// their leases in `/status` and `/kept` by id, which only a token holder is shown
 /// (docs/security.md), and each helper must send the token it finds in PGLEASE_TOKEN.
 async fn daemon() -> TestDaemon {
@@ -20,8 +21,6 @@ async fn daemon() -> TestDaemon {
         .args([
             "--template",
             &format!("app=migrations:{}", migrations.display()),
-            "--scram-iterations",
-            "1000",
             "--min-ready",
             "4",
         ])

@@ -59,18 +59,17 @@ func TestPgxpool(t *testing.T) {
 
 func TestLibPQ(t *testing.T) {
 	t.Parallel()
-	// import _ "github.com/lib/pq" registers the driver "postgres". OpenDB adds
-	// sslmode=disable for it; the daemon must run with --scram-iterations 4096 (or
-	// --lease-auth trust): lib/pq refuses pglease's default of 16.
+	// import _ "github.com/lib/pq" registers the driver "postgres", which works on the
+	// daemon's defaults (it refuses --scram-iterations under 1000).
 	db := pglease.OpenDB(t, "postgres", pglease.Template(template))
 	assertFresh(t, db)
 }
 
 func TestLibPQWithoutOpenDB(t *testing.T) {
 	t.Parallel()
-	// The same by hand, for suites that open their own connections.
+	// The same by hand, for suites that open their own connections: the URL as it is.
 	lease := pglease.Lease(t, pglease.Template(template))
-	db, err := sql.Open("postgres", lease.URL+"?sslmode=disable")
+	db, err := sql.Open("postgres", lease.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

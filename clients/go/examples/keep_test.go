@@ -34,7 +34,7 @@ func TestDeliberatelyFailingKept(t *testing.T) {
 }
 
 // keptLog is the helper's line about a kept database; the URL is its last word.
-var keptLog = regexp.MustCompile(`lease-id: ([0-9a-f]{32})(?s:.*)failed: its database \S+ is kept as the test left it until about \S+: (postgres://\S+)`)
+var keptLog = regexp.MustCompile(`lease-id: ([0-9a-f]{32})(?s:.*)failed: its database \S+ is kept as the test left it until about \S+: (postgresql://\S+)`)
 
 func TestKeepFailedKeepsTheDatabase(t *testing.T) {
 	t.Parallel()

@@ -26,10 +26,10 @@ const template = "app"
 
 // howToRun is printed when the examples cannot find their daemon.
 const howToRun = `Run them against a daemon serving the template "app", from clients/go/examples:
-  pglease serve --listen 127.0.0.1:55482 --template app=migrations:$PWD/../../testdata/migrations --scram-iterations 4096 &
+  pglease serve --listen 127.0.0.1:55482 --template app=migrations:$PWD/../../testdata/migrations &
   pglease ready --server http://127.0.0.1:55482 --timeout 60
   PGLEASE_URL=http://127.0.0.1:55482 go test ./...
-(--scram-iterations 4096: lib/pq refuses the default of 16, see TestLibPQRefusesFewerThan1000SCRAMIterations.)`
+(lib/pq refuses --scram-iterations under 1000, see TestLibPQRefusesFewerThan1000SCRAMIterations.)`
 
 func TestMain(m *testing.M) {
 	if err := preflight(); err != nil {

@@ -1,6 +1,6 @@
 // What lib/pq asks of a lease's login, measured with real connections rather than read
-// from its source: the README's advice (--scram-iterations 4096, sslmode=disable) rests on
-// this, and a lib/pq upgrade that changes it turns this test red.
+// from its source: the defaults (4096 iterations, sslmode=disable in the URL) rest on this,
+// and a lib/pq upgrade that changes it turns this test red.
 
 package examples
 
@@ -26,8 +26,13 @@ func TestLibPQRefusesFewerThan1000SCRAMIterations(t *testing.T) {
 	lease := pglease.Lease(t, pglease.Template(template))
 	ctx := context.Background()
 
-	// lib/pq asks for TLS unless told otherwise; pglease's postgres has none.
-	if err := pingLibPQ(lease.URL); err == nil || !strings.Contains(err.Error(), "SSL is not enabled on the server") {
+	// lib/pq asks for TLS unless told otherwise; pglease's postgres has none, and the
+	// lease's URL says so.
+	if !strings.HasSuffix(lease.URL, "?sslmode=disable") {
+		t.Errorf("the lease URL does not say sslmode=disable: %s", lease.URL)
+	}
+	withoutSSLMode := strings.TrimSuffix(lease.URL, "?sslmode=disable")
+	if err := pingLibPQ(withoutSSLMode); err == nil || !strings.Contains(err.Error(), "SSL is not enabled on the server") {
 		t.Errorf("lib/pq without sslmode: want \"SSL is not enabled on the server\", got %v", err)
 	}
 
@@ -35,7 +40,7 @@ func TestLibPQRefusesFewerThan1000SCRAMIterations(t *testing.T) {
 	// measured then is the README's other advice, that lib/pq logs in whatever the count.
 	if trustsLeaseRoles(t, ctx, lease) {
 		setVerifier(t, ctx, lease, 16)
-		if err := pingLibPQ(lease.URL + "?sslmode=disable"); err != nil {
+		if err := pingLibPQ(lease.URL); err != nil {
 			t.Errorf("lib/pq under --lease-auth trust with a 16-iteration verifier: %v", err)
 		}
 		t.Log("the daemon runs --lease-auth trust: lib/pq's iteration floor cannot be measured on it; " +
@@ -56,7 +61,7 @@ func TestLibPQRefusesFewerThan1000SCRAMIterations(t *testing.T) {
 		} else {
 			conn.Close(ctx)
 		}
-		err = pingLibPQ(lease.URL + "?sslmode=disable")
+		err = pingLibPQ(lease.URL)
 		// The helper's advice (OpenDB) matches this text.
 		refused := err != nil && strings.Contains(err.Error(),
 			fmt.Sprintf(`server sent an invalid SCRAM-SHA-256 iteration count: "i=%d"`, c.iterations))

@@ -49,7 +49,7 @@ test('the hooks lease before and release after; the label is the test\'s full na
   const context = vitestContext('pays back')
   await runner.call('beforeEach', context)
   const id = db.id
-  assert.match(db.url, /^postgres:\/\//)
+  assert.match(db.url, /^postgresql:\/\/.*sslmode=disable$/)
   assert.equal((await openLease(id))?.label, 'src/orders.test.js > refunds > pays back')
   await runner.call('afterEach', context)
   assert.equal(await openLease(id), undefined)

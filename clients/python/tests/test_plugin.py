@@ -108,7 +108,7 @@ def test_a_failed_tests_database_is_kept_with_its_url(pytester):
     )
     result = run(pytester, "--pglease-keep-failed=120")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*kept as the test left it for up to 120 s: postgres://*"])
+    result.stdout.fnmatch_lines(["*kept as the test left it for up to 120 s: postgresql://*"])
     kept = [k for k in get("/kept")["kept"] if k["label"] == "test_keep.py::test_breaks"]
     assert len(kept) == 1, kept
     with psycopg.connect(kept[0]["url"]) as conn:

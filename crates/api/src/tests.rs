@@ -115,6 +115,7 @@ fn lease(template_name: &str) -> Lease {
             user: "pglease_user".into(),
             password: "s3cret-pw".into(),
             database: DbName::from_server("pglease_abc123_7".into()),
+            ssl: false,
         },
         expires_at: expiry(),
         number: 3,
@@ -176,7 +177,8 @@ async fn lease_with_empty_body_asks_for_the_default_template() {
             "port": 54321,
             "user": "pglease_user",
             "password": "s3cret-pw",
-            "url": "postgres://pglease_user:s3cret-pw@127.0.0.1:54321/pglease_abc123_7",
+            "url": "postgresql://pglease_user:s3cret-pw@127.0.0.1:54321/pglease_abc123_7?sslmode=disable",
+            "jdbc_url": "jdbc:postgresql://127.0.0.1:54321/pglease_abc123_7?user=pglease_user&password=s3cret-pw&sslmode=disable",
             "expires_at": "2023-11-14T22:13:20Z",
         })
     );

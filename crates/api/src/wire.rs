@@ -113,7 +113,7 @@ pub struct KeptJson {
     /// Its password — only where a token guards the API; its holder has it from the lease.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
-    /// `postgres://user:password@host:port/database` — with the password, likewise.
+    /// `postgresql://user:password@host:port/database` — with the password, likewise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// When it was kept (RFC 3339, UTC).
@@ -143,8 +143,13 @@ pub struct LeaseResponse {
     pub user: String,
     /// Its password.
     pub password: String,
-    /// A ready `postgres://` URL.
+    /// A ready `postgresql://` URL, with `sslmode=disable` where the server has no SSL
+    /// (Go's lib/pq requires SSL unless told).
     pub url: String,
+    /// The same for pgjdbc: `jdbc:postgresql://host:port/db?user=…&password=…`
+    /// (`DriverManager.getConnection(jdbc_url)`); absent for a unix socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jdbc_url: Option<String>,
     /// RFC 3339 expiry time.
     pub expires_at: String,
 }

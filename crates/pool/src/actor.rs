@@ -1117,6 +1117,7 @@ impl Actor {
                     .cloned()
                     .unwrap_or_default(),
                 database: grant.database,
+                ssl: session.ssl(),
             },
             expires_at: SystemTime::now() + grant.ttl,
             number: grant.number,
@@ -1480,6 +1481,7 @@ impl Actor {
                         .cloned()
                         .unwrap_or_default(),
                     database: kept.database,
+                    ssl: session.ssl(),
                 },
                 label: kept.label,
                 kept_at: wall(kept.kept_at),

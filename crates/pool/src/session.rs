@@ -52,6 +52,7 @@ const SHOWN_SETTINGS: &[&str] = &[
     "checkpoint_timeout",
     "max_wal_size",
     "file_copy_method",
+    "ssl",
 ];
 
 /// How many times a clone is retried while stray sessions leave its template.
@@ -453,6 +454,13 @@ impl Session {
             async |client| client.batch_execute(sql).await.map_err(|e| pg_message(&e)),
         )
         .await
+    }
+
+    /// The server accepts SSL (`ssl = on`).
+    pub fn ssl(&self) -> bool {
+        self.settings
+            .iter()
+            .any(|(name, value)| name == "ssl" && value == "on")
     }
 
     /// `pg_database_size(db)` in bytes.

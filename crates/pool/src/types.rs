@@ -59,28 +59,60 @@ pub struct ConnectInfo {
     pub password: String,
     /// The database.
     pub database: DbName,
+    /// The server accepts SSL (`ssl = on`). Without it the URLs say `sslmode=disable`:
+    /// some drivers (Go's lib/pq, and so dbmate and golang-migrate) require SSL unless told.
+    pub ssl: bool,
 }
 
 impl ConnectInfo {
-    /// A `postgres://` URL libpq and most drivers accept.
+    /// A `postgresql://` URL (the scheme every driver takes; SQLAlchemy refuses
+    /// `postgres://`), with `sslmode=disable` where the server has no SSL.
     pub fn url(&self) -> String {
         let (user, password, db) = (&self.user, &self.password, self.database.as_str());
-        if self.host.starts_with('/') {
+        let mut query: Vec<String> = Vec::new();
+        let address = if self.host.starts_with('/') {
             // A unix socket directory travels as a query parameter.
-            format!(
-                "postgres://{user}:{password}@/{db}?host={}&port={}",
-                self.host, self.port
-            )
-        } else if self.host.contains(':') {
-            format!(
-                "postgres://{user}:{password}@[{}]:{}/{db}",
-                self.host, self.port
-            )
+            query.push(format!("host={}", self.host));
+            query.push(format!("port={}", self.port));
+            String::new()
         } else {
-            format!(
-                "postgres://{user}:{password}@{}:{}/{db}",
-                self.host, self.port
-            )
+            format!("{}:{}", self.bracketed_host(), self.port)
+        };
+        if !self.ssl {
+            query.push("sslmode=disable".into());
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
+        format!("postgresql://{user}:{password}@{address}/{db}{query}")
+    }
+
+    /// The URL pgjdbc takes (`DriverManager.getConnection(url)`): JDBC's own form, with the
+    /// credentials as parameters. `None` for a unix socket, which pgjdbc cannot reach
+    /// without an extra socket factory.
+    pub fn jdbc_url(&self) -> Option<String> {
+        if self.host.starts_with('/') {
+            return None;
+        }
+        let ssl = if self.ssl { "" } else { "&sslmode=disable" };
+        Some(format!(
+            "jdbc:postgresql://{}:{}/{}?user={}&password={}{ssl}",
+            self.bracketed_host(),
+            self.port,
+            self.database.as_str(),
+            self.user,
+            self.password
+        ))
+    }
+
+    /// The host as a URL authority wants it: an IPv6 address in brackets.
+    fn bracketed_host(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
         }
     }
 }
@@ -353,5 +385,50 @@ impl Readiness {
     /// Ready to lease: postgres up and the `default` template built.
     pub fn is_ready(&self) -> bool {
         self.postgres_up && self.default_template_ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(host: &str, ssl: bool) -> ConnectInfo {
+        ConnectInfo {
+            host: host.into(),
+            port: 5432,
+            user: "pglease_ab_1".into(),
+            password: "f00d".into(),
+            database: DbName::from_server("pglease_ab_1".into()),
+            ssl,
+        }
+    }
+
+    #[test]
+    fn urls_name_the_scheme_every_driver_takes_and_sslmode_where_there_is_no_ssl() {
+        assert_eq!(
+            info("127.0.0.1", false).url(),
+            "postgresql://pglease_ab_1:f00d@127.0.0.1:5432/pglease_ab_1?sslmode=disable"
+        );
+        assert_eq!(
+            info("::1", true).url(),
+            "postgresql://pglease_ab_1:f00d@[::1]:5432/pglease_ab_1"
+        );
+        assert_eq!(
+            info("/run/pg", false).url(),
+            "postgresql://pglease_ab_1:f00d@/pglease_ab_1?host=/run/pg&port=5432&sslmode=disable"
+        );
+    }
+
+    #[test]
+    fn jdbc_urls_carry_the_credentials_as_parameters() {
+        assert_eq!(
+            info("127.0.0.1", false).jdbc_url().as_deref(),
+            Some("jdbc:postgresql://127.0.0.1:5432/pglease_ab_1?user=pglease_ab_1&password=f00d&sslmode=disable")
+        );
+        assert_eq!(
+            info("::1", true).jdbc_url().as_deref(),
+            Some("jdbc:postgresql://[::1]:5432/pglease_ab_1?user=pglease_ab_1&password=f00d")
+        );
+        assert_eq!(info("/run/pg", false).jdbc_url(), None);
     }
 }

@@ -173,6 +173,7 @@ fn validate_ttl(state: &AppState, secs: u64) -> Result<Duration, ApiError> {
 fn lease_response(lease: Lease) -> LeaseResponse {
     LeaseResponse {
         url: lease.connect.url(),
+        jdbc_url: lease.connect.jdbc_url(),
         id: lease.id.to_string(),
         template: lease.template.to_string(),
         fingerprint: lease.fingerprint,

@@ -214,6 +214,7 @@ impl Actor {
                     user: db.as_str().to_owned(),
                     password: password.unwrap_or_default(),
                     database: db.clone(),
+                    ssl: session.ssl(),
                 })
             });
             let delivered = answer.is_ok();
