@@ -11,6 +11,7 @@ mod connections;
 mod cow;
 mod credentials;
 mod daemon;
+mod drivers;
 mod dumps;
 mod external;
 mod faults;
