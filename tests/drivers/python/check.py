@@ -21,16 +21,20 @@ def psycopg3():
         return tuple(conn.execute(QUERY).fetchone())
 
 
-def psycopg2_():
-    import psycopg2
-
-    conn = psycopg2.connect(url)
+def dbapi_row(conn):
+    """The query's row through a DB-API connection, closed afterwards."""
     try:
         cur = conn.cursor()
         cur.execute(QUERY)
         return tuple(cur.fetchone())
     finally:
         conn.close()
+
+
+def psycopg2_():
+    import psycopg2
+
+    return dbapi_row(psycopg2.connect(url))
 
 
 def asyncpg_():
@@ -60,19 +64,15 @@ def sqlalchemy_():
 def pg8000_():
     import pg8000.dbapi
 
-    conn = pg8000.dbapi.connect(
-        host=lease["host"],
-        port=lease["port"],
-        user=lease["user"],
-        password=lease["password"],
-        database=lease["database"],
+    return dbapi_row(
+        pg8000.dbapi.connect(
+            host=lease["host"],
+            port=lease["port"],
+            user=lease["user"],
+            password=lease["password"],
+            database=lease["database"],
+        )
     )
-    try:
-        cur = conn.cursor()
-        cur.execute(QUERY)
-        return tuple(cur.fetchone())
-    finally:
-        conn.close()
 
 
 failed = False
