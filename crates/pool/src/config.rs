@@ -78,8 +78,10 @@ impl Default for LeaseAuth {
 
 /// The verifier's iteration count: postgres' own, the fewest that every common driver accepts
 /// (pg8000 refuses fewer than 4096, Go's lib/pq fewer than 1000). With random passwords the
-/// count protects nothing; it costs about 0.2 ms a connection more than 16 (bench scenario
-/// 5), which `--scram-iterations 16` saves for clients known to accept it.
+/// count protects nothing, and it costs CPU on both ends of every login: against 16, 1.3 ms
+/// a connection with tokio-postgres and about 7 with libpq, about 15% of the lease path's
+/// throughput on 2 cores (bench scenarios 2 and 5, docs/credentials.md), which
+/// `--scram-iterations 16` saves for clients known to accept it.
 pub const DEFAULT_SCRAM_ITERATIONS: u32 = 4096;
 
 /// Per-template pool sizes and timings.
