@@ -292,13 +292,13 @@ impl PoolState {
         actions
     }
 
-    /// True while postgres is up.
     /// Connections held against the budget: open leases' limits, and those of the roles
     /// of client-built templates not finalized yet.
     pub(crate) fn connections_in_use(&self) -> u32 {
         self.dbs.connections_in_use() + self.client_connections()
     }
 
+    /// True while postgres is up.
     pub fn server_is_up(&self) -> bool {
         self.server == Server::Up
     }

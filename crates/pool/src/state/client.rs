@@ -68,7 +68,7 @@ impl PoolState {
             }
         }
         let (needed, in_use) = (self.limits.lease_connections, self.connections_in_use());
-        if in_use - self.reclaimable_connections() + needed > self.connection_budget {
+        if in_use.saturating_sub(self.reclaimable_connections()) + needed > self.connection_budget {
             return Err(TemplateOpError::TooManyConnections {
                 needed,
                 in_use,
