@@ -257,3 +257,38 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
     assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
     assert!(daemon.stop().await.success());
 }
+
+/// Root without CAP_SYS_ADMIN (a container's root, by default) cannot give the databases a
+/// tmpfs of their own: the daemon says so and serves on one tmpfs, instead of failing to
+/// start on the mount.
+#[tokio::test]
+async fn root_that_cannot_mount_serves_without_the_databases_own_tmpfs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (to drop CAP_SYS_ADMIN from it)");
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .wrapped_in(
+            "setpriv",
+            ["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"],
+        )
+        .start()
+        .await;
+    let lease = daemon.lease_ok("default").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .batch_execute("CREATE TABLE t (n int)")
+        .await
+        .expect("a lease writes");
+    let status = daemon.status().await;
+    assert!(status["postgres"]["databases_space"].is_null(), "{status}");
+    assert!(
+        daemon
+            .log()
+            .contains("cannot mount a tmpfs for the databases"),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.stop().await.success());
+}

@@ -312,18 +312,18 @@ impl Instance {
         }
         let total = match config.tmpfs_size {
             Some(bytes) => bytes,
-            None => nix::sys::statvfs::statvfs(&self.dir)
-                .map(|s| s.blocks_available() * s.fragment_size())
-                .map_err(|source| StartError::Sys {
-                    action: "cannot statvfs",
-                    path: self.dir.clone(),
-                    source,
-                })?,
+            None => free_bytes(&self.dir)?,
         };
         let Some(split) = space::split(total) else {
             warn!(path = %self.dir.display(), total, "too little room to give the databases a tmpfs of their own: a lease that fills it makes postgres restart, ending every lease");
             return Ok(());
         };
+        // Root without CAP_SYS_ADMIN (a container's root, by default) cannot mount: tried
+        // here once, so that every start does not fail on it.
+        if let Err(error) = space::can_mount(&self.dir) {
+            warn!(path = %self.dir.display(), %error, "cannot mount a tmpfs for the databases: they share the server's, and a lease that fills it makes postgres restart, ending every lease");
+            return Ok(());
+        }
         if self.mounted {
             nix::mount::mount(
                 None::<&str>,
@@ -379,14 +379,7 @@ impl Instance {
             // has free. A full store is a clean "No space left on device" from XFS to the
             // writer; a full tmpfs under it would fail the loop device's writes, and XFS
             // shuts the whole store down on a failed metadata write.
-            let free = nix::sys::statvfs::statvfs(&self.dir)
-                .map(|s| s.blocks_available() * s.fragment_size())
-                .map_err(|source| StartError::Sys {
-                    action: "cannot statvfs",
-                    path: self.dir.clone(),
-                    source,
-                })?;
-            super::cow::make(&self.dir, free / 10 * 9)?
+            super::cow::make(&self.dir, free_bytes(&self.dir)? / 10 * 9)?
         };
         make_private_dir(&store, run_as)
     }
@@ -501,6 +494,17 @@ impl Instance {
             }
         }
     }
+}
+
+/// What the file system of `dir` has free for an unprivileged writer.
+fn free_bytes(dir: &Path) -> Result<u64, StartError> {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() * s.fragment_size())
+        .map_err(|source| StartError::Sys {
+            action: "cannot statvfs",
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// Removes every cluster directory of `instance_dir` but `keep`, and leftover initdb

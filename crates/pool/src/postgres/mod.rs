@@ -427,10 +427,7 @@ impl Launch {
         let origin = if self.reuse_existing {
             ClusterOrigin::Kept
         } else {
-            if self.data_dir.exists() {
-                self.remove_cluster()?;
-            }
-            self.make_room()?;
+            self.fresh_data_dir()?;
             match self.unpack_snapshot()? {
                 Some(origin) => origin,
                 None => self.make_cluster()?,
@@ -508,23 +505,20 @@ impl Launch {
         })
     }
 
-    /// Makes the (empty) data directory with its databases' tmpfs, when they get one;
+    /// Removes whatever the data directory holds (its databases' tmpfs first) and, when
+    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs;
     /// else the fill makes the directory.
-    fn make_room(&self) -> Result<(), StartError> {
-        match self.databases_space {
-            Some(split) => space::mount(&self.data_dir, split.databases, self.run_as.owner()),
-            None => Ok(()),
-        }
-    }
-
-    /// Removes the data directory, its databases' tmpfs first.
-    fn remove_cluster(&self) -> Result<(), StartError> {
+    fn fresh_data_dir(&self) -> Result<(), StartError> {
         space::unmount_inside(&self.data_dir);
         match std::fs::remove_dir_all(&self.data_dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(io_error("cannot remove", &self.data_dir, e))
+                return Err(io_error("cannot remove", &self.data_dir, e))
             }
-            _ => Ok(()),
+            _ => {}
+        }
+        match self.databases_space {
+            Some(split) => space::mount(&self.data_dir, split.databases, &self.run_as),
+            None => Ok(()),
         }
     }
 
@@ -545,8 +539,7 @@ impl Launch {
                      fresh cluster"
                 );
                 // remove_dir_all removes a link it meets, never what the link points at.
-                self.remove_cluster()?;
-                self.make_room()?;
+                self.fresh_data_dir()?;
                 Ok(None)
             }
         }
@@ -576,8 +569,7 @@ impl Launch {
                 // only a shortcut, so fall back to initdb.
                 Err(e) => {
                     warn!(entry = %entry.display(), error = %e, "cannot copy the cached initdb result; running initdb");
-                    self.remove_cluster()?;
-                    self.make_room()?;
+                    self.fresh_data_dir()?;
                 }
             }
         }

@@ -15,13 +15,12 @@
 //! cluster is filled; [`unmount_inside`] takes them down before a directory holding them
 //! is removed.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags};
 use tracing::{info, warn};
 
-use super::instance::io_error;
+use super::instance::{io_error, make_private_dir, RunAs};
 use crate::error::StartError;
 
 /// The cluster's directory of per-database files, the mount point.
@@ -61,44 +60,58 @@ pub(crate) fn max_wal_size(rest: u64) -> String {
     format!("{}MB", ((rest / 4) >> 20).max(WAL_MIN_MB))
 }
 
-/// Makes `data_dir` (private to `owner`) with its `base/` a tmpfs of `bytes`, before the
-/// cluster is put there (by a copy or an unpack, which fill the existing directories).
-pub(crate) fn mount(
-    data_dir: &Path,
-    bytes: u64,
-    owner: Option<(u32, u32)>,
-) -> Result<(), StartError> {
+/// Makes `data_dir` (private to the server's user) with its `base/` a tmpfs of `bytes`,
+/// before the cluster is put there (by a copy or an unpack, which fill the existing
+/// directories). The tmpfs' root gets its mode and owner from the mount options.
+pub(crate) fn mount(data_dir: &Path, bytes: u64, run_as: &RunAs) -> Result<(), StartError> {
+    std::fs::create_dir(data_dir).map_err(|e| io_error("cannot create", data_dir, e))?;
+    make_private_dir(data_dir, run_as)?;
     let base = data_dir.join(DIR);
-    for dir in [data_dir, base.as_path()] {
-        std::fs::create_dir(dir).map_err(|e| io_error("cannot create", dir, e))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io_error("cannot chmod", dir, e))?;
-    }
-    let mut options = format!("size={bytes},mode=0700");
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(data_dir, Some(uid), Some(gid))
-            .map_err(|e| io_error("cannot chown", data_dir, e))?;
-        options.push_str(&format!(",uid={uid},gid={gid}"));
-    }
-    nix::mount::mount(
-        Some("pglease-databases"),
-        &base,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(options.as_str()),
-    )
-    .map_err(|source| StartError::Sys {
-        action: "cannot mount the databases' tmpfs on",
-        path: base.clone(),
-        source,
+    std::fs::create_dir(&base).map_err(|e| io_error("cannot create", &base, e))?;
+    mount_tmpfs(&base, &format!("size={bytes}"), run_as.owner()).map_err(|source| {
+        StartError::Sys {
+            action: "cannot mount the databases' tmpfs on",
+            path: base.clone(),
+            source,
+        }
     })?;
     info!(path = %base.display(), bytes, "the databases have a tmpfs of their own");
     Ok(())
 }
 
-/// Unmounts every mount below `dir` (not `dir` itself), deepest first (detached: a straggling backend
-/// with a file open must not make it fail), so that `dir` can be removed. Without this,
-/// removing a cluster would empty its databases' tmpfs and then fail on the mount point.
+/// Whether a tmpfs can be mounted in `dir`: root without CAP_SYS_ADMIN (a container's,
+/// by default) cannot. Tries a tiny one and takes it down again.
+pub(crate) fn can_mount(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(".pglease-mount-probe");
+    std::fs::create_dir(&probe)?;
+    let mounted = mount_tmpfs(&probe, "size=4k", None);
+    if mounted.is_ok() {
+        let _ = nix::mount::umount2(&probe, MntFlags::MNT_DETACH);
+    }
+    let _ = std::fs::remove_dir(&probe);
+    mounted.map_err(std::io::Error::from)
+}
+
+/// Mounts a private tmpfs (mode 0700, no devices, setuid or programs) with `options` on
+/// `point`, owned by `owner`.
+fn mount_tmpfs(point: &Path, options: &str, owner: Option<(u32, u32)>) -> nix::Result<()> {
+    let mut options = format!("{options},mode=0700");
+    if let Some((uid, gid)) = owner {
+        options.push_str(&format!(",uid={uid},gid={gid}"));
+    }
+    nix::mount::mount(
+        Some("pglease-databases"),
+        point,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(options.as_str()),
+    )
+}
+
+/// Unmounts every mount below `dir` (not `dir` itself), deepest first, so that `dir` can be
+/// removed (detached: a straggling backend with a file open must not make it fail).
+/// Without this, removing a cluster would empty its databases' tmpfs and then fail on the
+/// mount point.
 pub(crate) fn unmount_inside(dir: &Path) {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return;
