@@ -154,7 +154,7 @@ pub struct ServeArgs {
     /// Overrides prebuild = true in the config file.
     #[arg(long, overrides_with = "prebuild", hide_short_help = true)]
     pub no_prebuild: bool,
-    /// How lease roles log in: scram (a low-iteration SCRAM verifier) or trust [default: scram].
+    /// How lease roles log in: scram (SCRAM-SHA-256, --scram-iterations) or trust [default: scram].
     #[arg(long, value_enum)]
     pub lease_auth: Option<LeaseAuthArg>,
     /// PBKDF2 iterations of lease roles' SCRAM verifiers [default: 4096, postgres' own, which

@@ -24,6 +24,18 @@ use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::stats::{median, round3, Summary};
 
+/// The daemons of the connection cost, each with its flags: `scram` has the default
+/// verifier (4096 iterations, which every common driver accepts), `scram-16` the fast
+/// opt-in (the default before).
+const AUTH_MODES: [(&str, &[&str]); 3] = [
+    ("scram", &["--lease-auth", "scram"]),
+    ("trust", &["--lease-auth", "trust"]),
+    (
+        "scram-16",
+        &["--lease-auth", "scram", "--scram-iterations", "16"],
+    ),
+];
+
 /// The reference role's name and password.
 const STOCK_ROLE: &str = "bench_stock_scram";
 const STOCK_PASSWORD: &str = "bench-stock-password";
@@ -99,21 +111,14 @@ pub async fn run(
     let mut stock = None;
     let mut libpq = None;
     if ctx.has_lease_auth {
-        // Both modes run at once and their connections alternate, so drift in the
-        // machine's load falls on both alike (the ratio is of two ~3 ms figures).
+        // All modes run at once and their connections alternate, so drift in the
+        // machine's load falls on all alike (the ratios are of ~3-8 ms figures).
         eprintln!(
             "[bench] 5 connection cost: lease, --lease-auth scram (default and 16 iterations) and trust, interleaved"
         );
         let mut daemons = Vec::new();
-        // `scram` has the default verifier (4096 iterations, what every driver accepts);
-        // `scram-16` the fast opt-in (`--scram-iterations 16`), the default before.
-        for mode in ["scram", "trust", "scram-16"] {
-            let mut args = match mode {
-                "scram-16" => {
-                    super::strings(&["--lease-auth", "scram", "--scram-iterations", "16"])
-                }
-                _ => vec!["--lease-auth".to_string(), mode.to_string()],
-            };
+        for (mode, flags) in AUTH_MODES {
+            let mut args = super::strings(flags);
             args.extend(ctx.cache_args());
             let auth_daemon = ctx
                 .launcher
@@ -130,14 +135,11 @@ pub async fn run(
         }
         let targets: Vec<(String, String, String)> = daemons
             .iter()
-            .map(|(mode, _, _, _, lease)| {
-                let flags = match *mode {
-                    "scram-16" => "--lease-auth scram --scram-iterations 16".to_string(),
-                    mode => format!("--lease-auth {mode}"),
-                };
+            .zip(AUTH_MODES)
+            .map(|((mode, _, _, _, lease), (_, flags))| {
                 (
                     format!("lease-{mode}"),
-                    format!("lease URL (TCP) with {flags}, template default"),
+                    format!("lease URL (TCP) with {}, template default", flags.join(" ")),
                     lease.url.clone(),
                 )
             })
@@ -147,6 +149,7 @@ pub async fn run(
             eprintln!(
                 "[bench] 5 connection cost: lease, scram and trust, through libpq (pgbench -C)"
             );
+            // libpq compares the first two, scram (the default) and trust.
             let leases: Vec<&Lease> = daemons.iter().take(2).map(|d| &d.4).collect();
             libpq = Some(libpq_cost(ctx, pgbench, &leases).await);
         }
