@@ -88,7 +88,7 @@ pub(crate) async fn write_in_a_lease_of(daemon: &TestDaemon, template: &str, sql
         .expect("connect")
         .batch_execute(sql)
         .await
-        .expect("a write in a clone on the store");
+        .expect("a write in a clone");
 }
 
 /// A directory of this test process on /dev/shm (a tmpfs, as a container's volume would

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::cow::write_in_a_lease_of;
 use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
@@ -247,13 +248,12 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
         (status["postgres"]["databases_space"]["full"] == false).then_some(())
     })
     .await;
-    let next = daemon.lease_ok("default").await;
-    connect(&next)
-        .await
-        .expect("connect")
-        .batch_execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g")
-        .await
-        .expect("a new lease writes");
+    write_in_a_lease_of(
+        &daemon,
+        "default",
+        "CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g",
+    )
+    .await;
     assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
     assert!(daemon.stop().await.success());
 }
@@ -274,13 +274,7 @@ async fn root_that_cannot_mount_serves_without_the_databases_own_tmpfs() {
         )
         .start()
         .await;
-    let lease = daemon.lease_ok("default").await;
-    connect(&lease)
-        .await
-        .expect("connect")
-        .batch_execute("CREATE TABLE t (n int)")
-        .await
-        .expect("a lease writes");
+    write_in_a_lease_of(&daemon, "default", "CREATE TABLE t (n int)").await;
     let status = daemon.status().await;
     assert!(status["postgres"]["databases_space"].is_null(), "{status}");
     assert!(
