@@ -102,10 +102,24 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
         let workers: Vec<_> = (0..WORKERS)
             .map(|_| tokio::spawn(worker(daemon.base.clone(), stop.clone(), tally.clone())))
             .collect();
+        // Each daemon must serve again after the last one's kill: wait for this cycle's
+        // first finished test, then kill at a random moment of the busy phase that follows.
+        // (A fixed window from the start measured the sweep of the killed daemon's leftovers
+        // on a busy machine, not the serving.)
+        let before = tally.tests.load(Ordering::Relaxed);
+        poll_until(
+            Duration::from_secs(30),
+            "a test done by this daemon",
+            || {
+                let tally = tally.clone();
+                async move { (tally.tests.load(Ordering::Relaxed) > before).then_some(()) }
+            },
+        )
+        .await;
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        tokio::time::sleep(Duration::from_millis(150 + seed % 500)).await;
+        tokio::time::sleep(Duration::from_millis(seed % 500)).await;
         daemon.kill();
         stop.store(true, Ordering::Relaxed);
         for worker in workers {
@@ -116,12 +130,6 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
         tally.double_leases.load(Ordering::Relaxed),
         0,
         "a database was held by two workers"
-    );
-    assert!(
-        tally.tests.load(Ordering::Relaxed) > cycles,
-        "the workers got work done between kills: {} tests, {} errors in {cycles} cycles",
-        tally.tests.load(Ordering::Relaxed),
-        tally.errors.load(Ordering::Relaxed)
     );
 
     // A last daemon sweeps what the killed ones left: every clone on the server is then
