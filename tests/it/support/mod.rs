@@ -154,13 +154,39 @@ impl DaemonBuilder {
         }
     }
 
-    /// Runs the daemon to completion (for start-up failures); returns status and log.
+    /// Runs the daemon to completion (for start-up failures); returns status and log. A
+    /// daemon that is still running after [`START_TIMEOUT`] twice over did not fail to
+    /// start: it is killed, and the test fails saying so.
     pub fn run_to_exit(self) -> (ExitStatus, String) {
-        let output = self.command().output().expect("run pglease");
-        (
-            output.status,
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        let mut child = self
+            .command()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run pglease");
+        let mut stderr = child.stderr.take().expect("stderr piped");
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+            log
+        });
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for pglease") {
+                break status;
+            }
+            if started.elapsed() > START_TIMEOUT * 2 {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "pglease was expected to exit and was still running after {:?}; log:\n{}",
+                    START_TIMEOUT * 2,
+                    reader.join().unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (status, reader.join().unwrap_or_default())
     }
 
     fn command(&self) -> Command {
