@@ -13,8 +13,8 @@ use pglease_pool::config::{
     CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS,
 };
 use pglease_pool::{
-    CloneStrategy, EmbeddedConfig, ExternalConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
-    Storage, TemplateConfig, TemplateName, TemplateSource,
+    CloneStrategy, EmbeddedConfig, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig,
+    PoolLimits, ServerConfig, Storage, TemplateConfig, TemplateName, TemplateSource,
 };
 use serde::Deserialize;
 
@@ -108,6 +108,22 @@ pub struct ServeArgs {
     /// can lease databases (IntegreSQL clients cannot send a token).
     #[arg(long)]
     pub integresql_allow_remote: bool,
+    /// A login role for suites that name one user in the PG* variables of their run, as
+    /// IntegreSQL's shared user (e.g. dbuser), and load a dump into the template they are
+    /// initializing with `psql`: from initialize to finalize it reaches that template's
+    /// database, with a lease's connection limit; nothing else, and it is no superuser.
+    /// Needs --integresql-pg-password; PGHOST and PGPORT are postgres' own (--pg-port fixes
+    /// the port). See docs/integresql.md.
+    #[arg(long, env = "PGLEASE_INTEGRESQL_PG_USER", value_name = "NAME")]
+    pub integresql_pg_user: Option<String>,
+    /// The password of --integresql-pg-user (the suites' PGPASSWORD).
+    #[arg(
+        long,
+        env = "PGLEASE_INTEGRESQL_PG_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub integresql_pg_password: Option<String>,
     /// Lease requests that may wait at once; more get 429 [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_waiting: Option<usize>,
@@ -581,6 +597,8 @@ struct ConfigFile {
     verify_templates: Option<bool>,
     reuse_unchanged: Option<bool>,
     child_user: Option<String>,
+    integresql_pg_user: Option<String>,
+    integresql_pg_password: Option<String>,
     #[serde(default)]
     postgres: PostgresFile,
     #[serde(default)]
@@ -944,6 +962,10 @@ impl ServeArgs {
                 ));
             }
         }
+        let integresql_role = integresql_role(
+            self.integresql_pg_user.or(file.integresql_pg_user),
+            self.integresql_pg_password.or(file.integresql_pg_password),
+        )?;
         // Only a token holder may make the daemon download and start another major.
         let majors_on_request = token.is_some();
         Ok(ServeConfig {
@@ -974,8 +996,34 @@ impl ServeArgs {
                 ),
                 child_user: self.child_user.or(file.child_user),
                 majors_on_request,
+                integresql_role,
             },
         })
+    }
+}
+
+/// `--integresql-pg-user` with its password: both or neither.
+fn integresql_role(
+    user: Option<String>,
+    password: Option<String>,
+) -> Result<Option<IntegresqlRole>, String> {
+    match (user, password) {
+        (None, None) => Ok(None),
+        (Some(name), Some(password)) => {
+            pglease_pool::names::check_role_name(&name)
+                .map_err(|e| format!("--integresql-pg-user: {e}"))?;
+            if password.is_empty() {
+                return Err("--integresql-pg-password is empty".into());
+            }
+            Ok(Some(IntegresqlRole { name, password }))
+        }
+        (Some(_), None) => Err(
+            "--integresql-pg-user needs --integresql-pg-password (or PGLEASE_INTEGRESQL_PG_PASSWORD): the suites' PGPASSWORD"
+                .into(),
+        ),
+        (None, Some(_)) => {
+            Err("--integresql-pg-password without --integresql-pg-user: give the role's name too".into())
+        }
     }
 }
 

@@ -621,3 +621,43 @@ fn storage_defaults_to_auto_and_each_way_is_named() {
         .expect_err("cow is the embedded server's");
     assert!(error.contains("--storage cow"), "{error}");
 }
+
+#[test]
+fn the_integresql_role_needs_its_password_and_a_name_of_its_own() {
+    let role = |args: &[&str]| {
+        serve_args(args)
+            .into_config()
+            .map(|c| c.pool.integresql_role)
+    };
+    assert_eq!(role(&[]).expect("none"), None);
+    let made = role(&[
+        "--integresql-pg-user",
+        "dbuser",
+        "--integresql-pg-password",
+        "dbpass",
+    ])
+    .expect("valid")
+    .expect("a role");
+    assert_eq!(
+        (made.name.as_str(), made.password.as_str()),
+        ("dbuser", "dbpass")
+    );
+    assert!(
+        !format!("{made:?}").contains("dbpass"),
+        "no password in logs"
+    );
+    let error = role(&["--integresql-pg-user", "dbuser"]).expect_err("no password");
+    assert!(error.contains("--integresql-pg-password"), "{error}");
+    let error = role(&["--integresql-pg-password", "dbpass"]).expect_err("no name");
+    assert!(error.contains("--integresql-pg-user"), "{error}");
+    for taken in ["postgres", "pglease_x", "pg_monitor", "Db-User", "1db"] {
+        let error = role(&[
+            "--integresql-pg-user",
+            taken,
+            "--integresql-pg-password",
+            "dbpass",
+        ])
+        .expect_err(taken);
+        assert!(error.contains("role name"), "{taken}: {error}");
+    }
+}

@@ -142,3 +142,48 @@ async fn a_suite_that_never_gives_databases_back_runs_without_a_timeout() {
     assert_eq!(limits["refused"]["connection_budget"], 0, "{limits}");
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 26: a suite that loads a dump into its template with `psql` and the PG* variables
+/// of its whole run (allaboutapps' go-starter: `cat dump.sql | psql <template>`), as
+/// IntegreSQL's shared user allows, runs unchanged once the daemon has the role those
+/// variables name (`--integresql-pg-user`/`--integresql-pg-password`). The dump's owner
+/// statements name that role; what it made is the test databases' to change.
+#[tokio::test]
+async fn a_dump_loads_with_psql_and_the_runs_pg_variables_set_once() {
+    let test = "a_dump_loads_with_psql_and_the_runs_pg_variables_set_once";
+    if !tool_available("psql", test, "install postgresql-client") {
+        return;
+    }
+    let Some(js) = npm_client(test) else {
+        return;
+    };
+    let daemon = TestDaemon::builder()
+        .args([
+            "--integresql-listen",
+            "127.0.0.1:0",
+            "--integresql-pg-user",
+            "dbuser",
+            "--integresql-pg-password",
+            "dbpass",
+        ])
+        .start()
+        .await;
+    let address = daemon.integresql_address().await;
+    let postgres = daemon.status().await["servers"][0]["postgres"].clone();
+    let mut command = std::process::Command::new("node");
+    command
+        .arg("dump.mjs")
+        .current_dir(&js)
+        .env("PGLEASE_INTEGRESQL_URL", format!("http://{address}/"))
+        .env("PGHOST", postgres["host"].as_str().expect("host"))
+        .env("PGPORT", postgres["port"].to_string())
+        .env("PGUSER", "dbuser")
+        .env("PGPASSWORD", "dbpass");
+    let out = run(command).await;
+    let counts: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("the suite prints one JSON line");
+    assert_eq!(counts["loads"], 1, "{counts}");
+    assert_eq!(counts["tests"], 5, "{counts}");
+    assert!(!daemon.log().contains(" ERROR "), "{}", daemon.log());
+    assert!(daemon.stop().await.success());
+}

@@ -714,3 +714,170 @@ async fn an_initialize_the_connection_budget_has_no_room_for_is_refused() {
     assert_eq!(status, 200, "{body}");
     assert!(daemon.stop().await.success());
 }
+
+/// Connects as the IntegreSQL clients' role (`dbuser`/`dbpass`) to `database` on the
+/// daemon's postgres, as psql does with the run's PG* variables.
+async fn connect_as_dbuser(
+    postgres: &Value,
+    database: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(postgres["host"].as_str().expect("host"))
+        .port(postgres["port"].as_u64().expect("port") as u16)
+        .user("dbuser")
+        .password("dbpass")
+        .dbname(database);
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Issue 26 (docs/security.md): the role `--integresql-pg-user` makes for suites' PG*
+/// variables reaches a template's database from its initialize to its finalize and nothing
+/// else — not the `postgres` database, not a finalized template, not a test database — is
+/// no superuser, cannot create databases, and holds a lease's connection limit; a finalize
+/// ends its sessions there. A role of that name the daemon did not make is not taken over.
+#[tokio::test]
+async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_else() {
+    let daemon = TestDaemon::builder()
+        .args([
+            "--lease-connections",
+            "3",
+            "--integresql-pg-user",
+            "dbuser",
+            "--integresql-pg-password",
+            "dbpass",
+        ])
+        .start()
+        .await;
+    let postgres = daemon.status().await["servers"][0]["postgres"].clone();
+    let refused = async |database: &str, what: &str| {
+        let error = connect_as_dbuser(&postgres, database)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("the role reached {what}"));
+        // "no pg_hba.conf entry": the samerole rule does not match.
+        assert_eq!(
+            error.code(),
+            Some(&tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION),
+            "{what}: {error:?}"
+        );
+    };
+    refused("postgres", "the postgres database").await;
+    refused("template1", "template1").await;
+
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize("beef01").await;
+    assert_eq!(status, 200, "{template}");
+    let database = template["database"]["config"]["database"]
+        .as_str()
+        .expect("database")
+        .to_owned();
+    let client = connect_as_dbuser(&postgres, &database)
+        .await
+        .expect("the template being initialized");
+    let row = client
+        .query_one(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .expect("its attributes");
+    assert_eq!(
+        (
+            row.get::<_, bool>(0),
+            row.get::<_, bool>(1),
+            row.get::<_, bool>(2)
+        ),
+        (false, false, false)
+    );
+    let error = client
+        .batch_execute("CREATE DATABASE not_allowed")
+        .await
+        .expect_err("no CREATEDB");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "{error}"
+    );
+    client
+        .batch_execute("CREATE TABLE public.t (id int); ALTER TABLE public.t OWNER TO dbuser")
+        .await
+        .expect("it builds the template");
+    let mut held = vec![client];
+    for _ in 0..2 {
+        held.push(
+            connect_as_dbuser(&postgres, &database)
+                .await
+                .expect("within the limit"),
+        );
+    }
+    let error = connect_as_dbuser(&postgres, &database)
+        .await
+        .expect_err("past the limit");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),
+        "{error}"
+    );
+
+    assert_eq!(compat.finalize("beef01").await, 204);
+    poll_until(
+        Duration::from_secs(5),
+        "the finalize to end its sessions",
+        || {
+            let held = &held;
+            async move { held.iter().all(|c| c.is_closed()).then_some(()) }
+        },
+    )
+    .await;
+    refused(&database, "a finalized template").await;
+    let (status, test_db) = compat.test_database("beef01").await;
+    assert_eq!(status, 200, "{test_db}");
+    let test_database = test_db["database"]["config"]["database"]
+        .as_str()
+        .expect("database")
+        .to_owned();
+    refused(&test_database, "a test database").await;
+    let owner = connect(&test_db)
+        .await
+        .expect("the test's own role")
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE tablename = 't'",
+            &[],
+        )
+        .await
+        .expect("the table");
+    assert_eq!(owner.get::<_, String>(0), "pglease_owner");
+    assert!(daemon.stop().await.success());
+}
+
+/// A role of the server's named like `--integresql-pg-user` is not the daemon's to take
+/// over (its password, its rights): the start is refused with the reason.
+#[tokio::test]
+async fn a_role_the_server_already_has_is_not_taken_over() {
+    let server = crate::support::PlainPostgres::start("integresql-role-taken");
+    server
+        .connect()
+        .await
+        .batch_execute("CREATE ROLE dbuser LOGIN SUPERUSER PASSWORD 'theirs'")
+        .await
+        .expect("the server's own role");
+    let (status, log) = TestDaemon::builder()
+        .args([
+            "--postgres-url",
+            &server.url(),
+            "--integresql-pg-user",
+            "dbuser",
+            "--integresql-pg-password",
+            "dbpass",
+        ])
+        .run_to_exit();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("a role of that name exists on the server and pglease did not make it"),
+        "{log}"
+    );
+}

@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{
-    CloneStrategy, ExternalConfig, LeaseAuth, PoolConfig, ServerConfig, TemplateConfig,
-    TemplateSource,
+    CloneStrategy, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig, ServerConfig,
+    TemplateConfig, TemplateSource,
 };
 use crate::error::{LeaseError, StartError, TemplateOpError};
 use crate::handle::{Command, PoolHandle};
@@ -129,6 +129,8 @@ struct UpInputs {
     reuse_unchanged: bool,
     /// Who runs the builds' programs and reads template sources.
     child_user: ChildUser,
+    /// The IntegreSQL clients' role, made at each start.
+    integresql_role: Option<IntegresqlRole>,
 }
 
 /// A worker's report: what it did, and the server generation it did it against. Reports
@@ -236,6 +238,7 @@ pub async fn start(
         build_timeout: config.limits.build_timeout,
         reuse_unchanged: config.limits.reuse_unchanged,
         child_user: ChildUser::resolve(config.child_user.as_deref())?,
+        integresql_role: config.integresql_role.clone(),
     };
     let mut limits = config.limits;
     let target = match &config.server {
@@ -243,6 +246,14 @@ pub async fn start(
             // The embedded server's pg_hba rule for lease roles follows the pool's choice.
             let mut embedded = (**embedded).clone();
             embedded.lease_auth = config.lease_auth;
+            if let Some(role) = &config.integresql_role {
+                // Its own rule, and room for its connections (the session's budget for
+                // lease holders leaves them out).
+                embedded.integresql_role = Some(role.name.clone());
+                embedded.max_connections = embedded
+                    .max_connections
+                    .saturating_add(config.limits.lease_connections);
+            }
             let prepared = Embedded::prepare(&embedded, &templates).await?;
             if limits.max_bytes.is_none() {
                 limits.max_bytes = match prepared.databases_space() {
@@ -345,6 +356,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                     admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
                     proof_dir: inputs.reuse_unchanged.then(|| running.data_dir.clone()),
                     child_user: inputs.child_user.clone(),
+                    integresql_role: inputs.integresql_role.clone(),
                 };
                 match open_session(params).await {
                     Ok((session, monitor)) => Ok(Up {
@@ -377,6 +389,7 @@ async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, Start
                 admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
                 proof_dir: None,
                 child_user: inputs.child_user.clone(),
+                integresql_role: inputs.integresql_role.clone(),
             };
             let outcome = open_session(params).await.map(|(session, monitor)| Up {
                 running: None,

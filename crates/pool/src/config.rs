@@ -39,6 +39,30 @@ pub struct PoolConfig {
     /// template sources are read with, when pglease runs as root (default `nobody`;
     /// `crate::child_user`).
     pub child_user: Option<String>,
+    /// The login role IntegreSQL clients' suites name in their PG* variables
+    /// (`--integresql-pg-user`): it reaches the templates being initialized, nothing else.
+    pub integresql_role: Option<IntegresqlRole>,
+}
+
+/// The one login role of IntegreSQL's model, for suites that load a dump into the template
+/// being initialized with `psql` and the PG* variables of their run (IntegreSQL gives every
+/// database one shared user). Between an initialize and its finalize the role is a member of
+/// that template's own role, which the server's `samerole` rule turns into a way in to that
+/// database alone; it is not a superuser and has a lease's connection limit.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IntegresqlRole {
+    /// The role's name (checked by [`crate::names::check_role_name`]).
+    pub name: String,
+    /// Its password, as the suites' `PGPASSWORD` gives it.
+    pub password: String,
+}
+
+impl std::fmt::Debug for IntegresqlRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntegresqlRole")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where the embedded server's clusters live.
@@ -319,6 +343,9 @@ pub struct EmbeddedConfig {
     /// How lease roles authenticate (the `pg_hba.conf` rule for them); set from
     /// [`PoolConfig::lease_auth`] when the pool starts.
     pub lease_auth: LeaseAuth,
+    /// The IntegreSQL clients' role, whose `samerole` rule `pg_hba.conf` gets; set from
+    /// [`PoolConfig::integresql_role`] when the pool starts.
+    pub integresql_role: Option<String>,
 }
 
 /// Client-built templates the embedded server's `max_connections` has room for, besides the
@@ -358,6 +385,7 @@ impl EmbeddedConfig {
             // Small on purpose: every clone checkpoint flushes all dirty buffers.
             shared_buffers: "128MB".into(),
             lease_auth: LeaseAuth::default(),
+            integresql_role: None,
         }
     }
 }

@@ -160,6 +160,15 @@ pub enum StartError {
         /// Who holds the lock: its application_name, backend pid and client address.
         holder: String,
     },
+    /// `--integresql-pg-user` names a role that exists on the server and is not pglease's.
+    #[error(
+        "--integresql-pg-user {name}: a role of that name exists on the server and pglease did not make it; \
+         pglease makes the IntegreSQL clients' role itself and takes over none of the server's: choose another name"
+    )]
+    IntegresqlRoleNotOurs {
+        /// The role's name.
+        name: String,
+    },
     /// SQL run while setting up the server failed.
     #[error("{context}: {}", crate::session::pg_message(.source))]
     Sql {

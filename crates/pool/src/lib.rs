@@ -23,8 +23,8 @@ pub mod types;
 
 pub use actor::start;
 pub use config::{
-    CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, LeaseAuth,
-    PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig, TemplateSource,
+    CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, IntegresqlRole,
+    LeaseAuth, PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig, TemplateSource,
 };
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;

@@ -30,6 +30,41 @@ pub struct InvalidName {
     pub name: String,
 }
 
+/// Checks the name of a role the operator names (`--integresql-pg-user`): 1 to 63 bytes of
+/// `[a-z0-9_]` starting with a letter or `_`, so that it needs no quoting in `pg_hba.conf`,
+/// and none that postgres reserves (`pg_…`, `public`, `none`, …), pglease's own (`pglease_…`,
+/// which the sweep manages) or the embedded server's superuser (`postgres`).
+pub fn check_role_name(name: &str) -> Result<(), String> {
+    let shaped = (1..=MAX_IDENT_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b.is_ascii_lowercase() || b == b'_' || (i > 0 && b.is_ascii_digit()));
+    if !shaped {
+        return Err(format!(
+            "role name {name:?}: 1 to 63 characters of a-z, 0-9 and '_', not starting with a digit"
+        ));
+    }
+    let reserved = [
+        "postgres",
+        "public",
+        "none",
+        "current_user",
+        "current_role",
+        "session_user",
+        "all",
+        "samerole",
+        "sameuser",
+        "replication",
+    ];
+    if name.starts_with("pg_") || name.starts_with(PREFIX) || reserved.contains(&name) {
+        return Err(format!(
+            "role name {name:?} is reserved (by postgres, pglease, or the embedded server's superuser); choose another, e.g. dbuser"
+        ));
+    }
+    Ok(())
+}
+
 impl TemplateName {
     /// Checks `name` against `[a-z0-9_-]{1,64}`.
     pub fn new(name: &str) -> Result<Self, InvalidName> {

@@ -17,12 +17,13 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use crate::config::{CloneStrategy, LeaseAuth, TemplateConfig};
+use crate::config::{CloneStrategy, IntegresqlRole, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
 use crate::{scram, template};
 
 mod bounded;
+mod integresql;
 pub(crate) use bounded::{add_options, PINNED_SEARCH_PATH};
 mod lock;
 mod proof;
@@ -94,6 +95,8 @@ pub struct SessionParams {
     pub proof_dir: Option<PathBuf>,
     /// Who runs the builds' programs and reads their sources.
     pub child_user: ChildUser,
+    /// The IntegreSQL clients' role, made (or brought up to date) at the start.
+    pub integresql_role: Option<IntegresqlRole>,
 }
 
 /// What a sweep keeps.
@@ -138,6 +141,8 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
+    /// The IntegreSQL clients' role's name: a member of each template being initialized.
+    integresql_role: Option<String>,
     /// The bound on each admin operation.
     admin_timeout: Duration,
     /// Admin operations that timed out (shown in `/status`).
@@ -231,6 +236,16 @@ impl Session {
             ))
             .await
             .map_err(sql_error("creating the owner role"))?;
+        if let Some(role) = &params.integresql_role {
+            integresql::ensure_role(&client, role, params.lease_connections).await?;
+            if params.external {
+                tracing::warn!(
+                    role = %role.name,
+                    "on an external server pglease does not write pg_hba.conf: for the IntegreSQL clients' role to reach the templates being initialized, it needs the line `host samerole {} all scram-sha-256` before any rule that matches it",
+                    role.name
+                );
+            }
+        }
         let rows = client
             .query(
                 "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name",
@@ -252,7 +267,14 @@ impl Session {
             version,
             lease_host: params.lease_host,
             lease_port: params.lease_port,
-            connection_budget: budget(&client, params.pool_size).await?,
+            // The IntegreSQL clients' role holds up to a lease's connections of its own.
+            connection_budget: budget(&client, params.pool_size).await?.saturating_sub(
+                if params.integresql_role.is_some() {
+                    params.lease_connections
+                } else {
+                    0
+                },
+            ),
             settings,
             external: params.external,
             build_timeout: params.build_timeout,
@@ -262,6 +284,10 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
             lease_connections: params.lease_connections,
+            integresql_role: params
+                .integresql_role
+                .as_ref()
+                .map(|role| role.name.clone()),
             admin_timeout: params.admin_timeout,
             admin_timeouts: Arc::default(),
             _lock: Arc::new(lock),
@@ -675,6 +701,11 @@ impl Session {
     /// A lease's connection limit unless its request names one (`--lease-connections`).
     pub(crate) fn lease_connections(&self) -> u32 {
         self.lease_connections
+    }
+
+    /// The IntegreSQL clients' role's name, when the daemon has one.
+    pub(crate) fn integresql_role(&self) -> Option<&str> {
+        self.integresql_role.as_deref()
     }
 
     /// Sets the connection limit of a clone's role (for a lease that asked for its own).

@@ -310,6 +310,17 @@ pub async fn open_client_template(
             session.lease_connections()
         ))
         .await?;
+    if let Some(shared) = session.integresql_role() {
+        // Until the finalize, the PG* variables of the suite's run reach this database too
+        // (`samerole`), with the rights of the role named like it.
+        session
+            .execute(&format!(
+                "GRANT {} TO {}",
+                quote_ident(db.as_str()),
+                quote_ident(shared)
+            ))
+            .await?;
+    }
     Ok(password)
 }
 
@@ -326,6 +337,27 @@ pub async fn finalize_client_template(
     session
         .execute(&format!("ALTER ROLE {role} NOLOGIN"))
         .await?;
+    if let Some(shared) = session.integresql_role() {
+        // The IntegreSQL clients' role loses its way in before the sessions end, and what
+        // it made (a dump loaded with psql) goes to the owner role like the rest.
+        let shared = quote_ident(shared);
+        session
+            .execute(&format!("REVOKE {role} FROM {shared}"))
+            .await?;
+        session.terminate_sessions(db).await?;
+        run_in(
+            session,
+            db,
+            &format!(
+                "REASSIGN OWNED BY {shared} TO {owner}; DROP OWNED BY {shared};",
+                owner = quote_ident(OWNER_ROLE)
+            ),
+        )
+        .await
+        .map_err(|e| {
+            format!("handing what the IntegreSQL clients' role made in {db} to {OWNER_ROLE}: {e}")
+        })?;
+    }
     session.terminate_sessions(db).await?;
     retire_build_role(session, db, false).await?;
     seal_template(session, db).await?;

@@ -46,3 +46,26 @@ fn quoting_doubles_quotes() {
     assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     assert_eq!(quote_literal("it's"), "'it''s'");
 }
+
+#[test]
+fn role_names_need_no_quoting_and_are_nobody_elses() {
+    for good in ["dbuser", "_x", "ci_user_2"] {
+        assert_eq!(check_role_name(good), Ok(()), "{good}");
+    }
+    let long = "a".repeat(64);
+    for bad in [
+        "",
+        "DbUser",
+        "2x",
+        "db-user",
+        "db user",
+        long.as_str(),
+        "postgres",
+        "public",
+        "all",
+        "pg_read_all_data",
+        "pglease_owner",
+    ] {
+        assert!(check_role_name(bad).is_err(), "{bad:?}");
+    }
+}

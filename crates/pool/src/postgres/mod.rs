@@ -57,10 +57,20 @@ const ERROR_TAIL_LINES: usize = 20;
 
 /// The `pg_hba.conf` written at every start (first match wins). Lease roles are named like
 /// their databases, so `sameuser` lets each one open its own database and nothing else.
-fn pg_hba(lease_auth: LeaseAuth) -> String {
+/// The IntegreSQL clients' role, if any, reaches a database only while it is a member of
+/// the role named like it: a template being initialized (`samerole`; its name needs no
+/// quoting, `names::check_role_name`).
+fn pg_hba(lease_auth: LeaseAuth, integresql_role: Option<&str>) -> String {
     let method = match lease_auth {
         LeaseAuth::Scram { .. } => "scram-sha-256",
         LeaseAuth::Trust => "trust",
+    };
+    let integresql = match integresql_role {
+        Some(role) => format!(
+            "# The IntegreSQL clients' role (--integresql-pg-user): templates being initialized.\n\
+             host    samerole   {role:<10} all       scram-sha-256\n"
+        ),
+        None => String::new(),
     };
     format!(
         "\
@@ -70,6 +80,7 @@ fn pg_hba(lease_auth: LeaseAuth) -> String {
 local   all        all                  trust
 # The superuser never over TCP.
 host    all        postgres   all       reject
+{integresql}\
 # A lease role (named like its database) reaches its own database only.
 host    sameuser   all        all       {method}
 "
@@ -436,7 +447,11 @@ impl Launch {
         let hba = self.data_dir.join("pg_hba.conf");
         write_anew(
             &hba,
-            pg_hba(self.config.lease_auth).as_bytes(),
+            pg_hba(
+                self.config.lease_auth,
+                self.config.integresql_role.as_deref(),
+            )
+            .as_bytes(),
             self.run_as.owner(),
         )?;
         let port = choose_port(

@@ -691,7 +691,7 @@ fn pg_hba_conf_is_written_anew_never_through_a_link() {
     let hba = data_dir.join("pg_hba.conf");
     std::os::unix::fs::symlink(&victim, &hba).expect("symlink");
     let owner = test_run_as().owner();
-    let rules = pg_hba(LeaseAuth::Trust);
+    let rules = pg_hba(LeaseAuth::Trust, None);
     write_anew(&hba, rules.as_bytes(), owner).expect("write pg_hba.conf");
     assert_eq!(victim_state(&victim), before, "the victim changed");
     let meta = std::fs::symlink_metadata(&hba).expect("stat");

@@ -55,6 +55,7 @@ impl Server {
             admin_timeout: DEFAULT_ADMIN_TIMEOUT,
             proof_dir: None,
             child_user: crate::child_user::ChildUser::resolve(None).expect("child user"),
+            integresql_role: None,
         }
     }
 
