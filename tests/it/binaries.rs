@@ -1,11 +1,14 @@
 //! Server binaries on demand: `--postgres-version` picks a major the machine does not have
 //! (downloaded from Maven Central, or taken from the cache a previous run filled), and a
-//! machine with no PostgreSQL at all still serves. These use the daemon's default cache
-//! root, not the tests' own, so that a machine downloads each release once.
+//! machine with no PostgreSQL at all still serves, and so does the tests' own plain server
+//! (`PlainPostgres`, for `--postgres-url` tests). These use the daemon's default cache root,
+//! not the tests' own, so that a machine downloads each release once.
 
 use std::time::Duration;
 
-use crate::support::{binary, connect, poll_until, scratch_dir, TestDaemon};
+use crate::support::{
+    binary, connect, poll_until, scratch_dir, PlainPostgres, TestDaemon, PG_BIN_ENV,
+};
 
 /// The value of a one-row, one-column query on a lease.
 async fn query_text(lease: &serde_json::Value, sql: &str) -> String {
@@ -42,19 +45,21 @@ async fn postgres_version_16_runs_a_16_server() {
     assert!(daemon.stop().await.success());
 }
 
+/// Mounts an empty tmpfs on Debian's server directory, then runs its arguments: with an
+/// empty PATH (no pg_config, no postgres), in a private mount namespace (`unshare -m`),
+/// nothing is installed as far as pglease-binaries can tell.
+const HIDE_INSTALLED: &str = "if [ -d /usr/lib/postgresql ]; then \
+                              /bin/mount -t tmpfs none /usr/lib/postgresql || exit 1; fi; \
+                              exec \"$0\" \"$@\"";
+
 #[tokio::test]
 async fn a_machine_without_postgresql_still_leases() {
-    // A private mount namespace where Debian's server directory is an empty tmpfs, and a
-    // PATH (an empty directory) without pg_config or postgres: nothing is installed as far
-    // as the daemon can tell. Tests run as root, which unshare and mount need.
+    // Tests run as root, which unshare and mount need.
     let empty_path = scratch_dir("no-postgres-path");
-    let script = "if [ -d /usr/lib/postgresql ]; then \
-                  /bin/mount -t tmpfs none /usr/lib/postgresql || exit 1; fi; \
-                  exec \"$0\" \"$@\"";
     let daemon = TestDaemon::builder()
         .default_cache()
         .no_pg_bin_dir()
-        .wrapped_in("/usr/bin/unshare", ["-m", "/bin/sh", "-c", script])
+        .wrapped_in("/usr/bin/unshare", ["-m", "/bin/sh", "-c", HIDE_INSTALLED])
         .env("PATH", empty_path.to_str().expect("utf8"))
         .start()
         .await;
@@ -68,6 +73,51 @@ async fn a_machine_without_postgresql_still_leases() {
     );
     assert!(line.contains("/binaries/postgresql-"), "{line}");
     assert!(daemon.stop().await.success());
+}
+
+/// The plain server starts and serves, from whatever binaries it found (which it prints).
+/// [`the_plain_server_runs_on_a_machine_without_postgresql`] runs this test again, with no
+/// server installed.
+#[tokio::test]
+async fn the_plain_server_serves() {
+    let server = PlainPostgres::start("serves");
+    eprintln!("plain server binaries: {}", server.bin_dir.display());
+    let row = server
+        .connect()
+        .await
+        .query_one("SELECT version()", &[])
+        .await
+        .expect("query the plain server");
+    let version: String = row.get(0);
+    assert!(version.starts_with("PostgreSQL 1"), "{version}");
+}
+
+#[test]
+fn the_plain_server_runs_on_a_machine_without_postgresql() {
+    // This test binary, run again for the one test above, with nothing installed and no
+    // PGLEASE_PG_BIN_DIR: the plain server must then find the daemon's cached or downloaded
+    // binaries, as `pglease serve` does.
+    let empty_path = scratch_dir("no-postgres-path-plain");
+    let output = std::process::Command::new("/usr/bin/unshare")
+        .args(["-m", "/bin/sh", "-c", HIDE_INSTALLED])
+        .arg(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "binaries::the_plain_server_serves",
+            "--nocapture",
+        ])
+        .env("PATH", &empty_path)
+        .env_remove(PG_BIN_ENV)
+        .output()
+        .expect("run the test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the test ran: {stdout}");
+    assert!(
+        stderr.contains("plain server binaries: ") && stderr.contains("/binaries/postgresql-"),
+        "binaries from the cache: {stderr}"
+    );
 }
 
 #[tokio::test]

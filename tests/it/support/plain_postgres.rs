@@ -1,9 +1,11 @@
 //! A stock postgres started by the test itself (not by pglease), for `--postgres-url`
-//! tests: initdb with trust auth, run as the `postgres` OS user when we are root.
+//! tests: initdb with trust auth, run as the `postgres` OS user when we are root, from the
+//! binaries the daemon would run (installed, cached or downloaded: `bin_dir`).
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::PG_BIN_ENV;
@@ -14,26 +16,43 @@ pub struct PlainPostgres {
     /// Its TCP port.
     pub port: u16,
     dir: PathBuf,
+    /// The directory of the `postgres` and `initdb` it runs.
+    pub bin_dir: PathBuf,
 }
 
+/// The server binaries, found once per test process the way `pglease serve` finds its own
+/// (pglease-binaries): [`PG_BIN_ENV`] if set, else an installed server (the newest), else
+/// one in the daemon's default cache, else a download into that cache — so that the tests
+/// run on a machine without PostgreSQL, like the daemon does.
 fn bin_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var(PG_BIN_ENV) {
-        return PathBuf::from(dir);
+    static BIN_DIR: OnceLock<PathBuf> = OnceLock::new();
+    BIN_DIR.get_or_init(resolve_bin_dir).clone()
+}
+
+fn resolve_bin_dir() -> PathBuf {
+    let request = pglease_binaries::Request {
+        bin_dir: std::env::var_os(PG_BIN_ENV).map(PathBuf::from),
+        version: None,
+        // The daemon's default, so that a download serves both and happens once a machine.
+        cache_root: pglease_binaries::default_cache_root(),
+        repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
+        progress: false,
+    };
+    // Tests call this from a tokio runtime, which refuses to block on another one: resolve
+    // on a thread of its own.
+    let resolved = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime to resolve the server binaries")
+            .block_on(pglease_binaries::resolve(&request))
+    })
+    .join()
+    .expect("resolving the server binaries panicked");
+    match resolved {
+        Ok(resolved) => resolved.bin_dir,
+        Err(error) => panic!("no postgres for the plain server: {error}; set {PG_BIN_ENV}"),
     }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .unwrap_or_else(|e| panic!("no /usr/lib/postgresql ({e}); set {PG_BIN_ENV}"))
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let version = entry.file_name().to_string_lossy().parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("postgres").exists().then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .map(|(_, bin)| bin)
-        .unwrap_or_else(|| panic!("no postgres found; set {PG_BIN_ENV}"))
 }
 
 /// `(uid, gid)` of the user postgres must run as, when we are root.
@@ -109,7 +128,12 @@ impl PlainPostgres {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        PlainPostgres { child, port, dir }
+        PlainPostgres {
+            child,
+            port,
+            dir,
+            bin_dir: bin,
+        }
     }
 
     /// Superuser URL.
