@@ -7,6 +7,10 @@
 - `pglease_client`: the HTTP client itself.
 
 Each lease is labelled with the test's node id, so `pglease status` shows who holds what.
+
+A daemon --pglease-start started stops at the end, unless databases of failed tests were
+kept (--pglease-keep-failed): it then keeps serving them after pytest exits, watched by
+`pytest_pglease.linger`, which stops it once none is kept any more.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -57,7 +62,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--pglease-start",
         action="store_true",
         help="start `pglease serve` on the URL's port when no daemon answers there, and "
-        "stop it at the end (once, also under pytest-xdist)",
+        "stop it at the end (once, also under pytest-xdist); with --pglease-keep-failed, "
+        "when databases were kept, it serves them after pytest exits and stops once the "
+        "last expired or was dropped",
     )
     group.addoption(
         "--pglease-bin", help="the pglease binary for --pglease-start [env PGLEASE_BIN; PATH]"
@@ -87,6 +94,8 @@ class Settings:
     serve_args: list
     daemon: Optional[subprocess.Popen] = None
     daemon_log: Optional[str] = None
+    #: The databases kept of failed tests that the started daemon serves after pytest exits.
+    lingering: Optional[list] = None
     #: Leases not released yet, so that an interrupted run still gives them back.
     open_leases: dict = field(default_factory=dict)
 
@@ -141,7 +150,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         except (PgleaseError, PgleaseUnavailable):
             pass
     if settings.daemon is not None:
-        stop_daemon(settings)
+        if settings.lingering is None:
+            settings.lingering = kept_by_started_daemon(settings)
+            if settings.lingering:
+                sys.stderr.write("\n".join(lingering_lines(settings)) + "\n")
+        if settings.lingering:
+            leave_daemon_running(settings)
+        else:
+            stop_daemon(settings)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Says so when the daemon this run started keeps serving databases of failed tests."""
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None or settings.daemon is None:
+        return
+    settings.lingering = kept_by_started_daemon(settings)
+    if settings.lingering:
+        terminalreporter.write_sep("-", "pglease")
+        for line in lingering_lines(settings):
+            terminalreporter.write_line(line)
 
 
 SETTINGS = pytest.StashKey[Settings]()
@@ -174,6 +202,10 @@ def start_daemon(settings: Settings) -> None:
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        # A session of its own: a terminal's Ctrl-C or hang-up reaches pytest only, and
+        # pytest decides whether the daemon stops (pytest_unconfigure). It may outlive
+        # pytest, serving kept databases.
+        start_new_session=True,
     )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -202,6 +234,78 @@ def stop_daemon(settings: Settings) -> None:
     except subprocess.TimeoutExpired:
         daemon.kill()
         daemon.wait()
+
+
+def kept_by_started_daemon(settings: Settings) -> list:
+    """The databases the daemon this run started keeps (only this run used it)."""
+    if settings.daemon is None or settings.daemon.poll() is not None:
+        return []
+    try:
+        return settings.client().kept()
+    except (PgleaseError, PgleaseUnavailable):
+        return []
+
+
+def lingering_lines(settings: Settings) -> list:
+    daemon = settings.daemon
+    kept = settings.lingering or []
+    pid = daemon.pid if daemon is not None else "?"
+    last = max(k.get("expires_at", "") for k in kept)
+    # The token itself stays out of the output; `pglease kept` reads PGLEASE_TOKEN.
+    token = "   (its token in PGLEASE_TOKEN)" if settings.token else ""
+    return [
+        f"pglease: {len(kept)} database(s) of failed tests kept: the daemon this run started "
+        f"keeps serving them after pytest exits (pid {pid}, {settings.url}, log "
+        f"{settings.daemon_log}); it stops by itself once none is kept, at the latest when "
+        f"the last expires ({last})",
+        f"  list them:                  pglease kept --server {settings.url}{token}",
+        f"  stop it now (drops them):   kill {pid}",
+    ]
+
+
+def leave_daemon_running(settings: Settings) -> None:
+    """Leaves the started daemon running after pytest, with a watcher that stops it once it
+    keeps nothing (`pytest_pglease.linger`)."""
+    daemon = settings.daemon
+    settings.daemon = None
+    if daemon is None:
+        return
+    args = [sys.executable, "-m", "pytest_pglease.linger", settings.url, str(daemon.pid)]
+    pass_fds: tuple = ()
+    # Opened while the daemon is still our child (its pid cannot be reused yet), the pidfd
+    # lets the watcher signal that process and no other.
+    pidfd_open = getattr(os, "pidfd_open", None)
+    pidfd = None
+    if pidfd_open is not None:
+        try:
+            pidfd = pidfd_open(daemon.pid)
+            args.append(str(pidfd))
+            pass_fds = (pidfd,)
+        except OSError:
+            pidfd = None
+    env = dict(os.environ)
+    if settings.token:
+        env["PGLEASE_TOKEN"] = settings.token
+    # The package's directory first, so that the watcher runs this very plugin's code.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    with open(settings.daemon_log or os.devnull, "ab") as log:
+        subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
+            env=env,
+            start_new_session=True,
+        )
+    if pidfd is not None:
+        os.close(pidfd)
+    # pytest exits without waiting for the daemon: once it is gone, init reaps it. Marking
+    # it waited-for keeps Popen's finalizer from warning that it still runs.
+    daemon.returncode = 0
 
 
 def tail(path: str, lines: int = 20) -> str:

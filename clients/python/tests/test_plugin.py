@@ -1,6 +1,10 @@
 """The plugin against a real daemon, through suites run the way users run them."""
 
 import os
+import re
+import signal
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -208,3 +212,135 @@ def test_pglease_start_runs_a_daemon_for_the_session_and_stops_it(pytester):
     result.assert_outcomes(passed=1)
     with pytest.raises(OSError):
         urllib.request.urlopen(url + "/healthz", timeout=5)
+
+
+KEPT_SUITE = """
+import psycopg
+
+def test_breaks(pglease_db):
+    with psycopg.connect(pglease_db.dsn) as conn:
+        conn.execute("INSERT INTO orders (customer_id, total_cents) VALUES (1, 4242)")
+    assert False, "look at my database"
+"""
+
+
+def pglease_binary() -> str:
+    binary = os.environ.get("PGLEASE_BIN")
+    if not binary:
+        pytest.fail("PGLEASE_BIN is not set: the pglease binary to start", pytrace=False)
+    return binary
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, waiting for init to reap it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def watchers_of(pid: int) -> list:
+    """The pids of `pytest_pglease.linger` processes watching the daemon `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if b"pytest_pglease.linger" in argv and str(pid).encode() in argv and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def wait_until(condition, what: str, ceiling: float = 90) -> None:
+    deadline = time.monotonic() + ceiling
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {ceiling} s: {what}", pytrace=False)
+        time.sleep(0.2)
+
+
+def run_kept_suite(pytester, url: str, *args):
+    pytester.makepyfile(test_kept_after=KEPT_SUITE)
+    result = pytester.runpytest_subprocess(
+        f"--pglease-url={url}",
+        "--pglease-start",
+        f"--pglease-bin={pglease_binary()}",
+        f"--pglease-serve-arg=--template=app=migrations:{TESTDATA}",
+        "--pglease-template=app",
+        "--pglease-keep-failed=600",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
+    result.assert_outcomes(failed=1)
+    return result.stdout.str()
+
+
+def daemon_pid(out: str) -> int:
+    found = re.search(r"keeps serving them after pytest exits \(pid (\d+), ", out)
+    assert found, out
+    return int(found.group(1))
+
+
+def stop_leftover(out: str) -> None:
+    """The test's own cleanup, whatever happened: no daemon or watcher outlives it."""
+    found = re.search(r"keeps serving them after pytest exits \(pid (\d+), ", out)
+    if not found:
+        return
+    pid = int(found.group(1))
+    for process in [pid] + watchers_of(pid):
+        if alive(process):
+            os.kill(process, signal.SIGTERM)
+    wait_until(lambda: not alive(pid) and not watchers_of(pid), "the leftovers stopped")
+
+
+def test_start_and_keep_failed_leave_the_kept_database_served_until_killed(pytester):
+    url = "http://127.0.0.1:55492"
+    out = run_kept_suite(pytester, url)
+    try:
+        # pytest has exited; the URL it printed still opens the database as the test left it.
+        kept_url = re.search(r"kept as the test left it for up to 600 s: (\S+)", out).group(1)
+        with psycopg.connect(kept_url) as conn:
+            assert conn.execute("SELECT total_cents FROM orders").fetchall() == [(4242,)]
+        pid = daemon_pid(out)
+        listing = re.search(r"list them: +(pglease kept --server \S+)", out)
+        assert listing, out
+        listed = subprocess.run(
+            [pglease_binary(), *listing.group(1).split()[1:], "--json"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        assert "test_kept_after.py::test_breaks" in listed, listed
+        stop = re.search(r"stop it now \(drops them\): +(kill \d+)$", out, re.M)
+        assert stop and stop.group(1) == f"kill {pid}", out
+        subprocess.run(stop.group(1).split(), check=True)
+        wait_until(lambda: not alive(pid), "the daemon stopped")
+        wait_until(lambda: not watchers_of(pid), "its watcher exited")
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/healthz", timeout=5)
+    finally:
+        stop_leftover(out)
+
+
+def test_the_left_daemon_stops_by_itself_once_nothing_is_kept(pytester):
+    url = "http://127.0.0.1:55493"
+    out = run_kept_suite(
+        pytester, url, "--pglease-serve-arg=--token=linger-secret", "--pglease-token=linger-secret"
+    )
+    try:
+        pid = daemon_pid(out)
+        assert watchers_of(pid), "a watcher runs beside the daemon"
+        client = ["--server", url, "--token", "linger-secret"]
+        kept = subprocess.run(
+            [pglease_binary(), "kept", "--json", *client], capture_output=True, text=True, check=True
+        ).stdout
+        kept_id = re.search(r'"id": ?"([^"]+)"', kept).group(1)
+        # Dropped (or expired: the same empty /kept), the last kept database takes the
+        # daemon with it.
+        subprocess.run([pglease_binary(), "kept", "--drop", kept_id, *client], check=True)
+        wait_until(lambda: not alive(pid), "the daemon stopped by itself")
+        wait_until(lambda: not watchers_of(pid), "its watcher exited")
+    finally:
+        stop_leftover(out)
