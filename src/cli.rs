@@ -355,8 +355,8 @@ pub struct ClientArgs {
 /// `pglease lease`.
 #[derive(Debug, Args)]
 pub struct LeaseArgs {
-    /// Template to lease from.
-    #[arg(long, short = 't', default_value = "default")]
+    /// Template to lease from (PGLEASE_TEMPLATE, as the Go and Python helpers read it).
+    #[arg(long, short = 't', env = "PGLEASE_TEMPLATE", default_value = "default")]
     pub template: String,
     /// Time to live in seconds [default: the daemon's].
     #[arg(long, value_name = "SECS")]
@@ -443,8 +443,8 @@ pub struct ReadyArgs {
 /// `pglease run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Template to lease from.
-    #[arg(long, short = 't', default_value = "default")]
+    /// Template to lease from (PGLEASE_TEMPLATE, as the Go and Python helpers read it).
+    #[arg(long, short = 't', env = "PGLEASE_TEMPLATE", default_value = "default")]
     pub template: String,
     /// The PostgreSQL version the database must be (e.g. 17 or 17.6); a daemon serving
     /// another refuses at once.

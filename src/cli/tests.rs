@@ -661,3 +661,30 @@ fn the_integresql_role_needs_its_password_and_a_name_of_its_own() {
         assert!(error.contains("role name"), "{taken}: {error}");
     }
 }
+
+/// The environment variable an argument of a subcommand falls back to.
+fn env_of(subcommand: &str, argument: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let subcommand = command.find_subcommand(subcommand).expect("a subcommand");
+    let argument = subcommand
+        .get_arguments()
+        .find(|a| a.get_id() == argument)
+        .expect("an argument");
+    argument
+        .get_env()
+        .map(|name| name.to_string_lossy().into_owned())
+}
+
+#[test]
+fn lease_and_run_take_the_template_from_pglease_template() {
+    for subcommand in ["lease", "run"] {
+        assert_eq!(
+            env_of(subcommand, "template").as_deref(),
+            Some("PGLEASE_TEMPLATE"),
+            "{subcommand}"
+        );
+    }
+    // serve's --template is NAME=SOURCE, another thing: the variable must not reach it.
+    assert_eq!(env_of("serve", "templates"), None);
+}

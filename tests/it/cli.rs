@@ -22,13 +22,27 @@ fn output(args: &[&str], server: &str) -> std::process::Output {
 /// [`output`] against `daemon`, off the async runtime.
 /// The daemon's token, if it has one, goes in `PGLEASE_TOKEN`.
 pub(crate) async fn output_of(daemon: &TestDaemon, args: &[&str]) -> std::process::Output {
+    output_with_env(daemon, &[], args).await
+}
+
+/// [`output_of`] with more environment variables.
+async fn output_with_env(
+    daemon: &TestDaemon,
+    envs: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Output {
     let base = daemon.base.clone();
     let token = daemon.token.clone();
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let envs: Vec<(String, String)> = envs
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
     tokio::task::spawn_blocking(move || {
         let mut command = binary();
         command
             .args(&args)
+            .envs(envs)
             .env("PGLEASE_URL", &base)
             .stdin(Stdio::null());
         if let Some(token) = token {
@@ -395,6 +409,49 @@ async fn lease_and_run_pass_the_postgres_version_on() {
     assert!(
         stderr.contains("422") && stderr.contains(&format!("asks for {other}")),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn lease_and_run_take_the_template_from_pglease_template() {
+    let daemon = TestDaemon::builder()
+        .args(["--template", "app=empty"])
+        .start()
+        .await;
+    let out = output_with_env(
+        &daemon,
+        &[("PGLEASE_TEMPLATE", "app")],
+        &["lease", "--json"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lease: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json lease");
+    assert_eq!(lease["template"], "app");
+    // `run` asks for the variable's template: the daemon knows none called `nope`.
+    let out = output_with_env(
+        &daemon,
+        &[("PGLEASE_TEMPLATE", "nope")],
+        &["run", "--", "true"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("unknown template \"nope\""), "{stderr}");
+    // The flag wins over the variable.
+    let out = output_with_env(
+        &daemon,
+        &[("PGLEASE_TEMPLATE", "nope")],
+        &["lease", "--json", "--template", "app"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

@@ -34,9 +34,12 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The `pglease` binary under test.
+/// The `pglease` binary under test, without the variable that picks a template: the
+/// tester's own must not change what a test leases.
 pub fn binary() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pglease"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pglease"));
+    command.env_remove("PGLEASE_TEMPLATE");
+    command
 }
 
 /// Builds and starts a daemon.
