@@ -22,6 +22,8 @@ use serde::Deserialize;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5480";
 /// Default server URL for client commands.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:5480";
+/// The config file `serve` reads from its working directory when none is named.
+pub const DEFAULT_CONFIG_FILE: &str = "pglease.toml";
 
 /// pglease: a pool of pre-warmed, throw-away PostgreSQL databases for parallel tests.
 ///
@@ -75,9 +77,10 @@ pub enum Command {
 /// Options of `pglease serve`. Flags override the config file.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (see docs/configuration.md). Flags override it; an on/off option it
-    /// turns on is turned off by --no-NAME (see --help).
-    #[arg(long, short = 'c', value_name = "FILE")]
+    /// TOML config file (see docs/configuration.md) [default: ./pglease.toml if it exists].
+    /// Flags override it; an on/off option it turns on is turned off by --no-NAME (see
+    /// --help). The log says which file was read.
+    #[arg(long, short = 'c', env = "PGLEASE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:5480]. Any address but loopback needs --token.
     #[arg(long, value_name = "ADDR")]
@@ -605,9 +608,61 @@ struct ConfigFile {
     templates: BTreeMap<String, TemplateFile>,
 }
 
+/// Which config file `serve` read, for its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigFrom {
+    /// None: no --config, no PGLEASE_CONFIG, and no ./pglease.toml.
+    Nowhere,
+    /// The file named by --config or PGLEASE_CONFIG.
+    Named(PathBuf),
+    /// ./pglease.toml, found in the working directory (its absolute path).
+    Found(PathBuf),
+}
+
+impl ConfigFrom {
+    /// The config file to read: the one named, else `DEFAULT_CONFIG_FILE` in `dir` if it is
+    /// a file (a directory or a dangling link of that name is not a config file).
+    pub fn resolve(named: Option<PathBuf>, dir: Option<&Path>) -> ConfigFrom {
+        if let Some(path) = named {
+            return ConfigFrom::Named(path);
+        }
+        match dir.map(|dir| dir.join(DEFAULT_CONFIG_FILE)) {
+            Some(path) if path.is_file() => ConfigFrom::Found(path),
+            _ => ConfigFrom::Nowhere,
+        }
+    }
+
+    /// The file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            ConfigFrom::Nowhere => None,
+            ConfigFrom::Named(path) | ConfigFrom::Found(path) => Some(path),
+        }
+    }
+
+    /// Says in the log (INFO) which file was read, so that a file found by itself is never
+    /// a surprise.
+    pub fn log(&self) {
+        match self {
+            ConfigFrom::Nowhere => tracing::info!(
+                "no config file (no --config, PGLEASE_CONFIG or ./{DEFAULT_CONFIG_FILE}): flags and defaults only"
+            ),
+            ConfigFrom::Named(path) => {
+                tracing::info!(config = %path.display(), "read the config file")
+            }
+            ConfigFrom::Found(path) => tracing::info!(
+                config = %path.display(),
+                "read the config file found in the working directory (no --config or PGLEASE_CONFIG given)"
+            ),
+        }
+    }
+}
+
 /// Everything `serve` needs, validated.
 #[derive(Debug)]
 pub struct ServeConfig {
+    /// The config file read, if any.
+    pub config_from: ConfigFrom,
     /// HTTP listen address.
     pub listen: SocketAddr,
     /// Where the IntegreSQL API is served alone, if anywhere.
@@ -622,7 +677,9 @@ impl ServeArgs {
     /// Reads the config file (if any), applies the flags over it, and validates the result.
     /// Errors are one line for the user.
     pub fn into_config(self) -> Result<ServeConfig, String> {
-        let (file, file_dir) = match &self.config {
+        let working_dir = std::env::current_dir().ok();
+        let config_from = ConfigFrom::resolve(self.config.clone(), working_dir.as_deref());
+        let (file, file_dir) = match config_from.path() {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
@@ -969,6 +1026,7 @@ impl ServeArgs {
         // Only a token holder may make the daemon download and start another major.
         let majors_on_request = token.is_some();
         Ok(ServeConfig {
+            config_from,
             listen,
             integresql_listen: self.integresql_listen,
             api: ApiConfig {

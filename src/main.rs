@@ -72,6 +72,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
+    config.config_from.log();
     let mut shutdown = match signal::ShutdownSignal::install() {
         Ok(shutdown) => shutdown,
         Err(error) => {

@@ -28,6 +28,7 @@ pub async fn save(args: ServeArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_CONFIG);
         }
     };
+    config.config_from.log();
     let dir = match &config.pool.server {
         ServerConfig::Embedded(embedded) => embedded.snapshot_dir.clone(),
         ServerConfig::External(_) => None,

@@ -688,3 +688,33 @@ fn lease_and_run_take_the_template_from_pglease_template() {
     // serve's --template is NAME=SOURCE, another thing: the variable must not reach it.
     assert_eq!(env_of("serve", "templates"), None);
 }
+
+#[test]
+fn serve_takes_the_config_file_from_pglease_config() {
+    assert_eq!(env_of("serve", "config").as_deref(), Some("PGLEASE_CONFIG"));
+}
+
+#[test]
+fn serve_finds_pglease_toml_in_its_working_directory() {
+    let dir = std::env::temp_dir().join(format!("pglease-found-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    assert_eq!(ConfigFrom::resolve(None, Some(&dir)), ConfigFrom::Nowhere);
+    assert_eq!(ConfigFrom::resolve(None, None), ConfigFrom::Nowhere);
+    // A directory of that name is not a config file.
+    std::fs::create_dir(dir.join("pglease.toml")).expect("dir");
+    assert_eq!(ConfigFrom::resolve(None, Some(&dir)), ConfigFrom::Nowhere);
+    std::fs::remove_dir(dir.join("pglease.toml")).expect("rmdir");
+    std::fs::write(dir.join("pglease.toml"), "min_ready = 1\n").expect("write");
+    assert_eq!(
+        ConfigFrom::resolve(None, Some(&dir)),
+        ConfigFrom::Found(dir.join("pglease.toml"))
+    );
+    // One named wins over the one found.
+    let named = PathBuf::from("/etc/pglease/pglease.toml");
+    assert_eq!(
+        ConfigFrom::resolve(Some(named.clone()), Some(&dir)),
+        ConfigFrom::Named(named)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,6 +7,7 @@ mod budget;
 mod cli;
 mod clients;
 mod commands;
+mod config_file;
 mod connections;
 mod cow;
 mod credentials;

@@ -3,7 +3,7 @@
 //! waits for a condition without bare sleeps.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,11 +34,13 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The `pglease` binary under test, without the variable that picks a template: the
-/// tester's own must not change what a test leases.
+/// The `pglease` binary under test, without the variables that pick a template or a
+/// config file: the tester's own must not change what a test runs.
 pub fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pglease"));
-    command.env_remove("PGLEASE_TEMPLATE");
+    command
+        .env_remove("PGLEASE_TEMPLATE")
+        .env_remove("PGLEASE_CONFIG");
     command
 }
 
@@ -55,6 +57,8 @@ pub struct DaemonBuilder {
     envs: Vec<(String, String)>,
     /// The API token (`--token`), which [`TestDaemon::http`] then sends with every request.
     token: Option<String>,
+    /// The daemon's working directory [default: the test's].
+    current_dir: Option<PathBuf>,
 }
 
 impl DaemonBuilder {
@@ -97,6 +101,12 @@ impl DaemonBuilder {
     /// Sets an environment variable of the daemon.
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.envs.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Runs the daemon in `dir` (where it looks for `pglease.toml`).
+    pub fn current_dir(mut self, dir: &Path) -> Self {
+        self.current_dir = Some(dir.to_path_buf());
         self
     }
 
@@ -217,8 +227,13 @@ impl DaemonBuilder {
         if let (Ok(bin_dir), false) = (std::env::var(PG_BIN_ENV), picks_binaries) {
             command.arg("--pg-bin-dir").arg(bin_dir);
         }
+        if let Some(dir) = &self.current_dir {
+            command.current_dir(dir);
+        }
         command
             .args(&self.args)
+            // The tester's own config file must not change what a test runs.
+            .env_remove("PGLEASE_CONFIG")
             .envs(self.envs.iter().map(|(key, value)| (key, value)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -269,6 +284,7 @@ impl TestDaemon {
             wrapper: Vec::new(),
             envs: Vec::new(),
             token: None,
+            current_dir: None,
         }
     }
 
