@@ -49,8 +49,8 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Extend a lease's time to live.
     Renew(RenewArgs),
-    /// Show the daemon's servers, templates and leases: a table on a terminal, JSON when piped
-    /// or with --json.
+    /// Show the daemon's servers, templates and leases: a table on a terminal (an error by
+    /// its first line), JSON when piped or with --json (errors whole).
     Status(StatusArgs),
     /// List the databases kept after failed tests (release --keep, run --keep-on-failure),
     /// with the URL that opens each; --drop ID drops one now.

@@ -52,11 +52,16 @@ pub(super) fn status(status: &Value) -> String {
                     text(&t["in_progress"]),
                     text(&t["waiting"]),
                     t["size_bytes"].as_u64().map(bytes).unwrap_or_default(),
-                    shorten(&text(&t["last_error"]), 60),
+                    first_line(&text(&t["last_error"]), ERROR_CHARS),
                 ]
             })
             .collect(),
     ));
+    if list(&status["templates"])
+        .any(|t| first_line(&text(&t["last_error"]), ERROR_CHARS).ends_with('…'))
+    {
+        out.push_str("  (… an error cut short: `pglease status --json` has all of it)\n");
+    }
     let leases: Vec<&Value> = list(&status["leases"]).collect();
     out.push_str(&format!("\nLeases ({})\n", leases.len()));
     if !leases.is_empty() {
@@ -165,6 +170,22 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// Characters of an error shown in a table cell.
+const ERROR_CHARS: usize = 72;
+
+/// An error as a cell: its first line, at most `max` characters, ending in `…` when cut
+/// short (postgres' errors go on for lines: `LINE 3: …`, a caret, the output of a command).
+fn first_line(text: &str, max: usize) -> String {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default().trim_end();
+    let more = lines.any(|line| !line.trim().is_empty());
+    if first.chars().count() <= max && !more {
+        return first.to_owned();
+    }
+    let kept: String = first.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", kept.trim_end())
+}
+
 /// At most `max` characters, the end kept (a test id's end names the test).
 fn shorten(text: &str, max: usize) -> String {
     let count = text.chars().count();
@@ -175,6 +196,20 @@ fn shorten(text: &str, max: usize) -> String {
     format!("…{tail}")
 }
 
+/// `cell` with each control character escaped (`\n`, `\t`, `\u{1b}`).
+fn escape_controls(cell: &str) -> String {
+    cell.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// Columns padded to their widest cell, two spaces apart, the header first.
 fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
@@ -183,6 +218,12 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
             *width = (*width).max(cell.chars().count());
         }
     }
+    // A control character left in a cell (a newline, a tab) would break its row: shown
+    // escaped, each row stays one line.
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|row| row.iter().map(|cell| escape_controls(cell)).collect())
+        .collect();
     let line = |cells: Vec<String>| {
         let padded: Vec<String> = cells
             .iter()
@@ -268,6 +309,45 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_multi_line_error_keeps_its_row_on_one_line() {
+        let error = "/m/0002_users.sql: ERROR: syntax error at or near \"CREAT\" (line 3)\nLINE 3: CREAT TABLE users (\n        ^";
+        let status = json!({
+            "servers": [{"postgres": {"version": "17.6", "state": "running", "port": 1, "restarts": 0, "data_dir": "/d"}}],
+            "templates": [
+                {"name": "app", "postgres_version": "17.6", "state": "failed", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 0, "size_bytes": null, "last_error": error},
+                {"name": "tabbed", "postgres_version": "17.6", "state": "ready", "ready": 1, "leased": 0, "in_progress": 0, "waiting": 0, "size_bytes": null, "last_error": null},
+            ],
+            "leases": [{"id": "abc", "template": "app", "database": "d", "expires_at": "x", "label": "a\tb"}],
+            "limits": {},
+        });
+        let out = super::status(&status);
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("app "))
+            .unwrap_or_else(|| panic!("the row of app in:\n{out}"));
+        assert!(
+            row.ends_with("ERROR: syntax error at or near \"CREAT\" (line 3)…"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("LINE 3") && !out.lines().any(|l| l.trim() == "^"),
+            "{out}"
+        );
+        assert!(
+            out.contains("`pglease status --json` has all of it"),
+            "{out}"
+        );
+        // Any other cell with a control character is escaped, not broken across lines.
+        assert!(out.contains("a\\tb"), "{out}");
+        // A long first line is cut at its end, a short one-line error left as it is.
+        assert_eq!(
+            super::first_line(&"x".repeat(100), 10),
+            format!("{}…", "x".repeat(9))
+        );
+        assert_eq!(super::first_line("short\n", 10), "short");
     }
 
     #[test]
