@@ -485,8 +485,8 @@ pub enum SnapshotCommand {
     /// `serve --snapshot-dir` writes one at each clean stop as well: this is for a step that
     /// only prepares (a Docker image, a CI cache warm-up).
     Save(Box<ServeArgs>),
-    /// Print what snapshot files hold: postgres version, initdb settings, each template's
-    /// name, fingerprint and size.
+    /// Print what snapshot files hold: postgres version, initdb settings, when it was
+    /// written (UTC), each template's name, fingerprint and size.
     Show(ShowArgs),
 }
 

@@ -154,13 +154,13 @@ pub fn show(args: ShowArgs) -> ExitCode {
         match snapshot::read_manifest(&file) {
             Ok(m) => {
                 println!(
-                    "{}  {:.1} MB  postgres {}  initdb {}  written by pglease {} at {} (unix)",
+                    "{}  {:.1} MB  postgres {}  initdb {}  written by pglease {} at {}",
                     file.display(),
                     size as f64 / 1e6,
                     m.postgres_version,
                     m.initdb_args.join(" "),
                     m.pglease_version,
-                    m.created_unix
+                    written_at(m.created_unix)
                 );
                 for t in &m.templates {
                     println!(
@@ -180,6 +180,13 @@ pub fn show(args: ShowArgs) -> ExitCode {
     status
 }
 
+/// A snapshot's time of writing, stored as unix seconds, as RFC 3339 in UTC
+/// (`2026-11-23T06:00:00Z`), as the HTTP API writes times.
+fn written_at(created_unix: u64) -> String {
+    let time = std::time::UNIX_EPOCH + Duration::from_secs(created_unix);
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
 fn snapshot_files(path: &Path) -> Result<Vec<PathBuf>, String> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
@@ -192,4 +199,13 @@ fn snapshot_files(path: &Path) -> Result<Vec<PathBuf>, String> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn show_writes_the_time_of_writing_in_utc() {
+        assert_eq!(super::written_at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::written_at(1_795_413_600), "2026-11-23T06:00:00Z");
+    }
 }
