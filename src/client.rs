@@ -66,11 +66,14 @@ impl Client {
         if status.is_success() {
             return Ok(body);
         }
-        let message = body["error"]["message"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| body.to_string());
-        Err(ClientError(format!("pglease answered {status}: {message}")))
+        let message = match &body {
+            Value::Null => String::new(),
+            body => body["error"]["message"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| body.to_string()),
+        };
+        Err(ClientError(refused(status, &message)))
     }
 
     async fn lease(&self, template: &str, options: LeaseOptions<'_>) -> Result<Value> {
@@ -395,6 +398,22 @@ fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// A request the daemon answered with an error status, in words: who said no, the status,
+/// and the daemon's own message (`the daemon refused the request (422 Unprocessable
+/// Entity): …`), which main prefixes with `pglease: `.
+fn refused(status: reqwest::StatusCode, message: &str) -> String {
+    let what = if status.is_server_error() {
+        "the daemon could not carry out the request"
+    } else {
+        "the daemon refused the request"
+    };
+    if message.is_empty() {
+        format!("{what} ({status})")
+    } else {
+        format!("{what} ({status}): {message}")
+    }
+}
+
 /// The optional fields of a `POST /lease` body.
 #[derive(Debug, Default)]
 struct LeaseOptions<'a> {
@@ -402,4 +421,29 @@ struct LeaseOptions<'a> {
     wait_ms: Option<u64>,
     postgres_version: Option<pglease_binaries::VersionSpec>,
     label: Option<&'a str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::StatusCode;
+
+    #[test]
+    fn a_refusal_reads_as_a_sentence_with_the_daemons_message() {
+        assert_eq!(
+            super::refused(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "the lease asks for 16, but template \"app\" lives on PostgreSQL 17"
+            ),
+            "the daemon refused the request (422 Unprocessable Entity): the lease asks for 16, but template \"app\" lives on PostgreSQL 17"
+        );
+        assert_eq!(
+            super::refused(StatusCode::SERVICE_UNAVAILABLE, "postgres is restarting"),
+            "the daemon could not carry out the request (503 Service Unavailable): postgres is restarting"
+        );
+        // An answer without a body says no more than its status.
+        assert_eq!(
+            super::refused(StatusCode::NOT_FOUND, ""),
+            "the daemon refused the request (404 Not Found)"
+        );
+    }
 }
