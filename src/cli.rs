@@ -10,7 +10,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pglease_api::{ApiConfig, Token};
 use pglease_pool::config::{
-    CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT, DEFAULT_SCRAM_ITERATIONS,
+    one_source_kind, or_list, CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_SCRAM_ITERATIONS, SOURCE_KINDS,
 };
 use pglease_pool::{
     CloneStrategy, EmbeddedConfig, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig,
@@ -800,9 +801,7 @@ impl ServeArgs {
             }
             if let Some(dump) = &source.dump {
                 if source.migrations.is_some() || source.sql.is_some() || source.command.is_some() {
-                    return Err(format!(
-                        "template {name:?}: give one of migrations, sql, command or dump"
-                    ));
+                    return Err(format!("template {name:?}: {}", one_source_kind()));
                 }
                 let timeout = match source.timeout_secs {
                     None => pglease_pool::config::DEFAULT_DUMP_TIMEOUT,
@@ -854,11 +853,7 @@ impl ServeArgs {
                     })
                 }
                 (None, None, None) => TemplateSource::Empty,
-                _ => {
-                    return Err(format!(
-                        "template {name:?}: give one of migrations, sql or command"
-                    ))
-                }
+                _ => return Err(format!("template {name:?}: {}", one_source_kind())),
             };
             let source = if source.superuser {
                 TemplateSource::Superuser(Box::new(plain))
@@ -1136,7 +1131,16 @@ fn parse_template_flag(
     spec: &str,
 ) -> Result<(&str, Option<pglease_binaries::VersionSpec>, TemplateSource), String> {
     let usage = || {
-        format!("--template {spec:?}: expected NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE, NAME=command:CMD or NAME=empty (NAME@16=… for a PostgreSQL 16 server)")
+        let forms: Vec<String> = SOURCE_KINDS
+            .iter()
+            .map(|(kind, value)| format!("NAME={kind}:{value}"))
+            .chain(["NAME=empty".to_owned()])
+            .collect();
+        let forms: Vec<&str> = forms.iter().map(String::as_str).collect();
+        format!(
+            "--template {spec:?}: expected {} (NAME@16=… for a PostgreSQL 16 server)",
+            or_list(&forms)
+        )
     };
     let (name, source) = spec.split_once('=').ok_or_else(usage)?;
     let (name, version) = match name.split_once('@') {

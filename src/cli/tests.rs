@@ -718,3 +718,38 @@ fn serve_finds_pglease_toml_in_its_working_directory() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn two_sources_in_one_template_are_refused_naming_every_kind() {
+    let dir = std::env::temp_dir().join(format!("pglease-kinds-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    for table in [
+        "sql = \"a.sql\"\ncommand = \"true\"",
+        "migrations = \"m\"\nsql = \"a.sql\"",
+        "dump = \"a.dump\"\nsql = \"a.sql\"",
+    ] {
+        std::fs::write(&file, format!("[templates.app]\n{table}\n")).expect("write");
+        let error = serve_args(&["--config", file.to_str().expect("utf8")])
+            .into_config()
+            .expect_err("two sources");
+        for kind in ["migrations", "sql", "dump", "command"] {
+            assert!(error.contains(kind), "{kind} in: {error}");
+        }
+        assert!(error.contains("empty database"), "{error}");
+    }
+    // The flag's usage lists the same kinds, and `empty`.
+    let error = serve_args(&["--template", "app=tarball:/a"])
+        .into_config()
+        .expect_err("an unknown kind");
+    for form in [
+        "NAME=migrations:DIR",
+        "NAME=sql:FILE",
+        "NAME=dump:FILE",
+        "NAME=command:CMD",
+        "NAME=empty",
+    ] {
+        assert!(error.contains(form), "{form} in: {error}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -203,6 +203,36 @@ pub struct TemplateConfig {
     pub postgres_version: Option<VersionSpec>,
 }
 
+/// The kinds of source a template names, each with what it takes, in the order messages
+/// list them: the keys of the config file's `[templates.NAME]` table and of
+/// `PUT /templates/{name}`, and `--template NAME=KIND:VALUE`. A template that names none of
+/// them is an empty database (`--template NAME=empty`).
+pub const SOURCE_KINDS: [(&str, &str); 4] = [
+    ("migrations", "DIR"),
+    ("sql", "FILE"),
+    ("dump", "FILE"),
+    ("command", "CMD"),
+];
+
+/// What to tell someone who named more than one source: every kind, the empty one too
+/// (`give one of migrations, sql, dump or command, or none of them for an empty database`).
+pub fn one_source_kind() -> String {
+    let kinds: Vec<&str> = SOURCE_KINDS.iter().map(|(kind, _)| *kind).collect();
+    format!(
+        "give one of {}, or none of them for an empty database",
+        or_list(&kinds)
+    )
+}
+
+/// `a, b, c or d`.
+pub fn or_list(items: &[&str]) -> String {
+    match items.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
 /// What a template database is built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TemplateSource {

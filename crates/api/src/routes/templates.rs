@@ -10,7 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use pglease_pool::config::DEFAULT_COMMAND_TIMEOUT;
+use pglease_pool::config::{one_source_kind, DEFAULT_COMMAND_TIMEOUT};
 use pglease_pool::{
     CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
 };
@@ -149,9 +149,7 @@ fn dump_source(
     body: &TemplateBody,
 ) -> Result<TemplateSource, ApiError> {
     if body.migrations.is_some() || body.sql.is_some() || body.command.is_some() {
-        return Err(ApiError::invalid(
-            "give one of migrations, sql, dump or command",
-        ));
+        return Err(ApiError::invalid(one_source_kind()));
     }
     if body.workdir.is_some() || !body.watch.is_empty() {
         return Err(ApiError::invalid("workdir and watch go with command"));
@@ -239,9 +237,7 @@ fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, 
                 timeout,
             }))
         }
-        _ => Err(ApiError::invalid(
-            "give one of migrations, sql, dump or command",
-        )),
+        _ => Err(ApiError::invalid(one_source_kind())),
     }
 }
 
