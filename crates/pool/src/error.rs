@@ -229,7 +229,8 @@ pub enum LeaseError {
         /// Why, naming the path (never the file's contents).
         message: String,
     },
-    /// The template's build failed; the message names the file, postgres' message and line.
+    /// The template's build failed; the message names the file and postgres' message, and
+    /// the line where postgres reports a position.
     #[error("template \"{template}\" failed to build: {message}")]
     BuildFailed {
         /// The template.

@@ -2,8 +2,9 @@
 //! (create, apply the source as the lease role, mark `IS_TEMPLATE`, forbid connections).
 //!
 //! A build either finishes with a template database marked complete or leaves nothing
-//! behind; errors are plain messages naming the file, postgres' message and the line,
-//! because they travel to every waiting client.
+//! behind; errors are plain messages naming the file, postgres' message and, where postgres
+//! reports a position in the file (syntax errors, unresolved names), the line, because they
+//! travel to every waiting client.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -778,7 +779,9 @@ async fn keep_tail(
     }
 }
 
-/// `FILE: ERROR: message (line N)`, plus postgres' detail and hint when present.
+/// `FILE: ERROR: message`, plus postgres' detail and hint when present, and ` (line N)`
+/// when postgres reports the error's position in the file's text (a syntax error, a name a
+/// statement cannot resolve); an error raised while a statement runs has none.
 pub fn describe_sql_error(path: &Path, sql: &str, error: &tokio_postgres::Error) -> String {
     let mut text = format!("{}: {}", path.display(), pg_message(error));
     if let Some(ErrorPosition::Original(position)) = error.as_db_error().and_then(|e| e.position())
