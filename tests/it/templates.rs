@@ -249,3 +249,38 @@ async fn a_migration_that_hangs_is_stopped_at_the_build_timeout() {
     .await;
     assert_eq!(daemon.template_status("slow").await["state"], "failed");
 }
+
+/// A newcomer's `pglease run --template app` on a daemon that never defined `app`: the 404
+/// names the templates there are and the three ways to define one (issue 26).
+#[tokio::test]
+async fn an_unknown_template_is_answered_with_those_there_are_and_how_to_define_one() {
+    let daemon = TestDaemon::builder()
+        .args(["--template", "users=empty"])
+        .start()
+        .await;
+    let (code, body) = daemon.lease(json!({ "template": "app" })).await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_template", "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    for wanted in [
+        "unknown template \"app\"",
+        "templates here: default, users",
+        "--template app=migrations:DIR",
+        "[templates.app]",
+        "PUT /templates/app",
+    ] {
+        assert!(message.contains(wanted), "{wanted:?} not in {message:?}");
+    }
+    let out = crate::cli::output_of(&daemon, &["run", "--template", "app", "--", "true"]).await;
+    assert!(
+        !out.status.success(),
+        "run must fail for an unknown template"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("404"), "{stderr}");
+    assert!(
+        stderr.contains("templates here: default, users"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--template app=migrations:DIR"), "{stderr}");
+}

@@ -122,7 +122,7 @@ impl From<LeaseError> for ApiError {
     fn from(error: LeaseError) -> Self {
         let message = error.to_string();
         match error {
-            LeaseError::UnknownTemplate(_) => {
+            LeaseError::UnknownTemplate { .. } => {
                 Self::new(StatusCode::NOT_FOUND, "unknown_template", message)
             }
             LeaseError::VersionNotOffered { .. } => Self::new(

@@ -218,7 +218,7 @@ async fn lease_errors_map_to_status_and_code() {
     }
     let cases = [
         Case {
-            error: LeaseError::UnknownTemplate(template("nope")),
+            error: LeaseError::unknown_template(template("nope")),
             status: StatusCode::NOT_FOUND,
             code: "unknown_template",
             retry_after: false,
@@ -890,7 +890,7 @@ async fn integresql_pool_answers_map_to_its_statuses() {
         (
             request("GET", "/api/v1/templates/abc/tests", ""),
             StatusCode::NOT_FOUND,
-            FakeAnswer::Lease(LeaseError::UnknownTemplate(t.clone())),
+            FakeAnswer::Lease(LeaseError::unknown_template(t.clone())),
         ),
         (
             request("POST", "/api/v1/templates/abc/tests/3/unlock", ""),

@@ -608,7 +608,7 @@ impl Actor {
                         self.state
                             .status_of(&name)
                             .map(|status| (registered, status))
-                            .ok_or(LeaseError::UnknownTemplate(name))
+                            .ok_or_else(|| self.state.unknown_template(name))
                     }
                     Err(error) => Err(error),
                 };
@@ -622,7 +622,7 @@ impl Actor {
                         self.apply(actions);
                         self.state
                             .status_of(&template)
-                            .ok_or(LeaseError::UnknownTemplate(template))
+                            .ok_or_else(|| self.state.unknown_template(template))
                     }
                     Err(error) => Err(error),
                 };

@@ -204,12 +204,57 @@ pub enum StartError {
     },
 }
 
+/// How many templates an "unknown template" message names: enough for every setup seen
+/// so far, few enough for one line of a test's output.
+pub const LISTED_TEMPLATES: usize = 20;
+
+/// The rest of an "unknown template" message: the templates there are, and the three ways to
+/// define one (a newcomer's `pglease run --template app` meets this first).
+fn describe_unknown(template: &TemplateName, known: &[TemplateName]) -> String {
+    let mut text = String::new();
+    if !known.is_empty() {
+        let names: Vec<&str> = known
+            .iter()
+            .take(LISTED_TEMPLATES)
+            .map(TemplateName::as_str)
+            .collect();
+        text.push_str(&format!("; templates here: {}", names.join(", ")));
+        if known.len() > LISTED_TEMPLATES {
+            text.push_str(&format!(" and {} more", known.len() - LISTED_TEMPLATES));
+        }
+    }
+    text.push_str(&format!(
+        ". Define it when starting pglease with --template {template}=migrations:DIR \
+         (or sql:FILE, dump:FILE, command:CMD), in the config file's [templates.{template}] \
+         table, or at run time with PUT /templates/{template}"
+    ));
+    text
+}
+
+impl LeaseError {
+    /// An unknown template, without the list of those there are (for answers that do not
+    /// come from the pool's state).
+    pub fn unknown_template(template: TemplateName) -> Self {
+        LeaseError::UnknownTemplate {
+            template,
+            known: Vec::new(),
+        }
+    }
+}
+
 /// A lease could not be handed out.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    /// No template has this name.
-    #[error("unknown template \"{0}\"")]
-    UnknownTemplate(TemplateName),
+    /// No template has this name. The message lists the templates there are (`known`, the
+    /// first [`LISTED_TEMPLATES`] of them) and says how to define one.
+    #[error("unknown template \"{template}\"{}", describe_unknown(.template, .known))]
+    UnknownTemplate {
+        /// The name asked for.
+        template: TemplateName,
+        /// The templates pglease builds that exist (client-built ones, named by a hash, are
+        /// left out), by name; empty when whoever answered did not list them.
+        known: Vec<TemplateName>,
+    },
     /// A request named a major the operator did not make available, and this daemon starts
     /// no others on request (without a token, see `PoolConfig::majors_on_request`).
     #[error("PostgreSQL {asked} is not offered here: this daemon runs {offered}; a request can start a server of another major only where a token guards the API (--token), or name the major in a template of the configuration")]

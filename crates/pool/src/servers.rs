@@ -219,7 +219,19 @@ impl Servers {
             None => None,
         };
         let Some(major) = major else {
-            return self.inner.primary.handle.lease(request).await;
+            return match self.inner.primary.handle.lease(request).await {
+                // The primary knows its own templates; those of further servers count too.
+                Err(LeaseError::UnknownTemplate {
+                    template,
+                    mut known,
+                }) => {
+                    known.extend(lock(&self.inner.placed).keys().cloned());
+                    known.sort();
+                    known.dedup();
+                    Err(LeaseError::UnknownTemplate { template, known })
+                }
+                outcome => outcome,
+            };
         };
         let server = self
             .server(major, request.postgres_version, request.wait)

@@ -259,7 +259,7 @@ impl PoolState {
             let client_built = entry.is_client_built();
             for waiter in entry.waiters.drain(..) {
                 let error = if client_built {
-                    LeaseError::UnknownTemplate(name.clone())
+                    LeaseError::unknown_template(name.clone())
                 } else {
                     LeaseError::PostgresDown(reason.to_owned())
                 };

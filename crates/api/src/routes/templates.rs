@@ -61,7 +61,7 @@ pub async fn show(
         .into_iter()
         .find(|t| t.name == name)
         .map(|t| Json(template_json(t)))
-        .ok_or_else(|| LeaseError::UnknownTemplate(name).into())
+        .ok_or_else(|| LeaseError::unknown_template(name).into())
 }
 
 /// `POST /templates/{name}/rebuild` → 202: a new version is being built.

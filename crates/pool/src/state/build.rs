@@ -67,7 +67,7 @@ impl PoolState {
         now: Instant,
     ) -> Result<Vec<Action>, LeaseError> {
         match self.templates.get(template) {
-            None => Err(LeaseError::UnknownTemplate(template.clone())),
+            None => Err(self.unknown_template(template.clone())),
             Some(entry) if entry.is_client_built() => {
                 Err(LeaseError::ClientBuilt(template.clone()))
             }

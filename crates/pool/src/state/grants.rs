@@ -94,7 +94,7 @@ impl PoolState {
             // The IntegreSQL API (whose port needs no token) serves the templates its
             // clients build, not the configured ones the native API guards.
             Some(Lifecycle::Configured(_)) if request.reclaimable => {
-                Err(LeaseError::UnknownTemplate(template.clone()))
+                Err(LeaseError::unknown_template(template.clone()))
             }
             _ => self.may_wait_for(template),
         }
@@ -106,7 +106,7 @@ impl PoolState {
         let entry = self
             .templates
             .get(template)
-            .ok_or_else(|| LeaseError::UnknownTemplate(template.clone()))?;
+            .ok_or_else(|| self.unknown_template(template.clone()))?;
         match &entry.lifecycle {
             Lifecycle::Configured(_) => Ok(()),
             // Nothing to build: requests wait for the client to finalize, or fail.

@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::dbs::Phase;
 use super::{PoolState, Server};
+use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::types::{DropStatus, LimitStatus, TemplateStatus};
 
@@ -20,6 +21,20 @@ pub(crate) struct OpenLease {
 }
 
 impl PoolState {
+    /// The error for a request naming a template that does not exist, listing the
+    /// templates pglease builds (client-built ones are named by a hash nobody types).
+    pub fn unknown_template(&self, template: TemplateName) -> LeaseError {
+        LeaseError::UnknownTemplate {
+            template,
+            known: self
+                .templates
+                .iter()
+                .filter(|(_, entry)| !entry.is_client_built())
+                .map(|(name, _)| name.clone())
+                .collect(),
+        }
+    }
+
     /// One template's counts, if it exists.
     pub fn status_of(&self, template: &TemplateName) -> Option<TemplateStatus> {
         let entry = self.templates.get(template)?;

@@ -407,7 +407,7 @@ fn unknown_templates_are_refused() {
     driver.settle();
     assert!(matches!(
         driver.failures.as_slice(),
-        [(w, LeaseError::UnknownTemplate(_))] if *w == waiter
+        [(w, LeaseError::UnknownTemplate { .. })] if *w == waiter
     ));
 }
 
@@ -1080,7 +1080,7 @@ fn the_integresql_side_reaches_neither_configured_templates_nor_native_leases() 
     assert!(driver.grant_of(compat).is_none());
     assert!(matches!(
         driver.failures.last(),
-        Some((waiter, LeaseError::UnknownTemplate(_))) if *waiter == compat
+        Some((waiter, LeaseError::UnknownTemplate { .. })) if *waiter == compat
     ));
     // Its own test databases it does reach.
     initialize(&mut driver, "c0ffee").expect("initialize");
