@@ -146,9 +146,16 @@ pub struct ServeArgs {
     /// The longest a database is kept; a longer keep is shortened to this [default: 3600].
     #[arg(long, value_name = "SECS")]
     pub max_keep: Option<u64>,
-    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE (a pg_dump output), NAME=command:CMD or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
+    /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE (a pg_dump output), NAME=command:CMD (give it --watch NAME=PATH) or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
     #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
     pub templates: Vec<String>,
+    /// A file or directory whose contents enter the fingerprint of the command template
+    /// NAME (with its command string), e.g. --watch app=db/migrations: an edit there builds
+    /// a new version at the next lease. Without one, a command template is fingerprinted by
+    /// its command alone and edits of its migrations go unseen. Relative to the current
+    /// directory; adds to the config file's watch list. Repeatable.
+    #[arg(long = "watch", value_name = "NAME=PATH")]
+    pub watches: Vec<String>,
     /// Ready clones kept warm per template [default: 4].
     #[arg(long)]
     pub min_ready: Option<usize>,
@@ -867,6 +874,9 @@ impl ServeArgs {
             templates.retain(|t: &TemplateConfig| t.name.as_str() != name);
             push_template(&mut templates, name, source, version)?;
         }
+        for spec in &self.watches {
+            add_watch(&mut templates, spec)?;
+        }
         let postgres = file.postgres;
         let server = match self.postgres_url.or(postgres.url) {
             Some(_) if self.postgres_version.is_some() || postgres.postgres_version.is_some() => {
@@ -1116,6 +1126,31 @@ fn push_template(
     Ok(())
 }
 
+/// `--watch NAME=PATH`: one more watched path for the command template NAME.
+fn add_watch(templates: &mut [TemplateConfig], spec: &str) -> Result<(), String> {
+    let (name, path) = spec
+        .split_once('=')
+        .filter(|(name, path)| !name.is_empty() && !path.is_empty())
+        .ok_or_else(|| format!("--watch {spec:?}: expected NAME=PATH"))?;
+    let template = templates
+        .iter_mut()
+        .find(|t| t.name.as_str() == name)
+        .ok_or_else(|| {
+            format!("--watch {spec:?}: no template {name:?} (define it with --template {name}=command:CMD)")
+        })?;
+    let mut source = &mut template.source;
+    if let TemplateSource::Superuser(inner) = source {
+        source = inner;
+    }
+    let TemplateSource::Command(command) = source else {
+        return Err(format!(
+            "--watch {spec:?}: template {name:?} is not a command template (its other sources are fingerprinted whole already)"
+        ));
+    };
+    command.watch.push(absolute(Path::new(path))?);
+    Ok(())
+}
+
 /// A command's timeout: 1 s to a day.
 fn command_timeout(secs: Option<u64>) -> Result<Duration, String> {
     match secs {
@@ -1166,7 +1201,7 @@ fn parse_template_flag(
             allow_script: true,
         }),
         // Run in the current directory; only the command string enters the fingerprint
-        // (a config file can add `watch`).
+        // (`--watch NAME=PATH` or a config file's `watch` add files).
         Some(("command", command)) if !command.trim().is_empty() => {
             TemplateSource::Command(CommandSource {
                 command: command.to_owned(),

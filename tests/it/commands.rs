@@ -89,6 +89,101 @@ async fn a_shell_script_running_psql_builds_a_template_and_its_watch_list_keeps_
         .expect("the new column");
 }
 
+/// `--watch NAME=PATH` gives a command template from `--template` what the config file's
+/// `watch` gives: an edit of a watched file builds a new version at the next lease (issue 26:
+/// without it the new column was missing from later leases).
+#[tokio::test]
+async fn a_command_template_on_the_command_line_watches_what_watch_names() {
+    let dir = scratch_dir("command-cli-watch");
+    let schema = dir.join("schema.sql");
+    fs::write(&schema, "CREATE TABLE things (id int PRIMARY KEY);\n").expect("write");
+    let migrations = dir.join("migrations");
+    fs::create_dir(&migrations).expect("mkdir");
+    fs::write(migrations.join("001.sql"), "SELECT 1;\n").expect("write");
+    let command = format!(
+        "app=command:psql -v ON_ERROR_STOP=1 -q -f {}",
+        schema.display()
+    );
+    let daemon = TestDaemon::builder()
+        .args([
+            "--template",
+            &command,
+            "--watch",
+            &format!("app={}", schema.display()),
+            "--watch",
+            &format!("app={}", migrations.display()),
+            "--min-ready",
+            "1",
+        ])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("app").await;
+    fs::write(
+        &schema,
+        "CREATE TABLE things (id int PRIMARY KEY, born date);\n",
+    )
+    .expect("write");
+    let newer = daemon.lease_ok("app").await;
+    assert_ne!(newer["fingerprint"], lease["fingerprint"]);
+    let client = connect(&newer).await.expect("connect");
+    client
+        .query_one("SELECT count(born) FROM things", &[])
+        .await
+        .expect("the new column");
+    // A watched directory counts too: a file added there is a new version.
+    fs::write(migrations.join("002.sql"), "SELECT 2;\n").expect("write");
+    let newest = daemon.lease_ok("app").await;
+    assert_ne!(newest["fingerprint"], newer["fingerprint"]);
+    assert_eq!(daemon.template_status("app").await["unwatched"], false);
+}
+
+/// A command template that watches nothing is said so at start (a warning naming what to
+/// do) and in `/status` and `GET /templates/{name}` (`unwatched`).
+#[tokio::test]
+async fn a_command_template_that_watches_nothing_is_warned_of_and_shown() {
+    let dir = scratch_dir("command-unwatched");
+    let daemon = TestDaemon::builder()
+        .args([
+            "--template",
+            "bare=command:true",
+            "--template",
+            "watched=command:true",
+            "--watch",
+            &format!("watched={}", dir.display()),
+            "--template",
+            "plain=empty",
+        ])
+        .start()
+        .await;
+    let log = poll_until(
+        std::time::Duration::from_secs(30),
+        "the warning of the unwatched command template",
+        || async {
+            let log = daemon.log();
+            log.contains("command template bare watches no file")
+                .then_some(log)
+        },
+    )
+    .await;
+    let warning = log
+        .lines()
+        .find(|line| line.contains("command template bare watches no file"))
+        .expect("the warning line");
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("--watch bare=PATH"), "{warning}");
+    assert!(warning.contains("--verify-templates"), "{warning}");
+    assert!(
+        !log.contains("command template watched watches no file"),
+        "{log}"
+    );
+    assert_eq!(daemon.template_status("bare").await["unwatched"], true);
+    assert_eq!(daemon.template_status("watched").await["unwatched"], false);
+    assert_eq!(daemon.template_status("plain").await["unwatched"], false);
+    let (code, one) = daemon.get("/templates/bare").await;
+    assert_eq!(code, 200, "{one}");
+    assert_eq!(one["unwatched"], true, "{one}");
+}
+
 #[tokio::test]
 async fn a_failing_command_reports_its_status_and_output_and_leaves_nothing() {
     let dir = scratch_dir("command-fail");

@@ -376,6 +376,10 @@ pub struct TemplateJson {
     pub blocked_by: Option<&'static str>,
     /// Last build or clone error.
     pub last_error: Option<String>,
+    /// True for a migration command that watches no file: its fingerprint is the command
+    /// string alone, so an edit of its migrations builds no new version. Give it watch paths
+    /// (`--watch NAME=PATH`, `watch` in the config file) or run with `--verify-templates`.
+    pub unwatched: bool,
     /// The version of the PostgreSQL server it lives on (`server_version`).
     pub postgres_version: Option<String>,
     /// While a build that reports progress runs (a dump's restore): where it is.

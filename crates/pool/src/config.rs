@@ -264,6 +264,21 @@ impl TemplateSource {
     pub fn is_client_built(&self) -> bool {
         matches!(self, TemplateSource::Client)
     }
+
+    /// True for a migration command that watches no file: its fingerprint is the command
+    /// string alone, so an edit of its migrations builds no new version (nothing tells the
+    /// daemon; `--watch`, `watch` in the configuration file or `--verify-templates` do).
+    pub fn watches_nothing(&self) -> bool {
+        match self {
+            TemplateSource::Command(command) => command.watch.is_empty(),
+            TemplateSource::Superuser(inner) => inner.watches_nothing(),
+            TemplateSource::Empty
+            | TemplateSource::Migrations(_)
+            | TemplateSource::SqlFile(_)
+            | TemplateSource::Dump(_)
+            | TemplateSource::Client => false,
+        }
+    }
 }
 
 /// A dump to restore (see [`TemplateSource::Dump`]).

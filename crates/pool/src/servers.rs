@@ -90,6 +90,7 @@ impl Servers {
     /// or now for templates that name them when `prebuild` is set. Returns the router and
     /// the primary pool's task (it ends when the pool stops).
     pub async fn start(config: PoolConfig) -> Result<(Servers, JoinHandle<()>), StartError> {
+        warn_of_unwatched(&config);
         let (own, versioned): (Vec<TemplateConfig>, Vec<TemplateConfig>) = config
             .templates
             .iter()
@@ -620,6 +621,37 @@ impl Servers {
 
 /// How long a template operation waits for its server to start.
 const START_WAIT: Duration = Duration::from_secs(600);
+
+/// Says at start which migration commands watch nothing: their fingerprint is the command
+/// string alone, so an edited migration would silently be missing from later leases.
+fn warn_of_unwatched(config: &PoolConfig) {
+    for template in config
+        .templates
+        .iter()
+        .filter(|t| t.source.watches_nothing())
+    {
+        if config.verify_templates {
+            tracing::warn!(
+                template = %template.name,
+                "command template {} watches no file: --verify-templates builds it afresh once \
+                 at this start, but an edit of its migrations while pglease runs goes unseen; \
+                 give it watch paths (--watch {}=PATH, or watch = [...] in the config file)",
+                template.name,
+                template.name,
+            );
+        } else {
+            tracing::warn!(
+                template = %template.name,
+                "command template {} watches no file: its fingerprint is the command alone, \
+                 so an edit of its migrations builds no new version; give it watch paths \
+                 (--watch {}=PATH, or watch = [...] in the config file), or run with \
+                 --verify-templates to build it afresh at each start",
+                template.name,
+                template.name,
+            );
+        }
+    }
+}
 
 fn start_failed(major: u32, error: &str) -> LeaseError {
     LeaseError::PostgresDown(format!(

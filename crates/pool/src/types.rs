@@ -315,6 +315,11 @@ pub struct TemplateStatus {
     pub blocked_by: Option<&'static str>,
     /// The last build or clone error.
     pub last_error: Option<String>,
+    /// A migration command that watches no file ([`TemplateSource::watches_nothing`]): an
+    /// edit of its migrations goes unseen.
+    ///
+    /// [`TemplateSource::watches_nothing`]: crate::config::TemplateSource::watches_nothing
+    pub unwatched: bool,
     /// The `server_version` of the server it lives on (filled by [`crate::Servers`]).
     pub postgres_version: Option<String>,
     /// Where its build is, while one that reports progress runs (a dump's restore).

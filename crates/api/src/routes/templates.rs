@@ -279,6 +279,7 @@ pub(crate) fn template_json(t: TemplateStatus) -> TemplateJson {
         waiting: t.waiting,
         blocked_by: t.blocked_by,
         last_error: t.last_error,
+        unwatched: t.unwatched,
         postgres_version: t.postgres_version,
         progress: t.progress.map(|p| ProgressJson {
             step: p.step,

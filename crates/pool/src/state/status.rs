@@ -107,6 +107,7 @@ impl PoolState {
             waiting: entry.waiters.len(),
             blocked_by: self.blocked_by(name, in_use, counts).map(|b| b.name()),
             last_error: entry.last_error.clone(),
+            unwatched: entry.source().watches_nothing(),
             postgres_version: None,
             progress: None,
         }
