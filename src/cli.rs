@@ -56,7 +56,8 @@ pub enum Command {
     /// List the databases kept after failed tests (release --keep, run --keep-on-failure),
     /// with the URL that opens each; --drop ID drops one now.
     Kept(KeptArgs),
-    /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`.
+    /// Wait until the daemon can lease (GET /readyz): `pglease serve & pglease ready`. Fails
+    /// at once, with the daemon's reason, when a configured template cannot be built.
     Ready(ReadyArgs),
     /// Server binaries: download a version into the cache, list what is there.
     #[command(subcommand)]
@@ -175,7 +176,8 @@ pub struct ServeArgs {
     /// Time to live of a lease when the request names none, in seconds [default: 1800].
     #[arg(long, value_name = "SECS")]
     pub default_ttl: Option<u64>,
-    /// Build every template at start instead of on first lease.
+    /// Build every template at start instead of on first lease; /readyz (and `pglease
+    /// ready`) then waits for them, and fails with the reason when one fails.
     #[arg(long, overrides_with = "no_prebuild")]
     pub prebuild: bool,
     /// Overrides prebuild = true in the config file.
@@ -444,7 +446,8 @@ pub struct RenewArgs {
 #[derive(Debug, Args)]
 pub struct ReadyArgs {
     /// Seconds to keep asking while the daemon is not up or not ready yet (0: ask once).
-    /// Exits 0 once it is ready, 1 when the time is up.
+    /// Exits 0 once it is ready, 1 when the time is up or, at once, when a configured
+    /// template cannot be built (its sources missing, or with --prebuild its build failed).
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub timeout: u64,
     #[command(flatten)]

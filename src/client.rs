@@ -7,6 +7,7 @@ mod tables;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cli::{
@@ -39,6 +40,22 @@ impl Client {
 
     /// Sends a request and returns the JSON body of a 2xx answer (Null when empty).
     async fn call(&self, request: reqwest::RequestBuilder) -> Result<Value> {
+        let (status, body) = self.send(request).await?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        let message = match &body {
+            Value::Null => String::new(),
+            body => body["error"]["message"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| body.to_string()),
+        };
+        Err(ClientError(refused(status, &message)))
+    }
+
+    /// Sends a request and returns the status and JSON body of any answer.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
         let request = match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -63,17 +80,7 @@ impl Client {
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
-        if status.is_success() {
-            return Ok(body);
-        }
-        let message = match &body {
-            Value::Null => String::new(),
-            body => body["error"]["message"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| body.to_string()),
-        };
-        Err(ClientError(refused(status, &message)))
+        Ok((status, body))
     }
 
     async fn lease(&self, template: &str, options: LeaseOptions<'_>) -> Result<Value> {
@@ -180,8 +187,9 @@ pub async fn renew(args: RenewArgs) -> Result<()> {
 }
 
 /// `pglease ready`: asks `/readyz` every 100 ms until it answers 200 or `--timeout` is up;
-/// a daemon not listening yet, or answering 503 while postgres starts and the default
-/// template builds, is asked again.
+/// a daemon not listening yet, or answering 503 while postgres starts and templates build,
+/// is asked again. A configured template that cannot be built (`failed_templates`) ends
+/// it at once with the daemon's reason: waiting would not mend it.
 pub async fn ready(args: ReadyArgs) -> Result<()> {
     let client = Client::new(&args.client)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
@@ -195,8 +203,24 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
                     .saturating_duration_since(tokio::time::Instant::now())
                     .max(Duration::from_millis(200)),
             );
-        let not_yet = match client.call(request).await {
-            Ok(_) => return Ok(()),
+        let not_yet = match client.send(request).await {
+            Ok((status, _)) if status.is_success() => return Ok(()),
+            Ok((status, body)) => {
+                let reason = body["reason"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| body.to_string());
+                let failed = body["failed_templates"]
+                    .as_array()
+                    .is_some_and(|failed| !failed.is_empty());
+                if failed {
+                    return Err(ClientError(format!(
+                        "pglease at {} is not ready: {reason}",
+                        client.base
+                    )));
+                }
+                format!("pglease answered {status}: {reason}")
+            }
             Err(ClientError(message)) => message,
         };
         if tokio::time::Instant::now() >= deadline {

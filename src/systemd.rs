@@ -1,5 +1,6 @@
 //! systemd integration for `Type=notify` units: READY=1 once postgres is up and the
-//! default template is built, STOPPING=1 when shutdown begins, and watchdog pings for as
+//! default template is built (not waiting on configured templates, unlike `/readyz`: a
+//! broken migration must not fail the unit's start), STOPPING=1 when shutdown begins, and watchdog pings for as
 //! long as the pool actor answers. Everything is a no-op when systemd did not start us
 //! (no `NOTIFY_SOCKET`).
 
@@ -19,7 +20,7 @@ pub fn spawn(pool: PoolHandle) {
     tokio::spawn(async move {
         loop {
             let readiness = pool.readiness().await;
-            if readiness.is_ready() {
+            if readiness.is_serving() {
                 break;
             }
             tokio::time::sleep(READY_POLL).await;

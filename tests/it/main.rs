@@ -28,6 +28,7 @@ mod majors;
 mod metrics;
 mod privileges;
 mod proof;
+mod readiness;
 mod register;
 mod release;
 mod security;

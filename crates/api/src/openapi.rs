@@ -54,6 +54,7 @@ use crate::wire;
         wire::RefusedJson,
         wire::HealthResponse,
         wire::ReadyResponse,
+        wire::FailedTemplateJson,
     ))
 )]
 pub struct ApiDoc;

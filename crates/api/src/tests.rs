@@ -430,11 +430,21 @@ async fn renew_answers_the_new_expiry() {
 #[tokio::test]
 async fn readyz_follows_the_pool_readiness() {
     let cases = [
-        (true, true, StatusCode::OK),
-        (true, false, StatusCode::SERVICE_UNAVAILABLE),
-        (false, true, StatusCode::SERVICE_UNAVAILABLE),
+        (true, true, StatusCode::OK, None),
+        (
+            true,
+            false,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("the default template is being built"),
+        ),
+        (
+            false,
+            true,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("postgres is not up (yet)"),
+        ),
     ];
-    for (postgres_up, default_template_ready, expected) in cases {
+    for (postgres_up, default_template_ready, expected, reason) in cases {
         let (app, mut actor) = app();
         let response =
             exchange(
@@ -446,6 +456,7 @@ async fn readyz_follows_the_pool_readiness() {
                         let readiness = Readiness {
                             postgres_up,
                             default_template_ready,
+                            ..Readiness::default()
                         };
                         reply.send(readiness).expect("the client waits");
                     }
@@ -461,9 +472,53 @@ async fn readyz_follows_the_pool_readiness() {
                 "ready": expected == StatusCode::OK,
                 "postgres": postgres_up,
                 "default_template": default_template_ready,
+                "reason": reason,
+                "failed_templates": [],
+                "building_templates": [],
             })
         );
     }
+}
+
+#[tokio::test]
+async fn readyz_names_the_configured_templates_that_cannot_be_built() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("GET", "/readyz", ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Readiness { reply } => {
+                let readiness = Readiness {
+                    postgres_up: true,
+                    default_template_ready: true,
+                    failed_templates: vec![(
+                        template("app"),
+                        "cannot read migrations directory /src/migratoins".into(),
+                    )],
+                    building_templates: vec![template("reports")],
+                };
+                reply.send(readiness).expect("the client waits");
+            }
+            other => panic!("expected a readiness query, got {other:?}"),
+        },
+    )
+    .await;
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        body,
+        json!({
+            "ready": false,
+            "postgres": true,
+            "default_template": true,
+            "reason": "template app cannot be built: cannot read migrations directory /src/migratoins",
+            "failed_templates": [
+                {"name": "app", "error": "cannot read migrations directory /src/migratoins"},
+            ],
+            "building_templates": ["reports"],
+        })
+    );
 }
 
 #[tokio::test]

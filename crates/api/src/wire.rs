@@ -432,10 +432,30 @@ pub struct HealthResponse {
 /// `GET /readyz`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ReadyResponse {
-    /// Both below are true.
+    /// Postgres is up, the default template built, `failed_templates` and
+    /// `building_templates` empty, and the daemon not stopping.
     pub ready: bool,
     /// Postgres accepts connections.
     pub postgres: bool,
     /// The default template is built.
     pub default_template: bool,
+    /// Why it is not ready, in a sentence; null when it is.
+    pub reason: Option<String>,
+    /// Templates configured at start that cannot be built: their sources were missing or
+    /// unreadable at start, or their last build failed. Each one holds readiness back
+    /// until a build of it succeeds (the next lease's, or the one pglease starts when its
+    /// sources change).
+    pub failed_templates: Vec<FailedTemplateJson>,
+    /// Templates configured at start being built again after a failure, and with
+    /// `--prebuild` those not built yet in this run.
+    pub building_templates: Vec<String>,
+}
+
+/// A template that cannot be built, in `/readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FailedTemplateJson {
+    /// Its name.
+    pub name: String,
+    /// Why: the missing source, or the build's error.
+    pub error: String,
 }

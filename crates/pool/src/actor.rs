@@ -31,8 +31,7 @@ use crate::session::{
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
-    ConnectInfo, KeptDatabase, Lease, LeaseRequest, LeaseSummary, PostgresStatus, Readiness,
-    StatusReport,
+    ConnectInfo, KeptDatabase, Lease, LeaseRequest, LeaseSummary, PostgresStatus, StatusReport,
 };
 
 mod client;
@@ -96,6 +95,19 @@ struct Watch {
     stamp: SourceStamp,
     fingerprint: String,
 }
+
+/// The sources of a configured template whose last build failed (or whose sources were
+/// missing at start), as they were then: when their stamp moves, the template is built
+/// again, so that a fix shows in `/status` and `/readyz` without waiting for a lease.
+struct FailedSources {
+    stamp: SourceStamp,
+    /// A look at the stamp runs (off the actor: it is file I/O).
+    checking: bool,
+}
+
+/// How often the sources of failed templates are looked at: a stat per file, a second
+/// after the fix at most.
+const FAILED_SOURCES_EVERY: Duration = Duration::from_secs(1);
 
 /// The second look at a server whose monitor connection closed (`check_server`).
 #[derive(Debug, PartialEq)]
@@ -207,6 +219,12 @@ enum JobResult {
         /// The fingerprint of the version the check compared against.
         fingerprint: String,
     },
+    /// The sources of a failed template were looked at ([`FailedSources`]).
+    FailedSourcesChecked {
+        template: TemplateName,
+        /// Their stamp moved since the failure.
+        changed: bool,
+    },
 }
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
@@ -316,15 +334,62 @@ pub async fn start(
         store: None,
         space: None,
         watches: HashMap::new(),
+        failed_sources: HashMap::new(),
+        failed_sources_at: Instant::now(),
         verify_templates: config.verify_templates,
         verified: HashSet::new(),
         jobs_tx,
         tracker: TaskTracker::new(),
     };
     tracing::info!(instance = %instance, "pool started");
+    // Before the first builds: a template whose sources are not there fails now, with the
+    // reason, instead of at its first lease (and `/readyz` says so).
+    for (template, message, stamp) in unusable_sources(&actor.inputs.child_user, &templates).await {
+        tracing::warn!(template = %template, error = %message, "template sources are missing or unreadable; it cannot be built until they are fixed");
+        actor.state.sources_unusable(&template, message);
+        actor.failed_sources.insert(
+            template,
+            FailedSources {
+                stamp,
+                checking: false,
+            },
+        );
+    }
     actor.server_came_up(up);
     let join = tokio::spawn(actor.run(commands, jobs));
     Ok((PoolHandle::new(commands_tx), join))
+}
+
+/// The configured templates whose sources fail the check a registered source passes
+/// (`template::check_source`, with the child user's rights), with why and their stamp.
+async fn unusable_sources(
+    user: &ChildUser,
+    templates: &[TemplateConfig],
+) -> Vec<(TemplateName, String, SourceStamp)> {
+    let mut unusable = Vec::new();
+    for config in templates {
+        if matches!(
+            config.source,
+            TemplateSource::Empty | TemplateSource::Client
+        ) {
+            continue;
+        }
+        let source = config.source.clone();
+        let checked = user
+            .read(move || (template::check_source(&source), template::stamp(&source)))
+            .await;
+        match checked {
+            Ok((Ok(()), _)) => {}
+            Ok((Err(message), stamp)) => {
+                unusable.push((config.name.clone(), user.explain(message), stamp));
+            }
+            // The check could not run at all: the build will say what is wrong.
+            Err(message) => {
+                tracing::warn!(template = %config.name, error = %message, "could not check the template's sources");
+            }
+        }
+    }
+    unusable
 }
 
 /// Three quarters of the filesystem holding the instance directory: the rest is for the
@@ -496,6 +561,10 @@ struct Actor {
     stamps: HashMap<DbName, Stamp>,
     /// What each built template's current version was built from.
     watches: HashMap<TemplateName, Watch>,
+    /// What each failed configured template's sources were when it failed.
+    failed_sources: HashMap<TemplateName, FailedSources>,
+    /// When the sources of failed templates are looked at next.
+    failed_sources_at: Instant,
     verify_templates: bool,
     /// Templates built from scratch once already in this run (for `verify_templates`).
     verified: HashSet<TemplateName>,
@@ -545,6 +614,7 @@ impl Actor {
                     self.watch_space();
                     self.check_server();
                     self.drop_cancelled_waiters();
+                    self.look_at_failed_sources();
                     let actions = self.state.tick(Instant::now());
                     self.apply(actions);
                     self.check_invariants();
@@ -629,10 +699,7 @@ impl Actor {
                 let _ = reply.send(answer);
             }
             Command::Readiness { reply } => {
-                let _ = reply.send(Readiness {
-                    postgres_up: self.state.server_is_up(),
-                    default_template_ready: self.state.ready_for_default(),
-                });
+                let _ = reply.send(self.state.readiness());
             }
             Command::Initialize { template, reply } => self.initialize(template, reply),
             Command::Finalize { template, reply } => self.finalize(template, reply),
@@ -666,6 +733,11 @@ impl Actor {
             self.check_invariants();
             return;
         }
+        if let JobResult::FailedSourcesChecked { template, changed } = result {
+            self.failed_sources_checked(template, changed);
+            self.check_invariants();
+            return;
+        }
         if generation != self.generation {
             self.stale_report(result);
             return;
@@ -696,7 +768,7 @@ impl Actor {
                 stamp,
                 outcome,
             } => {
-                match &outcome {
+                let failed_stamp = match &outcome {
                     Ok(built) => {
                         self.watches.insert(
                             template.clone(),
@@ -706,13 +778,30 @@ impl Actor {
                             },
                         );
                         self.suggest_store(&template, built.size_bytes);
+                        None
                     }
                     Err(message) => {
                         tracing::warn!(template = %template, error = %message, "template build failed");
+                        Some(stamp)
                     }
-                }
+                };
                 let actions = self.state.build_finished(&template, outcome, now);
                 self.apply(actions);
+                // Its sources as the failed build saw them: a fix moves their stamp.
+                match failed_stamp.filter(|_| self.state.has_failed(&template)) {
+                    Some(stamp) => {
+                        self.failed_sources.insert(
+                            template,
+                            FailedSources {
+                                stamp,
+                                checking: false,
+                            },
+                        );
+                    }
+                    None => {
+                        self.failed_sources.remove(&template);
+                    }
+                }
             }
             JobResult::Cloned {
                 template,
@@ -795,7 +884,7 @@ impl Actor {
             JobResult::Probed { outcome } => self.probed(outcome),
             JobResult::SpaceFilled { sizes } => self.space_filled(sizes),
             // Handled above, whatever its generation.
-            JobResult::SourcesChecked { .. } => {}
+            JobResult::SourcesChecked { .. } | JobResult::FailedSourcesChecked { .. } => {}
         }
         self.check_invariants();
     }
@@ -820,7 +909,8 @@ impl Actor {
             | JobResult::LimitSet { .. }
             | JobResult::Opened { .. }
             | JobResult::Finalized { .. }
-            | JobResult::SourcesChecked { .. } => {}
+            | JobResult::SourcesChecked { .. }
+            | JobResult::FailedSourcesChecked { .. } => {}
         }
     }
 
@@ -1296,6 +1386,57 @@ impl Actor {
         for (request, reply) in self.checking.remove(&template).unwrap_or_default() {
             self.request_lease(request, reply);
         }
+    }
+
+    /// Looks (off the actor, at most every [`FAILED_SOURCES_EVERY`]) whether the sources
+    /// of failed configured templates changed since they failed.
+    fn look_at_failed_sources(&mut self) {
+        let state = &self.state;
+        self.failed_sources
+            .retain(|template, _| state.has_failed(template));
+        let now = Instant::now();
+        if self.failed_sources.is_empty() || now < self.failed_sources_at {
+            return;
+        }
+        self.failed_sources_at = now + FAILED_SOURCES_EVERY;
+        let due: Vec<(TemplateName, SourceStamp)> = self
+            .failed_sources
+            .iter_mut()
+            .filter(|(_, failed)| !failed.checking)
+            .map(|(template, failed)| {
+                failed.checking = true;
+                (template.clone(), failed.stamp.clone())
+            })
+            .collect();
+        for (template, stamp) in due {
+            let Some(source) = self.state.source_of(&template) else {
+                continue;
+            };
+            let user = self.inputs.child_user.clone();
+            self.spawn_job(move |_| async move {
+                // With the child user's rights: the sources may be a caller's.
+                let changed = user
+                    .read(move || template::stamp(&source) != stamp)
+                    .await
+                    .unwrap_or(false);
+                JobResult::FailedSourcesChecked { template, changed }
+            });
+        }
+    }
+
+    /// The sources of a failed template were looked at: when they changed, it is built
+    /// again (the fix, or the next mistake, shows without waiting for a lease).
+    fn failed_sources_checked(&mut self, template: TemplateName, changed: bool) {
+        let Some(failed) = self.failed_sources.get_mut(&template) else {
+            return;
+        };
+        failed.checking = false;
+        if !changed || !self.state.has_failed(&template) {
+            return;
+        }
+        tracing::info!(template = %template, "the sources of a failed template changed; building it again");
+        let actions = self.state.rebuild(&template, Instant::now());
+        self.apply(actions);
     }
 
     /// Parks the reply and asks the state for a lease.

@@ -259,10 +259,7 @@ impl PoolHandle {
 
     /// Whether postgres is up and the default template built; all false once stopped.
     pub async fn readiness(&self) -> Readiness {
-        let stopped = Readiness {
-            postgres_up: false,
-            default_template_ready: false,
-        };
+        let stopped = Readiness::default();
         let (reply, answer) = oneshot::channel();
         if self.send(Command::Readiness { reply }).await.is_err() {
             return stopped;

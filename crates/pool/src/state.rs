@@ -169,6 +169,9 @@ pub(crate) struct PoolState {
     /// share their template's blocks (`--storage cow` on PostgreSQL 18+): the byte budget is
     /// judged by it instead of by each clone's size (`state/budget.rs`).
     store_used: Option<u64>,
+    /// Every configured template is built at start (`--prebuild`): readiness waits for
+    /// their first builds.
+    prebuild: bool,
 }
 
 impl PoolState {
@@ -185,7 +188,7 @@ impl PoolState {
             let wanted = prebuild || template.name == TemplateName::default_name();
             entries.insert(
                 template.name.clone(),
-                TemplateEntry::configured(template.source.clone(), wanted),
+                TemplateEntry::configured(template.source.clone(), wanted, true),
             );
         }
         PoolState {
@@ -204,6 +207,7 @@ impl PoolState {
             proven: Proven::default(),
             abandoned: 0,
             store_used: None,
+            prebuild,
         }
     }
 

@@ -378,18 +378,64 @@ pub struct LeaseSummary {
 }
 
 /// Answers `/readyz`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Readiness {
     /// Postgres accepts connections.
     pub postgres_up: bool,
     /// The `default` template is built.
     pub default_template_ready: bool,
+    /// Templates configured at start that cannot be built, and why: their sources were
+    /// missing or unreadable at start, or their last build failed. Each holds readiness
+    /// back until a build of it succeeds (the next lease's, or the one that follows an
+    /// edit of its sources).
+    pub failed_templates: Vec<(TemplateName, String)>,
+    /// Templates configured at start being built again after a failure, and with
+    /// `prebuild` those not built yet in this run.
+    pub building_templates: Vec<TemplateName>,
 }
 
 impl Readiness {
-    /// Ready to lease: postgres up and the `default` template built.
+    /// Ready to lease: postgres up, the `default` template built, no configured template
+    /// failed, and with `prebuild` every one built.
     pub fn is_ready(&self) -> bool {
+        self.postgres_up
+            && self.default_template_ready
+            && self.failed_templates.is_empty()
+            && self.building_templates.is_empty()
+    }
+
+    /// Serving leases at all: postgres up and the `default` template built, whatever the
+    /// configured templates do (what systemd's READY=1 waits for: a broken migration must
+    /// not keep the unit from starting, where it could never be fixed).
+    pub fn is_serving(&self) -> bool {
         self.postgres_up && self.default_template_ready
+    }
+
+    /// Why it is not ready, in a sentence; None when it is.
+    pub fn reason(&self) -> Option<String> {
+        if !self.postgres_up {
+            return Some("postgres is not up (yet)".into());
+        }
+        if !self.failed_templates.is_empty() {
+            let failures: Vec<String> = self
+                .failed_templates
+                .iter()
+                .map(|(name, error)| format!("template {name} cannot be built: {error}"))
+                .collect();
+            return Some(failures.join("; "));
+        }
+        if !self.default_template_ready {
+            return Some("the default template is being built".into());
+        }
+        if !self.building_templates.is_empty() {
+            let names: Vec<&str> = self
+                .building_templates
+                .iter()
+                .map(TemplateName::as_str)
+                .collect();
+            return Some(format!("building {}", names.join(", ")));
+        }
+        None
     }
 }
 

@@ -10,8 +10,9 @@ use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
-    DatabasesSpaceJson, DropsJson, ErrorBody, FilledByJson, HealthResponse, LeaseJson, LimitsJson,
-    PostgresJson, ReadyResponse, RefusedJson, ServerJson, StatusResponse, StorageJson,
+    DatabasesSpaceJson, DropsJson, ErrorBody, FailedTemplateJson, FilledByJson, HealthResponse,
+    LeaseJson, LimitsJson, PostgresJson, ReadyResponse, RefusedJson, ServerJson, StatusResponse,
+    StorageJson,
 };
 use crate::AppState;
 
@@ -151,18 +152,25 @@ pub async fn healthz() -> Json<HealthResponse> {
     Json(HealthResponse { status: "ok" })
 }
 
-/// `GET /readyz`: 200 when postgres is up and the default template built, else 503.
+/// `GET /readyz`: 200 when postgres is up, the default template built and no configured
+/// template failed (with `--prebuild`, each one built), else 503 with the `reason`.
 #[utoipa::path(get, path = "/readyz", responses(
     (status = 200, description = "Ready", body = ReadyResponse),
     (status = 503, description = "Not ready", body = ReadyResponse),
 ))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyResponse>) {
     let readiness = state.pool.readiness().await;
-    let ready = readiness.is_ready() && !state.is_shutting_down();
+    let shutting_down = state.is_shutting_down();
+    let ready = readiness.is_ready() && !shutting_down;
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    };
+    let reason = if shutting_down {
+        Some("pglease is shutting down".to_owned())
+    } else {
+        readiness.reason()
     };
     (
         status,
@@ -170,6 +178,20 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<ReadyRes
             ready,
             postgres: readiness.postgres_up,
             default_template: readiness.default_template_ready,
+            reason,
+            failed_templates: readiness
+                .failed_templates
+                .into_iter()
+                .map(|(name, error)| FailedTemplateJson {
+                    name: name.to_string(),
+                    error,
+                })
+                .collect(),
+            building_templates: readiness
+                .building_templates
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         }),
     )
 }

@@ -39,7 +39,7 @@ impl PoolState {
         }
         let Some(entry) = self.templates.get_mut(&name) else {
             self.templates
-                .insert(name, TemplateEntry::configured(source, false));
+                .insert(name, TemplateEntry::configured(source, false, false));
             return Ok((Registered::Created, Vec::new()));
         };
         let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
@@ -90,6 +90,35 @@ impl PoolState {
     /// The current source of a template.
     pub fn source_of(&self, name: &TemplateName) -> Option<TemplateSource> {
         self.templates.get(name).map(TemplateEntry::source)
+    }
+
+    /// A configured template's sources were found missing or unreadable before any build
+    /// (the check at start, `template::check_source`): it is failed with that reason, as
+    /// a build would have been, so that `/status` and readiness say so at once. A template
+    /// being built or built is left alone: that build's outcome says more.
+    pub fn sources_unusable(&mut self, template: &TemplateName, message: String) {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
+            return;
+        };
+        if matches!(configured.build, Build::Idle | Build::Failed) {
+            configured.build = Build::Failed;
+            entry.last_error = Some(message);
+        }
+    }
+
+    /// Whether a configured template's last build failed (or its sources were unusable at
+    /// start): the actor then watches its sources' stamp and rebuilds when they move.
+    pub fn has_failed(&self, template: &TemplateName) -> bool {
+        matches!(
+            self.templates.get(template).map(|e| &e.lifecycle),
+            Some(Lifecycle::Configured(Configured {
+                build: Build::Failed,
+                ..
+            }))
+        )
     }
 
     /// The template's sources changed (or a rebuild was asked for): build a new version.

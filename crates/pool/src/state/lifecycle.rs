@@ -25,6 +25,9 @@ pub(super) struct Version {
 pub(super) struct Configured {
     pub source: TemplateSource,
     pub build: Build,
+    /// Configured when the daemon started (not registered over HTTP): readiness waits
+    /// on it (`PoolState::readiness`).
+    pub from_start: bool,
 }
 
 /// Where a configured template's build is.
@@ -37,7 +40,9 @@ pub(super) enum Build {
         previous: Option<DbName>,
     },
     Ready(Version),
-    /// The last build failed; the next request tries again.
+    /// The last build failed, or its sources were found missing at start
+    /// (`PoolState::sources_unusable`): the next request tries again, and so does the
+    /// actor once the sources' stamp moves.
     Failed,
 }
 
@@ -106,11 +111,12 @@ pub(super) struct TemplateEntry {
 }
 
 impl TemplateEntry {
-    pub fn configured(source: TemplateSource, wanted: bool) -> Self {
+    pub fn configured(source: TemplateSource, wanted: bool, from_start: bool) -> Self {
         Self::new(
             Lifecycle::Configured(Configured {
                 source,
                 build: Build::Idle,
+                from_start,
             }),
             wanted,
         )

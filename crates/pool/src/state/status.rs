@@ -5,10 +5,11 @@
 use tokio::time::Instant;
 
 use super::dbs::Phase;
+use super::lifecycle::{Build, Lifecycle};
 use super::{PoolState, Server};
 use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::types::{DropStatus, LimitStatus, TemplateStatus};
+use crate::types::{DropStatus, LimitStatus, Readiness, TemplateStatus};
 
 /// An open lease as `/status` shows it.
 #[derive(Debug, Clone)]
@@ -143,6 +144,49 @@ impl PoolState {
             .collect();
         list.sort_by_key(|lease| lease.expires_at);
         list
+    }
+
+    /// Whether the pool can serve what it was configured with: postgres up, `default`
+    /// built, no template configured at start failed (its sources missing or unreadable,
+    /// or its last build failed) or being built again after a failure, and with
+    /// `prebuild` each of them built once.
+    pub fn readiness(&self) -> Readiness {
+        let mut failed_templates = Vec::new();
+        let mut building_templates = Vec::new();
+        for (name, entry) in &self.templates {
+            let Lifecycle::Configured(configured) = &entry.lifecycle else {
+                continue;
+            };
+            if !configured.from_start {
+                continue;
+            }
+            match configured.build {
+                Build::Failed => failed_templates.push((
+                    name.clone(),
+                    entry
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| "its build failed".into()),
+                )),
+                // Built again after a failure (its sources changed, or a lease asked): not
+                // ready until that build succeeds.
+                Build::Building { .. } if entry.last_error.is_some() => {
+                    building_templates.push(name.clone())
+                }
+                // Built once in this run is enough: an evicted or rebuilding template
+                // serves again at the next lease.
+                Build::Idle | Build::Building { .. } if self.prebuild && entry.version == 0 => {
+                    building_templates.push(name.clone())
+                }
+                Build::Idle | Build::Building { .. } | Build::Ready(_) => {}
+            }
+        }
+        Readiness {
+            postgres_up: self.server_is_up(),
+            default_template_ready: self.ready_for_default(),
+            failed_templates,
+            building_templates,
+        }
     }
 
     /// Postgres is up and the `default` template is built.

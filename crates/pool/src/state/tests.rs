@@ -1674,3 +1674,79 @@ fn an_initialize_recreates_test_databases_nobody_gave_back_for_its_connections()
     ));
     assert_eq!(driver.state.limit_status().reclaimed, 2);
 }
+
+#[test]
+fn a_configured_template_whose_sources_are_missing_holds_readiness_until_it_is_built() {
+    let mut state = pool(1, 4);
+    state.sources_unusable(
+        &name("app"),
+        "cannot read migrations directory /src/migratoins".into(),
+    );
+    let actions = state.server_up(1000);
+    // Not built at start (it is not wanted), and not retried by the server coming up.
+    assert!(actions
+        .iter()
+        .all(|a| !matches!(a, Action::Build { template, .. } if *template == name("app"))));
+    let now = Instant::now();
+    let _ = state.build_finished(
+        &TemplateName::default_name(),
+        Ok(built(&TemplateName::default_name(), "d1")),
+        now,
+    );
+    let readiness = state.readiness();
+    assert!(!readiness.is_ready());
+    assert!(readiness.is_serving());
+    assert_eq!(
+        readiness.failed_templates,
+        vec![(
+            name("app"),
+            "cannot read migrations directory /src/migratoins".to_owned()
+        )]
+    );
+    assert!(state.has_failed(&name("app")));
+    // Its sources changed (the actor saw their stamp move): built again, and ready only
+    // once that build succeeds.
+    let actions = state.rebuild(&name("app"), now);
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::Build { template, .. } if *template == name("app"))));
+    let readiness = state.readiness();
+    assert!(readiness.failed_templates.is_empty());
+    assert_eq!(readiness.building_templates, vec![name("app")]);
+    assert!(!readiness.is_ready());
+    let _ = state.build_finished(&name("app"), Ok(built(&name("app"), "a1")), now);
+    assert!(state.readiness().is_ready(), "{:?}", state.readiness());
+}
+
+#[test]
+fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_build() {
+    let templates = vec![TemplateConfig {
+        name: name("app"),
+        source: TemplateSource::Migrations(PathBuf::from("migrations")),
+        postgres_version: None,
+    }];
+    let mut state = PoolState::new(limits(1, 4), "t1".into(), &templates, true);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    let _ = state.build_finished(
+        &TemplateName::default_name(),
+        Ok(built(&TemplateName::default_name(), "d1")),
+        now,
+    );
+    assert_eq!(state.readiness().building_templates, vec![name("app")]);
+    let _ = state.build_finished(&name("app"), Err("001.sql: syntax error".into()), now);
+    let readiness = state.readiness();
+    assert_eq!(
+        readiness.failed_templates,
+        vec![(name("app"), "001.sql: syntax error".to_owned())]
+    );
+    assert!(readiness
+        .reason()
+        .is_some_and(|r| r.contains("template app cannot be built: 001.sql: syntax error")));
+    // A template registered over HTTP does not hold readiness, failed or not.
+    let source = TemplateSource::Migrations(PathBuf::from("other"));
+    let _ = state.register(name("adhoc"), source, now);
+    let _ = state.request_lease(1, LeaseId::random(), &request("adhoc", 1000), now);
+    let _ = state.build_finished(&name("adhoc"), Err("broken".into()), now);
+    assert_eq!(state.readiness().failed_templates.len(), 1);
+}
