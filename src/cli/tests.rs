@@ -753,3 +753,42 @@ fn two_sources_in_one_template_are_refused_naming_every_kind() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn watch_flags_add_paths_to_a_command_template_and_nothing_else() {
+    let config = serve_args(&[
+        "--template",
+        "app=command:dbmate migrate",
+        "--watch",
+        "app=db/migrations",
+        "--watch",
+        "app=/abs/schema.sql",
+    ])
+    .into_config()
+    .expect("valid");
+    let cwd = std::env::current_dir().expect("cwd");
+    let app = config
+        .pool
+        .templates
+        .iter()
+        .find(|t| t.name.as_str() == "app")
+        .expect("app");
+    match &app.source {
+        TemplateSource::Command(command) => assert_eq!(
+            command.watch,
+            vec![cwd.join("db/migrations"), PathBuf::from("/abs/schema.sql")]
+        ),
+        other => panic!("not a command: {other:?}"),
+    }
+    for (template, watch, why) in [
+        ("app=command:true", "other=db", "no template \"other\""),
+        ("app=empty", "app=db", "is not a command template"),
+        ("app=command:true", "app=", "expected NAME=PATH"),
+        ("app=command:true", "app", "expected NAME=PATH"),
+    ] {
+        let error = serve_args(&["--template", template, "--watch", watch])
+            .into_config()
+            .expect_err(watch);
+        assert!(error.contains(why), "{watch}: {error}");
+    }
+}
