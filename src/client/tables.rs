@@ -242,7 +242,11 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 /// A template's state; while a build reports progress, a bar with the share done and the
 /// estimated time left (`building ███░░░░░░░ 31% 12s left`).
 fn state_cell(template: &Value) -> String {
-    let state = text(&template["state"]);
+    let mut state = text(&template["state"]);
+    // A command template that watches no file: its edits go unseen (docs/configuration.md).
+    if template["unwatched"] == true {
+        state.push_str(" (unwatched)");
+    }
     let progress = &template["progress"];
     if progress.is_null() {
         return state;
@@ -276,6 +280,7 @@ mod tests {
             ],
             "templates": [
                 {"name": "default", "postgres_version": "15.14 (Debian)", "state": "ready", "ready": 4, "leased": 1, "in_progress": 0, "waiting": 0, "size_bytes": 7_500_000, "last_error": null},
+                {"name": "cmd", "postgres_version": "15.14 (Debian)", "state": "ready", "ready": 1, "leased": 0, "in_progress": 0, "waiting": 0, "size_bytes": null, "last_error": null, "unwatched": true},
                 {"name": "app18", "postgres_version": "18.6", "state": "failed", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 2, "size_bytes": null, "last_error": "syntax error"},
                 {"name": "big", "postgres_version": "15.14 (Debian)", "state": "building", "ready": 0, "leased": 0, "in_progress": 0, "waiting": 1, "size_bytes": null, "last_error": null,
                  "progress": {"step": "restoring /d/big.dump", "done": 31, "total": 100, "percent": 31, "elapsed_secs": 5, "eta_secs": 12}},
@@ -298,6 +303,11 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("7.2 MB"), "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with("cmd") && l.contains("ready (unwatched)")),
+            "{out}"
+        );
         assert!(out.contains("building ███░░░░░░░ 31% 12s left"), "{out}");
         assert!(
             out.contains("Leases (1)") && out.contains("tests/test_a.py::test_one"),
