@@ -219,7 +219,7 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
                         client.base
                     )));
                 }
-                format!("pglease answered {status}: {reason}")
+                format!("it answers {status}: {reason}")
             }
             Err(ClientError(message)) => message,
         };
