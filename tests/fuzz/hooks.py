@@ -15,3 +15,28 @@ def no_internal_error(ctx, response, case):
         raise AssertionError(
             f"server error {response.status_code}: {response.text[:300]}"
         )
+
+
+#: The longest a generated `POST /lease` waits for a database, in milliseconds.
+LEASE_WAIT_MS = 2000
+
+
+@schemathesis.hook
+def map_body(ctx, body):
+    """Caps how long a generated lease request waits (60 s without `wait_ms`, up to 600 s
+    with it). A request the pool cannot serve yet — all of the connection budget while
+    another generated lease holds a connection for hours — rightly waits that long and then
+    answers 504; `--checks all` turns on `max_response_time` (10 s), which is to measure the
+    API, not a wait the caller asked for. Bodies that are not objects, and wait values that
+    are not integers, go through as generated (negative cases)."""
+    operation = getattr(ctx, "operation", None)
+    if (
+        operation is not None
+        and operation.method.upper() == "POST"
+        and operation.path == "/lease"
+        and isinstance(body, dict)
+    ):
+        wait = body.get("wait_ms")
+        if wait is None or (type(wait) is int and wait > LEASE_WAIT_MS):
+            body["wait_ms"] = LEASE_WAIT_MS
+    return body
