@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{tool_available, TestDaemon, REQUIRE_TOOLS};
+use crate::support::{tool_available, TestDaemon, INTEGRESQL_ROLE_ARGS, REQUIRE_TOOLS};
 
 fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
@@ -158,14 +158,8 @@ async fn a_dump_loads_with_psql_and_the_runs_pg_variables_set_once() {
         return;
     };
     let daemon = TestDaemon::builder()
-        .args([
-            "--integresql-listen",
-            "127.0.0.1:0",
-            "--integresql-pg-user",
-            "dbuser",
-            "--integresql-pg-password",
-            "dbpass",
-        ])
+        .args(["--integresql-listen", "127.0.0.1:0"])
+        .args(INTEGRESQL_ROLE_ARGS)
         .start()
         .await;
     let address = daemon.integresql_address().await;

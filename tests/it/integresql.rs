@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{poll_until, TestDaemon};
+use crate::support::{poll_until, TestDaemon, INTEGRESQL_ROLE_ARGS};
 
 /// A client of the IntegreSQL routes of one daemon.
 struct Compat<'a> {
@@ -742,14 +742,8 @@ async fn connect_as_dbuser(
 #[tokio::test]
 async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_else() {
     let daemon = TestDaemon::builder()
-        .args([
-            "--lease-connections",
-            "3",
-            "--integresql-pg-user",
-            "dbuser",
-            "--integresql-pg-password",
-            "dbpass",
-        ])
+        .args(["--lease-connections", "3"])
+        .args(INTEGRESQL_ROLE_ARGS)
         .start()
         .await;
     let postgres = daemon.status().await["servers"][0]["postgres"].clone();
@@ -866,14 +860,8 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
         .await
         .expect("the server's own role");
     let (status, log) = TestDaemon::builder()
-        .args([
-            "--postgres-url",
-            &server.url(),
-            "--integresql-pg-user",
-            "dbuser",
-            "--integresql-pg-password",
-            "dbpass",
-        ])
+        .args(["--postgres-url", &server.url()])
+        .args(INTEGRESQL_ROLE_ARGS)
         .run_to_exit();
     assert!(!status.success(), "{log}");
     assert!(

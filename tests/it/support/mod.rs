@@ -61,6 +61,15 @@ pub struct DaemonBuilder {
     current_dir: Option<PathBuf>,
 }
 
+/// The IntegreSQL clients' role of the tests that use one: `dbuser`/`dbpass`, the names
+/// IntegreSQL's own setups use.
+pub const INTEGRESQL_ROLE_ARGS: [&str; 4] = [
+    "--integresql-pg-user",
+    "dbuser",
+    "--integresql-pg-password",
+    "dbpass",
+];
+
 impl DaemonBuilder {
     /// Adds command-line arguments after `serve`.
     pub fn args<I, S>(mut self, args: I) -> Self
