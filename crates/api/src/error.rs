@@ -6,7 +6,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use pglease_pool::{LeaseError, LeaseOpError};
+use pglease_pool::{LeaseError, LeaseOpError, SqlErrorKind};
 
 use crate::wire::{ErrorBody, ErrorDetail};
 
@@ -148,6 +148,12 @@ impl From<LeaseError> for ApiError {
                 "postgres_unavailable",
                 message,
             ),
+            // The server's storage is full: room, as for the byte budget (507), not a
+            // server in trouble; a release or a smaller test makes room again.
+            LeaseError::CloneFailed {
+                cause: SqlErrorKind::DiskFull,
+                ..
+            } => Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message),
             LeaseError::CloneFailed { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message)
             }

@@ -13,8 +13,8 @@ use http_body_util::BodyExt;
 use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
 use pglease_pool::{
     ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary,
-    LimitStatus, PostgresStatus, Readiness, Refusals, Servers, StatusReport, TemplateName,
-    TemplateStatus,
+    LimitStatus, PostgresStatus, Readiness, Refusals, Servers, SqlErrorKind, StatusReport,
+    TemplateName, TemplateStatus,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -261,6 +261,17 @@ async fn lease_errors_map_to_status_and_code() {
             error: LeaseError::CloneFailed {
                 template: template("app"),
                 message: "could not write: No space left on device".into(),
+                cause: SqlErrorKind::DiskFull,
+            },
+            status: StatusCode::INSUFFICIENT_STORAGE,
+            code: "disk_full",
+            retry_after: false,
+        },
+        Case {
+            error: LeaseError::CloneFailed {
+                template: template("app"),
+                message: "terminating connection due to administrator command".into(),
+                cause: SqlErrorKind::ConnectionLost,
             },
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "clone_failed",

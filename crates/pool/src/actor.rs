@@ -28,6 +28,7 @@ use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{
     describe_target, mark_ready, pg_message, NotReused, Session, SessionParams, Stamp,
 };
+use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::state::{Action, Built, Grant, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
@@ -169,7 +170,7 @@ enum JobResult {
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
-        outcome: Result<String, String>,
+        outcome: Result<String, SqlError>,
         /// What it is now, when released clones are proven unchanged.
         stamp: Option<Stamp>,
         /// For a released clone put to the proof: whether it held.
@@ -1467,7 +1468,11 @@ impl Actor {
                     template,
                     template_db,
                     clone,
-                    outcome: Err(NOT_RUNNING.into()),
+                    outcome: Err(SqlError {
+                        kind: SqlErrorKind::ConnectionLost,
+                        sqlstate: None,
+                        message: NOT_RUNNING.into(),
+                    }),
                     stamp: None,
                     proven: None,
                 };
@@ -1522,8 +1527,8 @@ impl Actor {
             };
             let (outcome, proven) = match outcome {
                 Ok(password) => (Ok(password), verify.then_some(true)),
-                Err(NotReused::Changed(why)) => (Err(why), Some(false)),
-                Err(NotReused::Failed(message)) => (Err(message), None),
+                Err(NotReused::Changed(why)) => (Err(SqlError::other(why)), Some(false)),
+                Err(NotReused::Failed(message)) => (Err(SqlError::other(message)), None),
             };
             JobResult::Cloned {
                 template,

@@ -338,6 +338,8 @@ pub enum LeaseError {
         template: TemplateName,
         /// Postgres' message.
         message: String,
+        /// What kind of failure: a full disk is the server's room running out (507).
+        cause: crate::sql_error::SqlErrorKind,
     },
     /// The template was discarded by a client (IntegreSQL API); initialize it again.
     #[error("template \"{0}\" was discarded")]

@@ -15,6 +15,7 @@ pub mod postgres;
 mod scram;
 mod servers;
 mod session;
+pub mod sql_error;
 mod state;
 mod template;
 #[cfg(feature = "testing")]
@@ -31,6 +32,7 @@ pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use pglease_binaries::{parse_version_number, VersionSpec};
 pub use servers::Servers;
+pub use sql_error::{SqlError, SqlErrorKind};
 pub use state::Registered;
 pub use types::{
     BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, FilledBy, KeptDatabase, Lease,

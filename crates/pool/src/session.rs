@@ -20,6 +20,7 @@ use tokio_postgres::NoTls;
 use crate::config::{CloneStrategy, IntegresqlRole, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
+use crate::sql_error::SqlError;
 use crate::{scram, template};
 
 mod bounded;
@@ -620,7 +621,7 @@ impl Session {
         template_db: &DbName,
         clone: &DbName,
         standard_scram: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, SqlError> {
         self.bounded(
             || format!("cloning {template_db} into {clone}"),
             async |client| {
@@ -637,7 +638,7 @@ impl Session {
         template_db: &DbName,
         clone: &DbName,
         standard_scram: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, SqlError> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         let superuser = if self.lease_superuser {
@@ -656,7 +657,7 @@ impl Session {
                 owner = quote_ident(OWNER_ROLE),
             ))
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         // STRATEGY exists from postgres 15; older servers always copy files.
         let strategy = if self.pg_major >= 15 {
             format!(" STRATEGY {}", self.clone_strategy.as_sql())
@@ -680,11 +681,14 @@ impl Session {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(25)).await;
                 }
-                Err(e) => return Err(pg_message(&e)),
+                Err(e) => return Err(SqlError::from_pg(&e)),
             }
         }
         // CREATE DATABASE does not copy database-level grants or settings.
-        let settings = self.template_settings(client, template_db).await?;
+        let settings = self
+            .template_settings(client, template_db)
+            .await
+            .map_err(SqlError::other)?;
         let sql = format!(
             "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;{}",
             clone.quoted(),
@@ -693,8 +697,11 @@ impl Session {
         client
             .batch_execute(&sql)
             .await
-            .map_err(|e| pg_message(&e))?;
-        settings.verify(self, client, template_db, clone).await?;
+            .map_err(|e| SqlError::from_pg(&e))?;
+        settings
+            .verify(self, client, template_db, clone)
+            .await
+            .map_err(SqlError::other)?;
         Ok(password)
     }
 

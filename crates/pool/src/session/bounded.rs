@@ -16,6 +16,7 @@ use deadpool_postgres::{Object, PoolError, TimeoutType};
 use tokio_postgres::NoTls;
 
 use super::{pg_message, Session};
+use crate::sql_error::SqlError;
 
 /// Default bound on one admin operation. Generous on purpose: cloning or dropping a big
 /// template database legitimately takes minutes on a slow disk, and the bound is there for
@@ -106,9 +107,9 @@ pub(super) fn with_connect_timeout(
 impl Session {
     /// A pooled connection. Waiting for one, or opening one, that takes too long counts as
     /// an admin timeout.
-    pub(super) async fn client(&self) -> Result<Object, String> {
+    pub(super) async fn client(&self) -> Result<Object, SqlError> {
         self.pool.get().await.map_err(|e| match e {
-            PoolError::Backend(error) => pg_message(&error),
+            PoolError::Backend(error) => SqlError::from_pg(&error),
             PoolError::Timeout(kind) => {
                 self.admin_timeouts.fetch_add(1, Ordering::Relaxed);
                 let (what, bound) = match kind {
@@ -118,19 +119,20 @@ impl Session {
                         create_bound(&self.admin_config),
                     ),
                 };
-                format!("{what} timed out after {bound:?}")
+                SqlError::timeout(format!("{what} timed out after {bound:?}"))
             }
-            other => other.to_string(),
+            other => SqlError::other(other.to_string()),
         })
     }
 
     /// Runs `operation` on a pooled connection within [`Session::admin_timeout`]; `what`
     /// names it in the error ("cloning x" → "cloning x timed out after 300s").
-    pub(super) async fn bounded<T>(
+    /// Its error is the operation's own: words (`String`) or a typed [`SqlError`].
+    pub(super) async fn bounded<T, E: From<SqlError>>(
         &self,
         what: impl FnOnce() -> String,
-        operation: impl AsyncFnOnce(&Object) -> Result<T, String>,
-    ) -> Result<T, String> {
+        operation: impl AsyncFnOnce(&Object) -> Result<T, E>,
+    ) -> Result<T, E> {
         let client = self.client().await?;
         match tokio::time::timeout(self.admin_timeout, operation(&client)).await {
             Ok(outcome) => outcome,
@@ -139,7 +141,7 @@ impl Session {
                 abandon(client);
                 let message = format!("{} timed out after {:?}", what(), self.admin_timeout);
                 tracing::warn!(error = %message, "admin operation timed out");
-                Err(message)
+                Err(SqlError::timeout(message).into())
             }
         }
     }

@@ -369,8 +369,13 @@ async fn a_hung_clone_times_out_and_is_counted() {
         Err(error) => error,
         Ok(_) => panic!("the clone succeeded while pg_database was locked"),
     };
+    assert_eq!(
+        error.kind,
+        crate::sql_error::SqlErrorKind::Timeout,
+        "{error}"
+    );
     assert!(
-        error.contains(&format!(
+        error.message.contains(&format!(
             "cloning {template} into {clone} timed out after 2s"
         )),
         "{error}"

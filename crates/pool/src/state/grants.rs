@@ -13,6 +13,7 @@ use super::lifecycle::{Build, ClientBuild, Lifecycle, Waiter};
 use super::{Action, Grant, PoolState, Server, WaiterId};
 use crate::error::{Blocked, LeaseError, LeaseOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::sql_error::SqlErrorKind;
 use crate::types::LeaseRequest;
 
 impl PoolState {
@@ -307,6 +308,7 @@ impl PoolState {
                     error: LeaseError::CloneFailed {
                         template: template.clone().unwrap_or_else(TemplateName::default_name),
                         message,
+                        cause: SqlErrorKind::Other,
                     },
                 });
                 self.dbs.queue_drop(database, template.as_ref(), 0);

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::{Action, Built, Finalize, Grant, PoolState, WaiterId};
 use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::sql_error::SqlError;
 use crate::types::LeaseRequest;
 
 /// Cases when `PGLEASE_INTERLEAVINGS` is not set (a few seconds in a debug build).
@@ -379,17 +380,26 @@ impl World {
             } => {
                 // Even a failed CREATE may leave files: the pool must drop it.
                 self.created.insert(clone.clone());
-                self.state
-                    .clone_finished(&template, &template_db, clone, outcome(), now)
+                self.state.clone_finished(
+                    &template,
+                    &template_db,
+                    clone,
+                    outcome().map_err(SqlError::other),
+                    now,
+                )
             }
             Action::Recycle {
                 template,
                 template_db,
                 clone,
                 ..
-            } => self
-                .state
-                .clone_finished(&template, &template_db, clone, outcome(), now),
+            } => self.state.clone_finished(
+                &template,
+                &template_db,
+                clone,
+                outcome().map_err(SqlError::other),
+                now,
+            ),
             Action::Drop { db } => {
                 if ok {
                     assert!(

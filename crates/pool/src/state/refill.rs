@@ -11,6 +11,7 @@ use super::grants::new_clone;
 use super::{Action, PoolState, Server};
 use crate::error::LeaseError;
 use crate::names::{DbName, TemplateName};
+use crate::sql_error::SqlError;
 
 /// After a clone fails, wait this long before trying that template's clones again.
 pub(super) const CLONE_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -115,7 +116,7 @@ impl PoolState {
         template: &TemplateName,
         template_db: &DbName,
         clone: DbName,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -158,18 +159,19 @@ impl PoolState {
             // database is replaced like any dropped one. Nothing says the template cannot be
             // cloned, so its waiters keep waiting for the replacement.
             Err(_) if started.is_none() => self.dbs.queue_drop(clone, Some(template), 0),
-            Err(message) => {
+            Err(error) => {
                 entry.clones_paused_until = Some(now + CLONE_RETRY_DELAY);
                 for waiter in entry.waiters.drain(..) {
                     actions.push(Action::Fail {
                         waiter: waiter.id,
                         error: LeaseError::CloneFailed {
                             template: template.clone(),
-                            message: message.clone(),
+                            message: error.message.clone(),
+                            cause: error.kind,
                         },
                     });
                 }
-                entry.last_error = Some(message);
+                entry.last_error = Some(error.message);
                 // The failed CREATE may have left files behind; dropping is harmless if not.
                 self.dbs.queue_drop(clone, Some(template), 0);
             }

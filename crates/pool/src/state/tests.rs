@@ -478,14 +478,22 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
         &default,
         &template_db,
         clones[0].clone(),
-        Err("could not write to file: No space left on device".into()),
+        Err(crate::sql_error::SqlError {
+            kind: crate::sql_error::SqlErrorKind::DiskFull,
+            sqlstate: Some("53100".into()),
+            message: "could not write to file: No space left on device".into(),
+        }),
         now,
     );
+    // The waiter learns why, by kind (the API answers a full disk with 507).
     assert!(actions.iter().any(|a| matches!(
         a,
         Action::Fail {
             waiter: 7,
-            error: LeaseError::CloneFailed { .. }
+            error: LeaseError::CloneFailed {
+                cause: crate::sql_error::SqlErrorKind::DiskFull,
+                ..
+            }
         }
     )));
     assert!(actions

@@ -1,0 +1,104 @@
+//! What went wrong with SQL the pool ran, kept as postgres said it: the message, the
+//! SQLSTATE, and the kind of failure the state and the API decide by (a full disk is the
+//! server's room running out, 507; anything else a clone meets is the server's trouble,
+//! 503). The job outcomes that carry it instead of a string are the clone's and the
+//! recycle's; the others follow (issue 27).
+
+use tokio_postgres::error::SqlState;
+
+/// A failed SQL operation of the pool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SqlError {
+    /// What kind of failure it is.
+    pub kind: SqlErrorKind,
+    /// Postgres' SQLSTATE, when postgres answered with an error.
+    pub sqlstate: Option<String>,
+    /// Postgres' words (severity, message, detail, hint), or what the driver or the pool said.
+    pub message: String,
+}
+
+/// The kinds of failure a caller must tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlErrorKind {
+    /// The server's storage is full (SQLSTATE 53100, `disk_full`).
+    DiskFull,
+    /// The connection went away or the server is shutting down (class 08, 57P01–57P03, or
+    /// a closed connection).
+    ConnectionLost,
+    /// The operation overran its time bound, or waited too long for a connection.
+    Timeout,
+    /// Anything else: the server refused the statement.
+    Other,
+}
+
+impl SqlError {
+    /// Classifies a driver error, keeping postgres' words.
+    pub fn from_pg(error: &tokio_postgres::Error) -> SqlError {
+        let message = crate::session::pg_message(error);
+        let Some(code) = error.code() else {
+            let kind = if error.is_closed() {
+                SqlErrorKind::ConnectionLost
+            } else {
+                SqlErrorKind::Other
+            };
+            return SqlError {
+                kind,
+                sqlstate: None,
+                message,
+            };
+        };
+        let kind = if *code == SqlState::DISK_FULL {
+            SqlErrorKind::DiskFull
+        } else if code.code().starts_with("08")
+            || [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code)
+        {
+            SqlErrorKind::ConnectionLost
+        } else {
+            SqlErrorKind::Other
+        };
+        SqlError {
+            kind,
+            sqlstate: Some(code.code().to_owned()),
+            message,
+        }
+    }
+
+    /// A failure the pool itself describes (no SQLSTATE).
+    pub fn other(message: impl Into<String>) -> SqlError {
+        SqlError {
+            kind: SqlErrorKind::Other,
+            sqlstate: None,
+            message: message.into(),
+        }
+    }
+
+    /// An operation that overran its bound.
+    pub fn timeout(message: impl Into<String>) -> SqlError {
+        SqlError {
+            kind: SqlErrorKind::Timeout,
+            sqlstate: None,
+            message: message.into(),
+        }
+    }
+}
+
+/// Callers that report in words still can: `?` turns the error into its message.
+impl From<SqlError> for String {
+    fn from(error: SqlError) -> String {
+        error.message
+    }
+}
+
+/// Tests write failures as words.
+#[cfg(test)]
+impl From<&str> for SqlError {
+    fn from(message: &str) -> SqlError {
+        SqlError::other(message)
+    }
+}
