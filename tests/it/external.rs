@@ -333,3 +333,62 @@ async fn an_unknown_role_in_the_url_stops_the_start_with_postgres_message() {
         "{log}"
     );
 }
+
+/// Issue 27: a build whose connection is lost midway (here the server's admin ends it; a
+/// restart or a failover does the same) is no fault of the template's SQL. The waiting
+/// request hears that the server was unavailable (503 `postgres_unavailable`, retry), not
+/// 422 `template_build_failed`; the template is not marked failed, and the next request
+/// builds it.
+#[tokio::test]
+async fn a_build_that_loses_its_connection_is_not_blamed_on_its_sql() {
+    let server = PlainPostgres::start("build-connection-lost");
+    let admin = server.connect().await;
+    let migrations = scratch_dir("build-connection-lost");
+    std::fs::write(
+        migrations.join("001_slow.sql"),
+        "CREATE TABLE t (id int); SELECT pg_sleep(3);",
+    )
+    .expect("write");
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-url", &server.url()])
+        .args([
+            "--template",
+            &format!("slow=migrations:{}", migrations.display()),
+        ])
+        .start()
+        .await;
+    let lease = daemon.lease_in_background(serde_json::json!({ "template": "slow" }));
+    let ended = support::poll_until(Duration::from_secs(30), "the build's sleep", || {
+        let admin = &admin;
+        async move {
+            let row = admin
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname LIKE 'pglease\\_tpl\\_%' AND query LIKE '%pg_sleep%'",
+                    &[],
+                )
+                .await
+                .expect("end the build's session");
+            (row.get::<_, i64>(0) > 0).then_some(())
+        }
+    })
+    .await;
+    let () = ended;
+    let answer = lease.await.expect("join");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(
+        answer.body["error"]["code"], "postgres_unavailable",
+        "{}",
+        answer.body
+    );
+    assert_ne!(daemon.template_status("slow").await["state"], "failed");
+    // Nothing was wrong with the SQL: the next request builds it and gets a database.
+    let lease = daemon.lease_ok("slow").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .expect("the template's table");
+    assert!(daemon.stop().await.success());
+}

@@ -59,9 +59,11 @@ async fn a_full_tmpfs_gives_clear_errors_and_keeps_serving_what_fits() {
         data_dir.parent().expect("instance dir").to_path_buf()
     };
 
-    // A template that cannot fit: a clear build error, and no half-built database.
+    // A template that cannot fit: a clear build error naming the file, 507 `disk_full` (the
+    // room ran out, not the SQL: issue 27), and no half-built database.
     let (status, body) = daemon.lease(json!({ "template": "huge" })).await;
-    assert_eq!(status, 422, "{body}");
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["error"]["code"], "disk_full", "{body}");
     let message = body["error"]["message"].as_str().expect("message");
     assert!(
         message.contains("001.sql") && says_disk_full(message),

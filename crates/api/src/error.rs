@@ -133,6 +133,11 @@ impl From<LeaseError> for ApiError {
             LeaseError::InvalidSource { .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_source", message)
             }
+            // The storage filled while the template was built: room, not the sources.
+            LeaseError::BuildFailed {
+                cause: SqlErrorKind::DiskFull,
+                ..
+            } => Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message),
             // The template's own sources are broken: the client must see postgres' words.
             LeaseError::BuildFailed { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -227,9 +227,20 @@ async fn lease_errors_map_to_status_and_code() {
             error: LeaseError::BuildFailed {
                 template: template("app"),
                 message: "schema.sql line 3: syntax error at or near \"TABL\"".into(),
+                cause: SqlErrorKind::Other,
             },
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: "template_build_failed",
+            retry_after: false,
+        },
+        Case {
+            error: LeaseError::BuildFailed {
+                template: template("app"),
+                message: "001.sql: could not extend file: No space left on device".into(),
+                cause: SqlErrorKind::DiskFull,
+            },
+            status: StatusCode::INSUFFICIENT_STORAGE,
+            code: "disk_full",
             retry_after: false,
         },
         Case {

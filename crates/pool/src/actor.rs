@@ -53,6 +53,15 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a job reports when it finds no server to work on.
 const NOT_RUNNING: &str = "postgres is not running";
+
+/// A job that found no server: its connection is lost, no fault of what it was to run.
+fn not_running() -> SqlError {
+    SqlError {
+        kind: SqlErrorKind::ConnectionLost,
+        sqlstate: None,
+        message: NOT_RUNNING.into(),
+    }
+}
 /// Capacity of the command channel; senders wait when it is full.
 const COMMAND_CAPACITY: usize = 1024;
 
@@ -163,7 +172,7 @@ enum JobResult {
         template: TemplateName,
         /// The sources' stamp, taken before they were hashed.
         stamp: SourceStamp,
-        outcome: Result<Built, String>,
+        outcome: Result<Built, SqlError>,
     },
     /// A clone made, or a reused one recycled: `Ok` carries its role's new password.
     Cloned {
@@ -1271,7 +1280,7 @@ impl Actor {
                 Some(session) => {
                     template::build(&session, &template, &source, reuse_existing).await
                 }
-                None => Err(NOT_RUNNING.into()),
+                None => Err(not_running()),
             };
             JobResult::Built {
                 template,
@@ -1468,11 +1477,7 @@ impl Actor {
                     template,
                     template_db,
                     clone,
-                    outcome: Err(SqlError {
-                        kind: SqlErrorKind::ConnectionLost,
-                        sqlstate: None,
-                        message: NOT_RUNNING.into(),
-                    }),
+                    outcome: Err(not_running()),
                     stamp: None,
                     proven: None,
                 };

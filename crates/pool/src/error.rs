@@ -282,6 +282,8 @@ pub enum LeaseError {
         template: TemplateName,
         /// What went wrong.
         message: String,
+        /// What kind of failure: the template's own SQL (or command), or a full disk (507).
+        cause: crate::sql_error::SqlErrorKind,
     },
     /// No clone became ready within the request's wait.
     #[error(

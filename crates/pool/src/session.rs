@@ -705,6 +705,21 @@ impl Session {
         Ok(password)
     }
 
+    /// Whether the server still answers a query on an admin connection.
+    pub(crate) async fn answers(&self) -> bool {
+        self.bounded(
+            || "asking whether the server answers".to_owned(),
+            async |client| {
+                client
+                    .batch_execute("SELECT 1")
+                    .await
+                    .map_err(|e| SqlError::from_pg(&e))
+            },
+        )
+        .await
+        .is_ok()
+    }
+
     /// A lease's connection limit unless its request names one (`--lease-connections`).
     pub(crate) fn lease_connections(&self) -> u32 {
         self.lease_connections

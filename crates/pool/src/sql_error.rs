@@ -1,8 +1,9 @@
 //! What went wrong with SQL the pool ran, kept as postgres said it: the message, the
 //! SQLSTATE, and the kind of failure the state and the API decide by (a full disk is the
 //! server's room running out, 507; anything else a clone meets is the server's trouble,
-//! 503). The job outcomes that carry it instead of a string are the clone's and the
-//! recycle's; the others follow (issue 27).
+//! 503; a connection lost is no fault of the user's SQL). The job outcomes that carry it
+//! instead of a string are the build's, the clone's and the recycle's; the others follow
+//! (issue 27).
 
 use tokio_postgres::error::SqlState;
 
@@ -92,6 +93,13 @@ impl SqlError {
 impl From<SqlError> for String {
     fn from(error: SqlError) -> String {
         error.message
+    }
+}
+
+/// A failure described in words is of no particular kind.
+impl From<String> for SqlError {
+    fn from(message: String) -> SqlError {
+        SqlError::other(message)
     }
 }
 

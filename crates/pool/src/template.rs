@@ -16,6 +16,7 @@ use crate::child_user::ChildUser;
 use crate::config::{CommandSource, TemplateSource};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
 use crate::session::{pg_message, Session, OWNER_ROLE};
+use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::state::Built;
 
 mod dump;
@@ -33,7 +34,7 @@ pub async fn build(
     name: &TemplateName,
     source: &TemplateSource,
     reuse_existing: bool,
-) -> Result<Built, String> {
+) -> Result<Built, SqlError> {
     let source_for_hash = source.clone();
     let major = session.pg_major;
     // Blocking I/O on paths a caller may have named: with the child user's rights.
@@ -69,11 +70,16 @@ pub async fn build(
             );
             Ok(finished(fingerprint, db, size))
         }
-        Err(message) => {
+        Err(mut error) => {
+            // A command's failure, or a step that reports in words, has no kind of its own:
+            // if the server no longer answers, that is why, not the template's sources.
+            if error.kind == SqlErrorKind::Other && !session.answers().await {
+                error.kind = SqlErrorKind::ConnectionLost;
+            }
             if let Err(drop_error) = session.drop_database(&db).await {
                 tracing::warn!(database = %db, error = %drop_error, "could not drop a half-built template");
             }
-            Err(message)
+            Err(error)
         }
     }
 }
@@ -83,7 +89,7 @@ async fn build_fresh(
     name: &TemplateName,
     source: &TemplateSource,
     db: &DbName,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     create_template_database(session, db, &format!("{MARKER}; template {name}")).await?;
     match source {
         // A command is killed at its own timeout (with its process group).
@@ -96,10 +102,10 @@ async fn build_fresh(
         )
         .await
         .map_err(|_| {
-            format!(
+            SqlError::timeout(format!(
                 "the migrations did not finish within {} s (--build-timeout)",
                 session.build_timeout.as_secs()
-            )
+            ))
         })??,
     }
     settle(session, db).await?;
@@ -397,7 +403,7 @@ async fn apply_source(
     name: &TemplateName,
     source: &TemplateSource,
     db: &DbName,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     let (inner, superuser) = match source {
         TemplateSource::Superuser(inner) => {
             tracing::warn!(database = %db, "applying a template source as the superuser (superuser = true in the configuration)");
@@ -417,7 +423,7 @@ async fn apply_source(
         }
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
-            return retire_build_role(session, db, superuser).await;
+            return Ok(retire_build_role(session, db, superuser).await?);
         }
         TemplateSource::Dump(dump) => {
             let restore = dump::restore_command(dump, &session.child_user).await?;
@@ -434,7 +440,7 @@ async fn apply_source(
                     .await
                     .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
             let retired = retire_build_role(session, db, superuser).await;
-            return restored.and(retired);
+            return Ok(restored.and(retired)?);
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),
@@ -449,7 +455,7 @@ async fn apply_source(
         .dbname(db.as_str());
     let applied = apply_files(config, &files, db, &session.child_user).await;
     let retired = retire_build_role(session, db, superuser).await;
-    applied.and(retired)
+    applied.and(retired.map_err(SqlError::from))
 }
 
 /// Runs each file in its own transaction on one connection made with `config`.
@@ -458,12 +464,13 @@ async fn apply_files(
     files: &[PathBuf],
     db: &DbName,
     child_user: &ChildUser,
-) -> Result<(), String> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| {
-        format!(
+) -> Result<(), SqlError> {
+    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| SqlError {
+        message: format!(
             "cannot connect to template database {db}: {}",
             pg_message(&e)
-        )
+        ),
+        ..SqlError::from_pg(&e)
     })?;
     let connection = tokio::spawn(connection);
     let result = async {
@@ -473,17 +480,22 @@ async fn apply_files(
                 .read(move || sources::read_sql(&file))
                 .await?
                 .map_err(|e| child_user.explain(e))?;
+            // Postgres' words, naming the file (and line), with the kind of the error.
+            let typed = |e: &tokio_postgres::Error, message: String| SqlError {
+                message,
+                ..SqlError::from_pg(e)
+            };
             let transaction = client
                 .transaction()
                 .await
-                .map_err(|e| format!("{}: {}", path.display(), pg_message(&e)))?;
+                .map_err(|e| typed(&e, format!("{}: {}", path.display(), pg_message(&e))))?;
             if let Err(error) = transaction.batch_execute(&sql).await {
-                return Err(describe_sql_error(path, &sql, &error));
+                return Err(typed(&error, describe_sql_error(path, &sql, &error)));
             }
             transaction
                 .commit()
                 .await
-                .map_err(|e| describe_sql_error(path, &sql, &e))?;
+                .map_err(|e| typed(&e, describe_sql_error(path, &sql, &e)))?;
             tracing::debug!(database = %db, file = %path.display(), "migration applied");
         }
         Ok(())

@@ -10,6 +10,7 @@ use super::{Action, Built, PoolState, Server};
 use crate::config::{TemplateConfig, TemplateSource};
 use crate::error::LeaseError;
 use crate::names::{DbName, TemplateName};
+use crate::sql_error::{SqlError, SqlErrorKind};
 
 /// What registering a template at run time did (`PoolHandle::register`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +163,7 @@ impl PoolState {
     pub fn build_finished(
         &mut self,
         template: &TemplateName,
-        outcome: Result<Built, String>,
+        outcome: Result<Built, SqlError>,
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -219,7 +220,29 @@ impl PoolState {
                 self.version_ready(template, built, &mut actions);
                 self.warn_if_clones_cannot_fit(template, size);
             }
-            Err(message) => {
+            // The connection went away mid-build (the server stopped, or someone ended the
+            // session): no fault of the sources. Its waiters hear that the server is
+            // unavailable (503, retry), and the template is not marked failed: the next
+            // request builds it again.
+            Err(error) if error.kind == SqlErrorKind::ConnectionLost => {
+                if let Some(old) = previous {
+                    self.dbs.queue_drop(old, Some(template), size);
+                }
+                for waiter in entry.waiters.drain(..) {
+                    actions.push(Action::Fail {
+                        waiter: waiter.id,
+                        error: LeaseError::PostgresDown(format!(
+                            "the connection was lost while template \"{template}\" was being built: {}",
+                            error.message
+                        )),
+                    });
+                }
+                entry.last_error = Some(error.message);
+                if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
+                    configured.build = Build::Idle;
+                }
+            }
+            Err(error) => {
                 // A stale version must not hide a broken migration: it goes too.
                 if let Some(old) = previous {
                     self.dbs.queue_drop(old, Some(template), size);
@@ -230,7 +253,7 @@ impl PoolState {
                 {
                     self.dbs.queue_drop(db, Some(template), 0);
                 }
-                self.build_failed(template, message, &mut actions);
+                self.build_failed(template, error.message, error.kind, &mut actions);
                 if let Some(Lifecycle::Configured(configured)) =
                     self.templates.get_mut(template).map(|e| &mut e.lifecycle)
                 {
@@ -247,6 +270,7 @@ impl PoolState {
         &mut self,
         template: &TemplateName,
         message: String,
+        cause: SqlErrorKind,
         actions: &mut Vec<Action>,
     ) {
         let Some(entry) = self.templates.get_mut(template) else {
@@ -258,6 +282,7 @@ impl PoolState {
                 error: LeaseError::BuildFailed {
                     template: template.clone(),
                     message: message.clone(),
+                    cause,
                 },
             });
         }

@@ -10,6 +10,7 @@ use super::lifecycle::{ClientBuild, Lifecycle, TemplateEntry, Version};
 use super::{Action, Built, PoolState, Server};
 use crate::error::{LeaseError, TemplateOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::sql_error::SqlErrorKind;
 
 /// What `finalize` found.
 #[derive(Debug)]
@@ -153,7 +154,7 @@ impl PoolState {
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
                 }
-                self.build_failed(template, message.clone(), &mut actions);
+                self.build_failed(template, message.clone(), SqlErrorKind::Other, &mut actions);
                 self.forget_if_unused(template);
                 Err(TemplateOpError::Failed {
                     template: template.clone(),
@@ -256,7 +257,7 @@ impl PoolState {
                 {
                     self.dbs.queue_drop(clone, Some(template), 0);
                 }
-                self.build_failed(template, message.clone(), &mut actions);
+                self.build_failed(template, message.clone(), SqlErrorKind::Other, &mut actions);
                 Err(TemplateOpError::Failed {
                     template: template.clone(),
                     message,

@@ -120,6 +120,7 @@ impl PoolState {
                     .last_error
                     .clone()
                     .unwrap_or_else(|| "the client did not finalize it".into()),
+                cause: SqlErrorKind::Other,
             }),
             Lifecycle::Client(_) => Ok(()),
         }

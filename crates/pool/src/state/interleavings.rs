@@ -366,10 +366,18 @@ impl World {
                     self.created.insert(db.clone());
                     self.dropped.remove(&db);
                 }
+                // A failed build is the sources' fault, or (every other version) a lost
+                // connection's, which leaves the template unbuilt rather than failed.
                 let outcome = if ok {
                     Ok(built)
+                } else if version % 2 == 0 {
+                    Err(SqlError {
+                        kind: crate::sql_error::SqlErrorKind::ConnectionLost,
+                        sqlstate: None,
+                        message: "connection lost".into(),
+                    })
                 } else {
-                    Err("it failed".into())
+                    Err(SqlError::other("it failed"))
                 };
                 self.state.build_finished(&template, outcome, now)
             }

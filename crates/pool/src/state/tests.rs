@@ -399,6 +399,43 @@ fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
     );
 }
 
+/// Issue 27: a build whose connection was lost is the server's trouble, not the sources'.
+#[test]
+fn a_build_that_lost_its_connection_fails_waiters_as_the_servers_trouble_and_is_not_failed() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    let _ = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
+    let actions = state.build_finished(
+        &name("app"),
+        Err(crate::sql_error::SqlError {
+            kind: crate::sql_error::SqlErrorKind::ConnectionLost,
+            sqlstate: Some("57P01".into()),
+            message: "FATAL: terminating connection due to administrator command".into(),
+        }),
+        now,
+    );
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Fail {
+                waiter: 1,
+                error: LeaseError::PostgresDown(_)
+            }]
+        ),
+        "{actions:?}"
+    );
+    assert!(
+        !state.has_failed(&name("app")),
+        "its sources are not to blame"
+    );
+    let actions = state.request_lease(2, LeaseId::random(), &request("app", 1000), now);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Build { .. })),
+        "built again"
+    );
+}
+
 #[test]
 fn unknown_templates_are_refused() {
     let mut driver = Driver::new(pool(1, 4));
