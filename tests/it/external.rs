@@ -334,6 +334,31 @@ async fn an_unknown_role_in_the_url_stops_the_start_with_postgres_message() {
     );
 }
 
+/// Issue 27: a URL naming a role that is not a superuser is told as that, not as an invalid
+/// URL (StartError::BadUrl once carried it, and the pool's own connection errors).
+#[tokio::test]
+async fn a_role_that_is_not_a_superuser_is_told_as_such() {
+    let server = PlainPostgres::start("not-superuser");
+    server
+        .connect()
+        .await
+        .batch_execute("CREATE ROLE plain LOGIN")
+        .await
+        .expect("a plain role");
+    let url = server.url().replace("postgres@", "plain@");
+    let args = vec!["--postgres-url".to_owned(), url];
+    let (status, log) =
+        tokio::task::spawn_blocking(move || run_expecting_exit(&args, Duration::from_secs(30)))
+            .await
+            .expect("join");
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    assert!(
+        log.contains("is not a superuser") && log.contains("--postgres-url must name a superuser"),
+        "{log}"
+    );
+    assert!(!log.contains("invalid --postgres-url"), "{log}");
+}
+
 /// Issue 27: a build whose connection is lost midway (here the server's admin ends it; a
 /// restart or a failover does the same) is no fault of the template's SQL. The waiting
 /// request hears that the server was unavailable (503 `postgres_unavailable`, retry), not

@@ -139,6 +139,21 @@ pub enum StartError {
     /// The external server's URL does not parse.
     #[error("invalid --postgres-url: {0}")]
     BadUrl(String),
+    /// The role pglease connects as is not a superuser (an external server's URL names it).
+    #[error("the role pglease connects as on {target} is not a superuser; pglease creates databases and roles, so --postgres-url must name a superuser")]
+    NotSuperuser {
+        /// Host/port or socket.
+        target: String,
+    },
+    /// No admin connection could be had, for a reason other than postgres' answer (a
+    /// timeout, the connection pool's own error).
+    #[error("cannot connect to postgres at {target}: {reason}")]
+    Unreachable {
+        /// Host/port or socket.
+        target: String,
+        /// Why.
+        reason: String,
+    },
     /// Connecting to postgres failed.
     #[error("cannot connect to postgres at {target}: {}", crate::session::pg_message(.source))]
     Connect {

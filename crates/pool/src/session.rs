@@ -193,13 +193,19 @@ impl Session {
             .create_timeout(Some(bounded::create_bound(&admin_config)))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| StartError::BadUrl(e.to_string()))?;
+            .map_err(|e| StartError::Unreachable {
+                target: target.clone(),
+                reason: format!("the admin connection pool: {e}"),
+            })?;
         let client = pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(source) => StartError::Connect {
                 target: target.clone(),
                 source,
             },
-            other => StartError::BadUrl(format!("cannot connect to {target}: {other}")),
+            other => StartError::Unreachable {
+                target: target.clone(),
+                reason: other.to_string(),
+            },
         })?;
         let sql_error = |context: &str| {
             let context = context.to_owned();
@@ -217,9 +223,7 @@ impl Session {
         let version: String = row.get(1);
         let superuser: Option<bool> = row.get(2);
         if superuser != Some(true) {
-            return Err(StartError::BadUrl(format!(
-                "the role pglease connects as on {target} is not a superuser; pglease creates databases and roles"
-            )));
+            return Err(StartError::NotSuperuser { target });
         }
         // Before anything is created or swept: the sweep would drop another daemon's clones.
         let lock = lock::ServerLock::acquire(&admin_config).await?;
