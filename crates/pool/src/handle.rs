@@ -101,13 +101,10 @@ impl PoolHandle {
     /// If this future is dropped before it resolves, a granted database goes back to the pool.
     pub async fn lease(&self, request: LeaseRequest) -> Result<Lease, LeaseError> {
         let wait = request.wait;
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Lease { request, reply })
-            .await
-            .map_err(|()| LeaseError::ShuttingDown)?;
-        match tokio::time::timeout(wait + ACTOR_MARGIN, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(LeaseError::ShuttingDown),
+        let asked = self.ask(|reply| Command::Lease { request, reply });
+        match tokio::time::timeout(wait + ACTOR_MARGIN, asked).await {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(LeaseError::ShuttingDown),
             Err(_) => Err(LeaseError::Internal(
                 "the pool did not answer in time".into(),
             )),
@@ -116,11 +113,9 @@ impl PoolHandle {
 
     /// Ends a lease. With `reuse` the caller vouches the database is unchanged.
     pub async fn release(&self, id: LeaseId, reuse: bool) -> Result<(), LeaseOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Release { id, reuse, reply })
+        self.ask(|reply| Command::Release { id, reuse, reply })
             .await
-            .map_err(|()| LeaseOpError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+            .unwrap_or(Err(LeaseOpError::ShuttingDown))
     }
 
     /// Extends a lease to `ttl` (the default when None) from now; returns the new expiry.
@@ -129,49 +124,39 @@ impl PoolHandle {
         id: LeaseId,
         ttl: Option<Duration>,
     ) -> Result<SystemTime, LeaseOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Renew { id, ttl, reply })
+        self.ask(|reply| Command::Renew { id, ttl, reply })
             .await
-            .map_err(|()| LeaseOpError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+            .unwrap_or(Err(LeaseOpError::ShuttingDown))
     }
 
     /// Ends a lease but keeps its database as it is for `keep` (shortened to the pool's
     /// longest keep), openable with the lease's credentials; returns when it is dropped.
     pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Keep { id, keep, reply })
+        self.ask(|reply| Command::Keep { id, keep, reply })
             .await
-            .map_err(|()| LeaseOpError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+            .unwrap_or(Err(LeaseOpError::ShuttingDown))
     }
 
     /// Every kept database, oldest first; empty once the pool has stopped.
     pub async fn kept(&self) -> Vec<KeptDatabase> {
-        let (reply, answer) = oneshot::channel();
-        if self.send(Command::Kept { reply }).await.is_err() {
-            return Vec::new();
-        }
-        answer.await.unwrap_or_default()
+        self.ask(|reply| Command::Kept { reply })
+            .await
+            .unwrap_or_default()
     }
 
     /// Drops the database kept under `id` now.
     pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::DropKept { id, reply })
+        self.ask(|reply| Command::DropKept { id, reply })
             .await
-            .map_err(|()| LeaseOpError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseOpError::ShuttingDown)?
+            .unwrap_or(Err(LeaseOpError::ShuttingDown))
     }
 
     /// Builds a new version of a template now (its ready clones are replaced; leased ones
     /// are dropped when released). Answers the template's status after the request.
     pub async fn rebuild(&self, template: TemplateName) -> Result<TemplateStatus, LeaseError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Rebuild { template, reply })
+        self.ask(|reply| Command::Rebuild { template, reply })
             .await
-            .map_err(|()| LeaseError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseError::ShuttingDown)?
+            .unwrap_or(Err(LeaseError::ShuttingDown))
     }
 
     /// Adds a template, or gives an existing one (not `default`) a new source.
@@ -180,54 +165,44 @@ impl PoolHandle {
         name: TemplateName,
         source: TemplateSource,
     ) -> Result<(Registered, TemplateStatus), LeaseError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Register {
+        self.ask(|reply| Command::Register {
             name,
             source,
             reply,
         })
         .await
-        .map_err(|()| LeaseError::ShuttingDown)?;
-        answer.await.map_err(|_| LeaseError::ShuttingDown)?
+        .unwrap_or(Err(LeaseError::ShuttingDown))
     }
 
     /// A client builds `template` itself: answers the connection details of its empty
     /// template database (a login role that may migrate it), or `AlreadyInitialized` to
     /// every caller but the first.
     pub async fn initialize(&self, template: TemplateName) -> Result<ConnectInfo, TemplateOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Initialize { template, reply })
+        self.ask(|reply| Command::Initialize { template, reply })
             .await
-            .map_err(|()| TemplateOpError::ShuttingDown)?;
-        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+            .unwrap_or(Err(TemplateOpError::ShuttingDown))
     }
 
     /// The client is done migrating `template`: it becomes a template, and requests
     /// waiting for it are served. Resolves once it is (also if it was already).
     pub async fn finalize(&self, template: TemplateName) -> Result<(), TemplateOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Finalize { template, reply })
+        self.ask(|reply| Command::Finalize { template, reply })
             .await
-            .map_err(|()| TemplateOpError::ShuttingDown)?;
-        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+            .unwrap_or(Err(TemplateOpError::ShuttingDown))
     }
 
     /// Ends a client-built template: requests for it fail until it is initialized again.
     pub async fn discard(&self, template: TemplateName) -> Result<(), TemplateOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Discard { template, reply })
+        self.ask(|reply| Command::Discard { template, reply })
             .await
-            .map_err(|()| TemplateOpError::ShuttingDown)?;
-        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+            .unwrap_or(Err(TemplateOpError::ShuttingDown))
     }
 
     /// Forgets every client-built template and ends their leases.
     pub async fn discard_all_client_built(&self) -> Result<(), TemplateOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::DiscardAllClientBuilt { reply })
+        self.ask(|reply| Command::DiscardAllClientBuilt { reply })
             .await
-            .map_err(|()| TemplateOpError::ShuttingDown)?;
-        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+            .unwrap_or(Err(TemplateOpError::ShuttingDown))
     }
 
     /// Ends the lease numbered `number` of `template` unless sessions are still connected
@@ -238,45 +213,39 @@ impl PoolHandle {
         number: u32,
         recreate: bool,
     ) -> Result<(), TemplateOpError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::GiveBack {
+        self.ask(|reply| Command::GiveBack {
             template,
             number,
             recreate,
             reply,
         })
         .await
-        .map_err(|()| TemplateOpError::ShuttingDown)?;
-        answer.await.map_err(|_| TemplateOpError::ShuttingDown)?
+        .unwrap_or(Err(TemplateOpError::ShuttingDown))
     }
 
     /// A snapshot for `/status`; None once the pool has stopped.
     pub async fn status(&self) -> Option<StatusReport> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Status { reply }).await.ok()?;
-        answer.await.ok()
+        self.ask(|reply| Command::Status { reply }).await
     }
 
     /// Whether postgres is up and the default template built; all false once stopped.
     pub async fn readiness(&self) -> Readiness {
-        let stopped = Readiness::default();
-        let (reply, answer) = oneshot::channel();
-        if self.send(Command::Readiness { reply }).await.is_err() {
-            return stopped;
-        }
-        answer.await.unwrap_or(stopped)
+        self.ask(|reply| Command::Readiness { reply })
+            .await
+            .unwrap_or_default()
     }
 
     /// Asks the pool to stop: waiting requests fail, postgres is stopped, the data
     /// directory removed. Resolves once the actor has answered (or is already gone).
     pub async fn shutdown(&self) {
-        let (reply, answer) = oneshot::channel();
-        if self.send(Command::Shutdown { reply }).await.is_ok() {
-            let _ = answer.await;
-        }
+        let _ = self.ask(|reply| Command::Shutdown { reply }).await;
     }
 
-    async fn send(&self, command: Command) -> Result<(), ()> {
-        self.commands.send(command).await.map_err(|_| ())
+    /// Sends the command `command` makes around a reply channel and waits for the answer;
+    /// None when the actor is gone (or went before answering). Every method is this call.
+    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).await.ok()?;
+        answer.await.ok()
     }
 }
