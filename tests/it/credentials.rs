@@ -24,6 +24,20 @@ async fn try_connect(url: &str) -> Result<tokio_postgres::Client, tokio_postgres
     Ok(client)
 }
 
+/// The fence held for the reason that proves it: postgres refused with `state`, not for some
+/// other failure (a typo in the URL, a server not up) that would let the test pass vacuously.
+#[track_caller]
+fn refused_with<T>(
+    outcome: Result<T, tokio_postgres::Error>,
+    state: tokio_postgres::error::SqlState,
+    what: &str,
+) {
+    match outcome {
+        Ok(_) => panic!("{what}: it was let through"),
+        Err(error) => assert_eq!(error.code(), Some(&state), "{what}: {error:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_lease_opens_its_own_database_and_nothing_else() {
     let daemon = TestDaemon::start().await;
@@ -58,21 +72,28 @@ async fn a_lease_opens_its_own_database_and_nothing_else() {
         "postgres",
         "template1",
     ] {
-        let refused = try_connect(&url_for(&a, other)).await;
-        assert!(refused.is_err(), "A's credentials opened {other}");
+        // pg_hba.conf's `sameuser` rule: "no pg_hba.conf entry" (28000).
+        refused_with(
+            try_connect(&url_for(&a, other)).await,
+            tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            &format!("A's credentials opening {other}"),
+        );
     }
-    // B's password does not log A's role in.
+    // B's password does not log A's role in (28P01).
     let mut swapped = a.clone();
     swapped["password"] = b["password"].clone();
-    assert!(
-        try_connect(&url_for(&swapped, a["database"].as_str().expect("db")))
-            .await
-            .is_err()
+    refused_with(
+        try_connect(&url_for(&swapped, a["database"].as_str().expect("db"))).await,
+        tokio_postgres::error::SqlState::INVALID_PASSWORD,
+        "B's password for A's role",
     );
 
-    // A role cannot read anyone's secret.
-    let secrets = client.query("SELECT rolpassword FROM pg_authid", &[]).await;
-    assert!(secrets.is_err(), "pg_authid must be out of reach");
+    // A role cannot read anyone's secret (42501).
+    refused_with(
+        client.query("SELECT rolpassword FROM pg_authid", &[]).await,
+        tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE,
+        "reading pg_authid",
+    );
     let shown: Vec<Option<String>> = client
         .query("SELECT rolpassword FROM pg_roles WHERE rolpassword IS NOT NULL AND rolpassword <> '********'", &[])
         .await
@@ -112,9 +133,10 @@ async fn reuse_rotates_the_password_and_ends_the_old_sessions() {
         old_session.batch_execute("SELECT 1").await.is_err(),
         "the old holder's session was ended"
     );
-    assert!(
-        connect(&first).await.is_err(),
-        "the old password no longer works"
+    refused_with(
+        connect(&first).await,
+        tokio_postgres::error::SqlState::INVALID_PASSWORD,
+        "the old password after a reuse",
     );
     connect(&second).await.expect("the new one does");
 }
@@ -160,10 +182,10 @@ async fn trust_auth_needs_no_password_but_still_only_opens_its_own_database() {
     try_connect(&url_for(&no_password, a["database"].as_str().expect("db")))
         .await
         .expect("trust ignores the password");
-    assert!(
-        try_connect(&url_for(&a, b["database"].as_str().expect("db")))
-            .await
-            .is_err()
+    refused_with(
+        try_connect(&url_for(&a, b["database"].as_str().expect("db"))).await,
+        tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+        "A's role opening B's database under trust",
     );
 }
 
