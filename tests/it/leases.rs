@@ -163,14 +163,17 @@ async fn expired_leases_are_dropped_and_their_ids_become_void() {
 async fn renew_extends_a_lease() {
     let daemon = TestDaemon::start().await;
     let (_, lease) = daemon.lease(json!({ "ttl_secs": 2 })).await;
+    // Leased with it and not renewed: its expiry shows the original time has passed.
+    let (_, control) = daemon.lease(json!({ "ttl_secs": 2 })).await;
     let url = format!("{}/leases/{}/renew", daemon.base, id_of(&lease));
     let (status, renewed) = daemon
         .send(daemon.http.post(&url).json(&json!({ "ttl_secs": 3600 })))
         .await;
     assert_eq!(status, 200, "{renewed}");
     assert!(renewed["expires_at"].as_str() > lease["expires_at"].as_str());
-    // Past the original two seconds the database is still there.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Once the expiry has ended the lease taken with it, the renewed one is still there
+    // (an event to wait for, not a sleep that guesses when the expiry ran).
+    crate::support::wait_until_dropped(&control, "the unrenewed lease to expire").await;
     connect(&lease)
         .await
         .expect("still leased after the original ttl");
