@@ -5,8 +5,8 @@ use std::fs;
 use std::time::Duration;
 
 use crate::support::{
-    connect, daemon_hashing_a_huge_source, id_of, reading_sources, scratch_dir, wait_until_dropped,
-    TestDaemon,
+    connect, daemon_hashing_a_huge_source, daemon_hashing_a_huge_source_with, id_of,
+    reading_sources, scratch_dir, wait_until_dropped, TestDaemon,
 };
 
 async fn tables(lease: &serde_json::Value) -> Vec<String> {
@@ -161,6 +161,30 @@ async fn a_stalled_source_check_holds_up_no_other_lease() {
         "the check ended before the other lease was tried"
     );
     stalled.abort();
+    // The hash would go on for minutes: no graceful stop to wait for.
+    daemon.kill();
+    let _ = fs::remove_file(&schema);
+}
+
+/// Issue 27: a request that waits for its template's sources to be checked is a waiter of
+/// the pool like any other: `/status` shows it, and it counts against `--max-waiting`. (It
+/// was parked in a table of the actor's, beside the state, where neither saw it.)
+#[tokio::test]
+async fn a_request_waiting_for_a_source_check_shows_and_counts() {
+    let (daemon, hashing, schema) =
+        daemon_hashing_a_huge_source_with("fresh-counted", &["--max-waiting", "1"]).await;
+    let app = daemon.template_status("app").await;
+    assert_eq!(app["waiting"], 1, "{app}");
+    let (status, body) = daemon
+        .lease(serde_json::json!({ "template": "default", "wait_ms": 1000 }))
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_waiting", "{body}");
+    assert!(
+        reading_sources(daemon.pid()),
+        "the check ended before the second request was sent"
+    );
+    hashing.abort();
     // The hash would go on for minutes: no graceful stop to wait for.
     daemon.kill();
     let _ = fs::remove_file(&schema);

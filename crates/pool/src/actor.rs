@@ -336,7 +336,6 @@ pub async fn start(
         retry_at: None,
         stopping: false,
         waiters: HashMap::new(),
-        checking: HashMap::new(),
         probe: Probe::Idle,
         next_waiter: 1,
         passwords: HashMap::new(),
@@ -559,8 +558,6 @@ struct Actor {
     retry_at: Option<Instant>,
     stopping: bool,
     waiters: HashMap<WaiterId, LeaseReply>,
-    /// Lease requests waiting for a check of their template's sources, by template.
-    checking: HashMap<TemplateName, Vec<(LeaseRequest, LeaseReply)>>,
     /// The second look at the server after its monitor connection closed.
     probe: Probe,
     next_waiter: WaiterId,
@@ -1326,8 +1323,9 @@ impl Actor {
             }
         }
         let template = request.template.clone();
-        if let Some(waiting) = self.checking.get_mut(&template) {
-            waiting.push((request, reply));
+        if self.state.is_checking_sources(&template) {
+            // A look is under way: the request waits for it in the state, as a waiter.
+            self.request_lease(request, reply);
             return;
         }
         let watched = self
@@ -1344,8 +1342,13 @@ impl Actor {
             self.request_lease(request, reply);
             return;
         };
-        self.checking
-            .insert(template.clone(), vec![(request, reply)]);
+        // The state holds the request (it counts against --max-waiting and shows in
+        // /status) and serves it once the look has ended.
+        let started = self.state.begin_sources_check(&template);
+        self.request_lease(request, reply);
+        if !started {
+            return;
+        }
         let user = self.inputs.child_user.clone();
         self.spawn_job(move |_| async move {
             let seen = fingerprint.clone();
@@ -1384,8 +1387,6 @@ impl Actor {
         if changed {
             tracing::info!(template = %template, "template sources changed; building a new version");
             self.watches.remove(&template);
-            let actions = self.state.rebuild(&template, Instant::now());
-            self.apply(actions);
         } else if let Some(watch) = self
             .watches
             .get_mut(&template)
@@ -1393,9 +1394,10 @@ impl Actor {
         {
             watch.stamp = stamp;
         }
-        for (request, reply) in self.checking.remove(&template).unwrap_or_default() {
-            self.request_lease(request, reply);
-        }
+        let actions = self
+            .state
+            .sources_checked(&template, changed, Instant::now());
+        self.apply(actions);
     }
 
     /// Looks (off the actor, at most every [`FAILED_SOURCES_EVERY`]) whether the sources

@@ -273,6 +273,9 @@ impl PoolState {
                 });
             }
             entry.clones_paused_until = None;
+            // A look at its sources that was under way reports against a server that is
+            // gone, and is not applied: nothing waits for it any more.
+            entry.checking_sources = false;
             if let lifecycle::Lifecycle::Configured(configured) = &mut entry.lifecycle {
                 configured.build = lifecycle::Build::Idle;
             }

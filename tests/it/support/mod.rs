@@ -588,11 +588,20 @@ pub fn reading_sources(pid: u32) -> bool {
 pub async fn daemon_hashing_a_huge_source(
     name: &str,
 ) -> (TestDaemon, tokio::task::JoinHandle<Answer>, PathBuf) {
+    daemon_hashing_a_huge_source_with(name, &[]).await
+}
+
+/// [`daemon_hashing_a_huge_source`], the daemon started with `args` too.
+pub async fn daemon_hashing_a_huge_source_with(
+    name: &str,
+    args: &[&str],
+) -> (TestDaemon, tokio::task::JoinHandle<Answer>, PathBuf) {
     let dir = scratch_dir(name);
     let schema = dir.join("schema.sql");
     std::fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
     let daemon = TestDaemon::builder()
         .args(["--template", &format!("app=sql:{}", schema.display())])
+        .args(args.iter().copied())
         .start()
         .await;
     daemon.lease_ok("app").await;

@@ -112,6 +112,52 @@ impl PoolState {
 
     /// Whether a configured template's last build failed (or its sources were unusable at
     /// start): the actor then watches its sources' stamp and rebuilds when they move.
+    /// Whether a look at `template`'s sources is under way.
+    pub fn is_checking_sources(&self, template: &TemplateName) -> bool {
+        self.templates
+            .get(template)
+            .is_some_and(|entry| entry.checking_sources)
+    }
+
+    /// A lease request of `template` wants its sources looked at: its waiters wait for the
+    /// look. True when this starts one (the caller runs it and reports `sources_checked`),
+    /// false when one is under way already or the template is unknown.
+    pub fn begin_sources_check(&mut self, template: &TemplateName) -> bool {
+        match self.templates.get_mut(template) {
+            Some(entry) if !entry.checking_sources => {
+                entry.checking_sources = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The look at `template`'s sources ended: if they `changed`, a new version is built
+    /// first (its waiters then wait for it); then its waiters are served.
+    pub fn sources_checked(
+        &mut self,
+        template: &TemplateName,
+        changed: bool,
+        now: Instant,
+    ) -> Vec<Action> {
+        let Some(entry) = self.templates.get_mut(template) else {
+            return Vec::new();
+        };
+        if !entry.checking_sources {
+            // Not this server's look (it was lost meanwhile): nothing waits for it.
+            return Vec::new();
+        }
+        entry.checking_sources = false;
+        let mut actions = if changed {
+            self.rebuild(template, now)
+        } else {
+            Vec::new()
+        };
+        self.serve_waiters(template, now, &mut actions);
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
     pub fn has_failed(&self, template: &TemplateName) -> bool {
         matches!(
             self.templates.get(template).map(|e| &e.lifecycle),

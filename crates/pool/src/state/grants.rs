@@ -166,6 +166,10 @@ impl PoolState {
         let Some(entry) = self.templates.get_mut(template) else {
             return;
         };
+        // Its sources may have changed: nobody gets a clone of a version about to be replaced.
+        if entry.checking_sources {
+            return;
+        }
         let Some(fingerprint) = entry.current().map(|v| v.fingerprint.clone()) else {
             return;
         };
@@ -267,8 +271,14 @@ impl PoolState {
             .and_then(|t| self.templates.get(t))
             .and_then(|e| e.current())
             .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
+        // A look at the template's sources began meanwhile: the version may be replaced,
+        // so the request waits for the look like the others (first in line).
+        let checking = template
+            .as_ref()
+            .and_then(|t| self.templates.get(t))
+            .is_some_and(|e| e.checking_sources);
         match outcome {
-            Ok(()) if !current => {
+            Ok(()) if !current || checking => {
                 self.dbs.queue_drop(database, template.as_ref(), 0);
                 let template = template.unwrap_or_else(TemplateName::default_name);
                 match self.may_wait_for(&template) {

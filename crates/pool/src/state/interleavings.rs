@@ -84,6 +84,15 @@ enum Event {
     Rebuild {
         template: usize,
     },
+    /// A lease request makes the actor look at a template's sources (its waiters wait).
+    CheckBegins {
+        template: usize,
+    },
+    /// A look ends: the sources changed (a new version), or not.
+    CheckEnds {
+        index: usize,
+        changed: bool,
+    },
     ServerLost,
     /// The server is back, with `leftovers` ready clones an earlier run left for each
     /// configured template (half of them of the version its build will make).
@@ -124,6 +133,8 @@ fn event() -> impl Strategy<Value = Event> {
         3 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
         1 => (0usize..CONFIGURED).prop_map(|template| Event::SourcesChanged { template }),
         1 => (0usize..CONFIGURED).prop_map(|template| Event::Rebuild { template }),
+        2 => (0usize..CONFIGURED).prop_map(|template| Event::CheckBegins { template }),
+        2 => (index.clone(), prop::bool::weighted(0.3)).prop_map(|(index, changed)| Event::CheckEnds { index, changed }),
         1 => Just(Event::ServerLost),
         2 => (0usize..4).prop_map(|leftovers| Event::ServerUp { leftovers }),
         2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
@@ -166,6 +177,8 @@ struct World {
     jobs: Vec<Action>,
     /// Grants on their way to their callers.
     deliveries: Vec<(WaiterId, Grant)>,
+    /// Looks at configured templates' sources under way (indexes into `NAMES`).
+    checks: Vec<usize>,
     /// Requests not answered yet.
     open: BTreeSet<WaiterId>,
     /// Requests whose callers went away before an answer (answered at most once later).
@@ -219,6 +232,7 @@ impl World {
             up: false,
             jobs: Vec::new(),
             deliveries: Vec::new(),
+            checks: Vec::new(),
             open: BTreeSet::new(),
             cancelled: HashSet::new(),
             gone: HashSet::new(),
@@ -260,6 +274,11 @@ impl World {
             match action {
                 Action::Grant { waiter, grant } => {
                     self.answered(waiter);
+                    assert!(
+                        !self.state.is_checking_sources(&grant.template),
+                        "granted {} while its template's sources were being looked at",
+                        grant.database
+                    );
                     let current = self
                         .state
                         .status_of(&grant.template)
@@ -541,10 +560,30 @@ impl World {
                     self.apply(actions);
                 }
             }
+            Event::CheckBegins { template: index } => {
+                if self.state.begin_sources_check(&template(NAMES[index])) {
+                    self.checks.push(index);
+                }
+            }
+            Event::CheckEnds { index, changed } => {
+                if self.checks.is_empty() {
+                    return;
+                }
+                let name = self.checks.remove(index % self.checks.len());
+                if changed {
+                    self.versions[name] += 1;
+                }
+                let actions = self
+                    .state
+                    .sources_checked(&template(NAMES[name]), changed, now);
+                self.apply(actions);
+            }
             Event::ServerLost => {
                 if !self.up {
                     return;
                 }
+                // The looks under way report against a lost server: not applied.
+                self.checks.clear();
                 // The actor answers synchronously: no grant is still on its way.
                 while !self.deliveries.is_empty() {
                     self.deliver(0, false);

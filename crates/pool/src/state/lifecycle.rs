@@ -108,6 +108,10 @@ pub(super) struct TemplateEntry {
     pub last_used: Option<Instant>,
     /// How fast its ready clones are used up, to refill ahead of that.
     pub demand: Demand,
+    /// Its sources are being looked at (a lease request saw its stamp, maybe moved): its
+    /// waiters wait, and count, but are not served until the look says whether a new
+    /// version must be built first (`PoolState::sources_checked`).
+    pub checking_sources: bool,
 }
 
 impl TemplateEntry {
@@ -134,6 +138,7 @@ impl TemplateEntry {
             last_error: None,
             clones_paused_until: None,
             version: 0,
+            checking_sources: false,
             last_build: None,
             last_used: None,
             demand: Demand::default(),

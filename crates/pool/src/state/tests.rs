@@ -641,6 +641,58 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
     );
 }
 
+/// Issue 27: a request that waits for a look at its template's sources is the state's
+/// waiter: it counts, gets no clone of a version the look may replace, and is served once
+/// the look ends — by the new version when the sources changed.
+#[test]
+fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_version() {
+    let mut state = pool(1, 4);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up(1000);
+    let actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    for action in actions {
+        if let Action::Clone {
+            template_db, clone, ..
+        } = action
+        {
+            let _ = state.clone_finished(&default, &template_db, clone, Ok(()), now);
+        }
+    }
+    assert!(state.begin_sources_check(&default));
+    assert!(!state.begin_sources_check(&default), "one look at a time");
+    let actions = state.request_lease(1, LeaseId::random(), &request("default", 1000), now);
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Grant { .. })),
+        "no grant while the look runs: {actions:?}"
+    );
+    assert_eq!(default_status(&state).waiting, 1, "it shows");
+    // The sources changed: a new version is built, and the waiter gets one of it.
+    let actions = state.sources_checked(&default, true, now);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Build { .. })),
+        "{actions:?}"
+    );
+    assert!(!actions.iter().any(|a| matches!(a, Action::Grant { .. })));
+    let actions = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let new_db = DbName::template(&default, "bb");
+    let mut granted = None;
+    for action in actions {
+        if let Action::Clone {
+            template_db, clone, ..
+        } = action
+        {
+            assert_eq!(template_db, new_db);
+            for action in state.clone_finished(&default, &template_db, clone, Ok(()), now) {
+                if let Action::Grant { waiter: 1, grant } = action {
+                    granted = Some(grant);
+                }
+            }
+        }
+    }
+    assert!(granted.is_some(), "the waiter is served by the new version");
+}
+
 #[test]
 fn a_failed_rebuild_drops_the_stale_version_too() {
     let mut state = pool(0, 4);
