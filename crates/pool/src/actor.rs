@@ -331,10 +331,7 @@ pub async fn start(
         session: None,
         monitor: None,
         generation: 1,
-        restarts: 0,
-        last_error: None,
         retry_at: None,
-        stopping: false,
         waiters: HashMap::new(),
         probe: Probe::Idle,
         next_waiter: 1,
@@ -553,10 +550,7 @@ struct Actor {
     monitor: Option<tokio_postgres::Client>,
     /// Bumped whenever the server is lost; results of older jobs are ignored.
     generation: u64,
-    restarts: u32,
-    last_error: Option<String>,
     retry_at: Option<Instant>,
-    stopping: bool,
     waiters: HashMap<WaiterId, LeaseReply>,
     /// The second look at the server after its monitor connection closed.
     probe: Probe,
@@ -752,20 +746,20 @@ impl Actor {
         match result {
             JobResult::ServerUp { target, outcome } => {
                 self.target = Some(*target);
-                if self.stopping {
+                if self.state.is_stopping() {
                     return;
                 }
                 match *outcome {
                     Ok(up) => {
                         tracing::info!(
-                            restarts = self.restarts,
+                            restarts = self.state.server_history().0,
                             "postgres is back; rebuilding templates and pool"
                         );
                         self.server_came_up(up);
                     }
                     Err(error) => {
                         tracing::error!(error = %error, retry_in_secs = RESTART_BACKOFF.as_secs(), "could not bring postgres back");
-                        self.last_error = Some(error.to_string());
+                        self.state.server_start_failed(error.to_string());
                         self.retry_at = Some(now + RESTART_BACKOFF);
                     }
                 }
@@ -1017,7 +1011,7 @@ impl Actor {
 
     /// Notices a dead postmaster or a lost connection, and retries a failed restart.
     fn check_server(&mut self) {
-        if self.stopping {
+        if self.state.is_stopping() {
             return;
         }
         let exited = self
@@ -1104,8 +1098,6 @@ impl Actor {
             self.tracker.spawn(running.shutdown(POSTGRES_STOP_TIMEOUT));
         }
         self.generation += 1;
-        self.restarts += 1;
-        self.last_error = Some(reason);
         self.spawn_bring_up();
     }
 
@@ -1565,7 +1557,7 @@ impl Actor {
 
     fn status(&self) -> StatusReport {
         let session = self.session.as_ref();
-        let state = if self.stopping {
+        let state = if self.state.is_stopping() {
             "stopping"
         } else if self.state.server_is_up() {
             "running"
@@ -1585,8 +1577,8 @@ impl Actor {
                 host: session.map(|s| s.lease_host.clone()),
                 port: session.map(|s| s.lease_port),
                 settings: session.map(|s| s.settings.clone()).unwrap_or_default(),
-                restarts: self.restarts,
-                last_error: self.last_error.clone(),
+                restarts: self.state.server_history().0,
+                last_error: self.state.server_history().1.map(str::to_owned),
                 admin_timeouts: session.map_or(0, Session::admin_timeouts),
                 databases_space: self.space.as_ref().map(space::SpaceWatch::status),
             },
@@ -1726,7 +1718,6 @@ impl Actor {
 
     async fn shutdown(&mut self, jobs: &mut mpsc::UnboundedReceiver<Report>) {
         tracing::info!("pool stopping");
-        self.stopping = true;
         let actions = self.state.stopping();
         self.apply(actions);
         self.tracker.close();

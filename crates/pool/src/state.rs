@@ -172,6 +172,10 @@ pub(crate) struct PoolState {
     /// Every configured template is built at start (`--prebuild`): readiness waits for
     /// their first builds.
     prebuild: bool,
+    /// Times the server was lost and brought up again (`server_lost`).
+    restarts: u32,
+    /// Why the server was last lost, or could last not be brought up (`/status`).
+    last_server_error: Option<String>,
 }
 
 impl PoolState {
@@ -208,6 +212,8 @@ impl PoolState {
             abandoned: 0,
             store_used: None,
             prebuild,
+            restarts: 0,
+            last_server_error: None,
         }
     }
 
@@ -243,6 +249,8 @@ impl PoolState {
         if self.server != Server::Stopping {
             self.server = Server::Down(reason.to_owned());
         }
+        self.restarts += 1;
+        self.last_server_error = Some(reason.to_owned());
         let mut actions = Vec::new();
         let leases: Vec<(LeaseId, Option<WaiterId>)> = self
             .dbs
@@ -308,6 +316,21 @@ impl PoolState {
     /// True while postgres is up.
     pub fn server_is_up(&self) -> bool {
         self.server == Server::Up
+    }
+
+    /// The pool is stopping (`stopping` was called).
+    pub fn is_stopping(&self) -> bool {
+        self.server == Server::Stopping
+    }
+
+    /// Bringing the server (back) up failed; another try follows.
+    pub fn server_start_failed(&mut self, reason: String) {
+        self.last_server_error = Some(reason);
+    }
+
+    /// Times the server was lost and restarted, and why it last went or failed to start.
+    pub fn server_history(&self) -> (u32, Option<&str>) {
+        (self.restarts, self.last_server_error.as_deref())
     }
 
     /// A fresh database name for a clone.

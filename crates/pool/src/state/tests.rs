@@ -1847,3 +1847,17 @@ fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_
     let _ = state.build_finished(&name("adhoc"), Err("broken".into()), now);
     assert_eq!(state.readiness().failed_templates.len(), 1);
 }
+
+/// Issue 27: the server's history is the state's (the actor kept it beside it).
+#[test]
+fn the_server_history_counts_losses_and_keeps_the_last_reason() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    assert_eq!(state.server_history(), (0, None));
+    let _ = state.server_lost("postgres exited unexpectedly (signal 9)");
+    state.server_start_failed("could not bind to port".into());
+    let _ = state.server_up(1000);
+    assert_eq!(state.server_history(), (1, Some("could not bind to port")));
+    let _ = state.stopping();
+    assert!(state.is_stopping() && !state.server_is_up());
+}
