@@ -210,8 +210,14 @@ async fn ready_clones_survive_a_clean_restart_and_leased_ones_do_not() {
 
 /// Runs `pglease serve ARGS` that should exit by itself; `None` (after killing it) when it
 /// still runs after `limit`. Returns its log.
-fn run_expecting_exit(args: &[String], limit: Duration) -> (Option<ExitStatus>, String) {
-    let log_path = scratch_dir("second-daemon").join("stderr");
+/// Runs the daemon until it exits or `limit` passes; its log goes to a scratch directory of
+/// its own (`name`: tests run at once, and each scratch directory starts empty).
+fn run_expecting_exit(
+    name: &str,
+    args: &[String],
+    limit: Duration,
+) -> (Option<ExitStatus>, String) {
+    let log_path = scratch_dir(name).join("stderr");
     let log = std::fs::File::create(&log_path).expect("log file");
     let mut child = support::binary()
         .arg("serve")
@@ -256,7 +262,7 @@ async fn a_second_daemon_on_the_same_server_refuses_to_start() {
 
     let second_args = args.clone();
     let (status, log) = tokio::task::spawn_blocking(move || {
-        run_expecting_exit(&second_args, Duration::from_secs(30))
+        run_expecting_exit("second-daemon", &second_args, Duration::from_secs(30))
     })
     .await
     .expect("join");
@@ -317,16 +323,24 @@ async fn a_server_out_of_connection_slots_is_waited_for_at_start() {
     assert!(daemon.stop().await.success());
 }
 
+/// Runs the daemon on `server` as `role`, expecting it to fail its start: the log.
+async fn start_refused_as(server: &PlainPostgres, role: &str) -> String {
+    let url = server.url().replace("postgres@", &format!("{role}@"));
+    let args = vec!["--postgres-url".to_owned(), url];
+    let name = format!("refused-as-{role}");
+    let (status, log) = tokio::task::spawn_blocking(move || {
+        run_expecting_exit(&name, &args, Duration::from_secs(30))
+    })
+    .await
+    .expect("join");
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    log
+}
+
 #[tokio::test]
 async fn an_unknown_role_in_the_url_stops_the_start_with_postgres_message() {
     let server = PlainPostgres::start("no-role");
-    let url = server.url().replace("postgres@", "nosuchrole@");
-    let args = vec!["--postgres-url".to_owned(), url];
-    let (status, log) =
-        tokio::task::spawn_blocking(move || run_expecting_exit(&args, Duration::from_secs(30)))
-            .await
-            .expect("join");
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    let log = start_refused_as(&server, "nosuchrole").await;
     assert!(
         log.contains("cannot connect to postgres at")
             && log.contains("role \"nosuchrole\" does not exist"),
@@ -345,13 +359,7 @@ async fn a_role_that_is_not_a_superuser_is_told_as_such() {
         .batch_execute("CREATE ROLE plain LOGIN")
         .await
         .expect("a plain role");
-    let url = server.url().replace("postgres@", "plain@");
-    let args = vec!["--postgres-url".to_owned(), url];
-    let (status, log) =
-        tokio::task::spawn_blocking(move || run_expecting_exit(&args, Duration::from_secs(30)))
-            .await
-            .expect("join");
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
+    let log = start_refused_as(&server, "plain").await;
     assert!(
         log.contains("is not a superuser") && log.contains("--postgres-url must name a superuser"),
         "{log}"
