@@ -690,6 +690,9 @@ impl ServeArgs {
     pub fn into_config(self) -> Result<ServeConfig, String> {
         let working_dir = std::env::current_dir().ok();
         let config_from = ConfigFrom::resolve(self.config.clone(), working_dir.as_deref());
+        if let ConfigFrom::Found(path) = &config_from {
+            found_file_is_ours(path)?;
+        }
         let (file, file_dir) = match config_from.path() {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -1066,6 +1069,38 @@ impl ServeArgs {
             },
         })
     }
+}
+
+/// A config file found in the working directory (not named) is read only if the user
+/// pglease runs as owns it and nobody else may write it, as git treats a repository it finds:
+/// a daemon started in a shared directory (/tmp, a CI workspace) must not take its command
+/// templates, data directory or superuser sources from a file someone else put there.
+/// Named with --config or PGLEASE_CONFIG, a file is the operator's choice.
+fn found_file_is_ours(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let refuse = |why: String| {
+        Err(format!(
+            "not reading {} found in the working directory: {why}; name it with --config (or \
+             PGLEASE_CONFIG) to use it anyway",
+            path.display()
+        ))
+    };
+    if meta.uid() != euid {
+        return refuse(format!(
+            "it belongs to uid {}, and pglease runs as uid {euid}",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "others may write it (mode {:o})",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// `--integresql-pg-user` with its password: both or neither.

@@ -792,3 +792,29 @@ fn watch_flags_add_paths_to_a_command_template_and_nothing_else() {
         assert!(error.contains(why), "{watch}: {error}");
     }
 }
+
+#[test]
+fn a_found_config_file_is_read_only_if_ours_and_nobody_elses_to_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("pglease-found-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    std::fs::write(&file, "min_ready = 1\n").expect("write");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    assert_eq!(found_file_is_ours(&file), Ok(()));
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let error = found_file_is_ours(&file).expect_err("writable by others");
+    assert!(
+        error.contains("others may write it") && error.contains("--config"),
+        "{error}"
+    );
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    if nix::unistd::geteuid().is_root() {
+        // Someone else's file, as a shared directory holds.
+        nix::unistd::chown(&file, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+        let error = found_file_is_ours(&file).expect_err("someone else's");
+        assert!(error.contains("belongs to uid 65534"), "{error}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
