@@ -722,18 +722,6 @@ impl Actor {
     fn handle_job(&mut self, report: Report) {
         let now = Instant::now();
         let Report { generation, result } = report;
-        // Lease requests waiting on a check of their sources are not tied to a server.
-        if let JobResult::SourcesChecked {
-            template,
-            changed,
-            stamp,
-            fingerprint,
-        } = result
-        {
-            self.sources_checked(template, changed, stamp, fingerprint);
-            self.check_invariants();
-            return;
-        }
         if let JobResult::FailedSourcesChecked { template, changed } = result {
             self.failed_sources_checked(template, changed);
             self.check_invariants();
@@ -884,8 +872,16 @@ impl Actor {
             }
             JobResult::Probed { outcome } => self.probed(outcome),
             JobResult::SpaceFilled { sizes } => self.space_filled(sizes),
+            // A look of the lost server's time is not applied: the state ended it then
+            // (its waiters were failed), and a new look may be under way.
+            JobResult::SourcesChecked {
+                template,
+                changed,
+                stamp,
+                fingerprint,
+            } => self.sources_checked(template, changed, stamp, fingerprint),
             // Handled above, whatever its generation.
-            JobResult::SourcesChecked { .. } | JobResult::FailedSourcesChecked { .. } => {}
+            JobResult::FailedSourcesChecked { .. } => {}
         }
         self.check_invariants();
     }

@@ -110,8 +110,6 @@ impl PoolState {
         }
     }
 
-    /// Whether a configured template's last build failed (or its sources were unusable at
-    /// start): the actor then watches its sources' stamp and rebuilds when they move.
     /// Whether a look at `template`'s sources is under way.
     pub fn is_checking_sources(&self, template: &TemplateName) -> bool {
         self.templates
@@ -158,6 +156,8 @@ impl PoolState {
         actions
     }
 
+    /// Whether a configured template's last build failed (or its sources were unusable at
+    /// start): the actor then watches its sources' stamp and rebuilds when they move.
     pub fn has_failed(&self, template: &TemplateName) -> bool {
         matches!(
             self.templates.get(template).map(|e| &e.lifecycle),
