@@ -36,7 +36,12 @@ pub enum SqlErrorKind {
 impl SqlError {
     /// Classifies a driver error, keeping postgres' words.
     pub fn from_pg(error: &tokio_postgres::Error) -> SqlError {
-        let message = crate::session::pg_message(error);
+        SqlError::described(error, crate::session::pg_message(error))
+    }
+
+    /// Classifies a driver error, with `message` saying it (postgres' words with context:
+    /// the file a migration failed in, the database it could not reach).
+    pub fn described(error: &tokio_postgres::Error, message: String) -> SqlError {
         let Some(code) = error.code() else {
             let kind = if error.is_closed() {
                 SqlErrorKind::ConnectionLost

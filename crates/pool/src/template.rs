@@ -344,14 +344,16 @@ pub async fn finalize_client_template(
     session
         .execute(&format!("ALTER ROLE {role} NOLOGIN"))
         .await?;
-    if let Some(shared) = session.integresql_role() {
-        // The IntegreSQL clients' role loses its way in before the sessions end, and what
-        // it made (a dump loaded with psql) goes to the owner role like the rest.
-        let shared = quote_ident(shared);
+    let shared = session.integresql_role().map(quote_ident);
+    if let Some(shared) = &shared {
+        // The IntegreSQL clients' role loses its way in before the sessions end.
         session
             .execute(&format!("REVOKE {role} FROM {shared}"))
             .await?;
-        session.terminate_sessions(db).await?;
+    }
+    session.terminate_sessions(db).await?;
+    if let Some(shared) = &shared {
+        // What it made (a dump loaded with psql) goes to the owner role like the rest.
         run_in(
             session,
             db,
@@ -365,7 +367,6 @@ pub async fn finalize_client_template(
             format!("handing what the IntegreSQL clients' role made in {db} to {OWNER_ROLE}: {e}")
         })?;
     }
-    session.terminate_sessions(db).await?;
     retire_build_role(session, db, false).await?;
     seal_template(session, db).await?;
     write_relcache_init(session, db).await;
@@ -465,12 +466,12 @@ async fn apply_files(
     db: &DbName,
     child_user: &ChildUser,
 ) -> Result<(), SqlError> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| SqlError {
-        message: format!(
+    let (mut client, connection) = config.connect(NoTls).await.map_err(|e| {
+        let message = format!(
             "cannot connect to template database {db}: {}",
             pg_message(&e)
-        ),
-        ..SqlError::from_pg(&e)
+        );
+        SqlError::described(&e, message)
     })?;
     let connection = tokio::spawn(connection);
     let result = async {
@@ -481,21 +482,19 @@ async fn apply_files(
                 .await?
                 .map_err(|e| child_user.explain(e))?;
             // Postgres' words, naming the file (and line), with the kind of the error.
-            let typed = |e: &tokio_postgres::Error, message: String| SqlError {
-                message,
-                ..SqlError::from_pg(e)
-            };
-            let transaction = client
-                .transaction()
-                .await
-                .map_err(|e| typed(&e, format!("{}: {}", path.display(), pg_message(&e))))?;
+            let transaction = client.transaction().await.map_err(|e| {
+                SqlError::described(&e, format!("{}: {}", path.display(), pg_message(&e)))
+            })?;
             if let Err(error) = transaction.batch_execute(&sql).await {
-                return Err(typed(&error, describe_sql_error(path, &sql, &error)));
+                return Err(SqlError::described(
+                    &error,
+                    describe_sql_error(path, &sql, &error),
+                ));
             }
             transaction
                 .commit()
                 .await
-                .map_err(|e| typed(&e, describe_sql_error(path, &sql, &e)))?;
+                .map_err(|e| SqlError::described(&e, describe_sql_error(path, &sql, &e)))?;
             tracing::debug!(database = %db, file = %path.display(), "migration applied");
         }
         Ok(())
