@@ -348,8 +348,8 @@ pub struct BuildProgress {
 pub struct KeptDatabase {
     /// The id of the lease it was kept from.
     pub id: LeaseId,
-    /// Its template (None if the template is gone).
-    pub template: Option<TemplateName>,
+    /// Its template (perhaps discarded since: the database stays until its keep ends).
+    pub template: TemplateName,
     /// Where it is and the lease's credentials, which still open it.
     pub connect: ConnectInfo,
     /// The lease's label.

@@ -46,7 +46,7 @@ pub async fn drop(
 fn kept_json(kept: KeptDatabase, secrets: bool) -> KeptJson {
     KeptJson {
         id: secrets.then(|| kept.id.to_string()),
-        template: kept.template.map(|t| t.to_string()),
+        template: Some(kept.template.to_string()),
         database: kept.connect.database.to_string(),
         label: kept.label,
         url: secrets.then(|| kept.connect.url()),

@@ -68,7 +68,7 @@ impl PoolState {
                     break;
                 };
                 tracing::info!(template = %name, database = %db, "evicting a ready clone to make room");
-                self.dbs.queue_drop(db, Some(&name), 0);
+                self.dbs.queue_drop(db, &name, 0);
             }
         }
         for name in self.eviction_order(template, true) {
@@ -86,9 +86,9 @@ impl PoolState {
                 tracing::info!(template = %name, database = %version.db, "evicting an idle template version to make room");
                 entry.wanted = false;
                 for db in self.dbs.of(&name, |p| matches!(p, Phase::Ready { .. })) {
-                    self.dbs.queue_drop(db, Some(&name), 0);
+                    self.dbs.queue_drop(db, &name, 0);
                 }
-                self.dbs.queue_drop(version.db, Some(&name), size);
+                self.dbs.queue_drop(version.db, &name, size);
             }
         }
     }

@@ -199,7 +199,7 @@ impl PoolState {
             source: configured.source.clone(),
         });
         for db in self.dbs.of(template, |p| matches!(p, Phase::Ready { .. })) {
-            self.dbs.queue_drop(db, Some(template), 0);
+            self.dbs.queue_drop(db, template, 0);
         }
         self.dispatch(now, &mut actions);
         actions
@@ -254,7 +254,7 @@ impl PoolState {
         match outcome {
             Ok(built) => {
                 if let Some(old) = previous.filter(|old| *old != built.db) {
-                    self.dbs.queue_drop(old, Some(template), size);
+                    self.dbs.queue_drop(old, template, size);
                 }
                 if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
                     configured.build = Build::Ready(Version {
@@ -272,7 +272,7 @@ impl PoolState {
             // request builds it again.
             Err(error) if error.kind == SqlErrorKind::ConnectionLost => {
                 if let Some(old) = previous {
-                    self.dbs.queue_drop(old, Some(template), size);
+                    self.dbs.queue_drop(old, template, size);
                 }
                 for waiter in entry.waiters.drain(..) {
                     actions.push(Action::Fail {
@@ -291,13 +291,13 @@ impl PoolState {
             Err(error) => {
                 // A stale version must not hide a broken migration: it goes too.
                 if let Some(old) = previous {
-                    self.dbs.queue_drop(old, Some(template), size);
+                    self.dbs.queue_drop(old, template, size);
                 }
                 for db in self
                     .dbs
                     .of(template, |p| matches!(p, Phase::Adoptable { .. }))
                 {
-                    self.dbs.queue_drop(db, Some(template), 0);
+                    self.dbs.queue_drop(db, template, 0);
                 }
                 self.build_failed(template, error.message, error.kind, &mut actions);
                 if let Some(Lifecycle::Configured(configured)) =
@@ -373,7 +373,7 @@ impl PoolState {
                     verify: false,
                 });
             } else {
-                self.dbs.queue_drop(clone, Some(template), 0);
+                self.dbs.queue_drop(clone, template, 0);
             }
         }
         if !self.fits(0) {
@@ -393,7 +393,7 @@ impl PoolState {
             self.dbs.insert(
                 clone,
                 Db {
-                    template: Some(template.clone()),
+                    template: template.clone(),
                     made_from: None,
                     bytes: 0,
                     test_id: None,
@@ -401,7 +401,7 @@ impl PoolState {
                 },
             );
         } else {
-            self.dbs.queue_drop(clone, None, 0);
+            self.dbs.queue_drop(clone, template, 0);
         }
     }
 

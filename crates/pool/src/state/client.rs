@@ -149,7 +149,7 @@ impl PoolState {
                 Ok(())
             }
             (true, Err(message)) => {
-                self.dbs.queue_drop(db, Some(template), 0);
+                self.dbs.queue_drop(db, template, 0);
                 // Free for the client (or another) to initialize again.
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
@@ -163,7 +163,7 @@ impl PoolState {
             }
             (false, _) => {
                 // Whatever the job left of it.
-                self.dbs.queue_drop(db, Some(template), 0);
+                self.dbs.queue_drop(db, template, 0);
                 Err(TemplateOpError::Discarded(template.clone()))
             }
         };
@@ -230,7 +230,7 @@ impl PoolState {
             Ok(ClientBuild::Finalizing { db: d }) if *d == db
         );
         if !finalizing {
-            self.dbs.queue_drop(db, Some(template), 0);
+            self.dbs.queue_drop(db, template, 0);
             self.dispatch(now, &mut actions);
             return (Err(TemplateOpError::Discarded(template.clone())), actions);
         }
@@ -247,7 +247,7 @@ impl PoolState {
             }
             Err(message) => {
                 // The half-made template is of no use to anyone.
-                self.dbs.queue_drop(db, Some(template), 0);
+                self.dbs.queue_drop(db, template, 0);
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
                 }
@@ -255,7 +255,7 @@ impl PoolState {
                     .dbs
                     .of(template, |p| matches!(p, Phase::Adoptable { .. }))
                 {
-                    self.dbs.queue_drop(clone, Some(template), 0);
+                    self.dbs.queue_drop(clone, template, 0);
                 }
                 self.build_failed(template, message.clone(), SqlErrorKind::Other, &mut actions);
                 Err(TemplateOpError::Failed {
@@ -284,7 +284,7 @@ impl PoolState {
         let mut actions = Vec::new();
         match std::mem::replace(build, ClientBuild::Discarded) {
             ClientBuild::Open { db, .. } | ClientBuild::Ready(Version { db, .. }) => {
-                self.dbs.queue_drop(db, Some(template), 0);
+                self.dbs.queue_drop(db, template, 0);
             }
             // A job holds it and finds the template discarded when it reports.
             ClientBuild::Opening { .. } | ClientBuild::Finalizing { .. } => {}
@@ -302,7 +302,7 @@ impl PoolState {
         for db in self.dbs.of(template, |p| {
             matches!(p, Phase::Ready { .. } | Phase::Adoptable { .. })
         }) {
-            self.dbs.queue_drop(db, Some(template), 0);
+            self.dbs.queue_drop(db, template, 0);
         }
         tracing::info!(template = %template, "template discarded by its client");
         self.dispatch(now, &mut actions);
@@ -360,7 +360,7 @@ impl PoolState {
             // Kept ones go too ("every test database dropped"): nothing may outlive its
             // template but a drop.
             for database in self.dbs.of(name, |p| matches!(p, Phase::Kept(_))) {
-                self.dbs.queue_drop(database, Some(name), 0);
+                self.dbs.queue_drop(database, name, 0);
             }
         }
         self.dispatch(now, &mut actions);
@@ -384,7 +384,7 @@ impl PoolState {
             .find(|(_, db, r)| {
                 r.reclaimable
                     && r.pending.is_none()
-                    && db.template.as_ref() == Some(template)
+                    && db.template == *template
                     && r.number == number
             })
             .map(|(name, _, r)| (r.id.clone(), name.clone()))
@@ -401,7 +401,7 @@ impl PoolState {
     /// is queued for dropping.
     pub fn restore_client_built(&mut self, template: &TemplateName, db: &DbName) -> bool {
         if self.templates.contains_key(template) {
-            self.dbs.queue_drop(db.clone(), None, 0);
+            self.dbs.queue_drop(db.clone(), template, 0);
             return false;
         }
         let mut entry = TemplateEntry::client(ClientBuild::Finalizing { db: db.clone() });
@@ -434,9 +434,7 @@ impl PoolState {
             let oldest = self
                 .dbs
                 .leases()
-                .filter(|(_, db, r)| {
-                    db.template.as_ref() == Some(&name) && r.reclaimable && r.pending.is_none()
-                })
+                .filter(|(_, db, r)| db.template == name && r.reclaimable && r.pending.is_none())
                 .min_by_key(|(_, _, r)| r.granted_at)
                 .map(|(database, _, r)| (database.clone(), r.id.clone()));
             let Some((database, id)) = oldest else {

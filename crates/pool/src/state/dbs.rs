@@ -26,8 +26,9 @@ const DROP_RETRY_MAX: Duration = Duration::from_secs(60);
 /// One database and what the pool is doing with it.
 #[derive(Debug)]
 pub(super) struct Db {
-    /// The template it belongs to; None for a database of nobody (queued for dropping).
-    pub template: Option<TemplateName>,
+    /// The template it belongs to (for a leftover queued for dropping: the template whose
+    /// name it carries).
+    pub template: TemplateName,
     /// For a clone: the template database (version) it was made from.
     pub made_from: Option<DbName>,
     /// What it costs in the byte budget (its version's size when made).
@@ -181,8 +182,8 @@ impl Dbs {
     /// vacant; those of leased and kept ones are retired.
     pub fn clear(&mut self) {
         for (_, db) in std::mem::take(&mut self.map) {
-            if let (Some(template), Some(id), true) = (&db.template, db.test_id, db.unheld()) {
-                self.test_ids.vacate(template, id);
+            if let (Some(id), true) = (db.test_id, db.unheld()) {
+                self.test_ids.vacate(&db.template, id);
             }
         }
     }
@@ -193,8 +194,8 @@ impl Dbs {
         let Some(db) = self.map.get_mut(name) else {
             return;
         };
-        if let (Some(template), Some(id)) = (&db.template, db.test_id.take()) {
-            self.test_ids.vacate(template, id);
+        if let Some(id) = db.test_id.take() {
+            self.test_ids.vacate(&db.template, id);
         }
     }
 
@@ -217,7 +218,7 @@ impl Dbs {
     /// Queues `name` for dropping: an existing record changes phase (one already on its way
     /// out stays as it is); an unknown database (a template version, a leftover) gets a
     /// record of its own, costing `bytes` should its drop fail.
-    pub fn queue_drop(&mut self, name: DbName, template: Option<&TemplateName>, bytes: u64) {
+    pub fn queue_drop(&mut self, name: DbName, template: &TemplateName, bytes: u64) {
         self.back += 1;
         let queued = Phase::Dropping(Dropping::Queued {
             order: self.back,
@@ -231,8 +232,8 @@ impl Dbs {
             Some(db) => {
                 // A test database given back unchanged, on its way out: nobody holds its id.
                 if db.unheld() {
-                    if let (Some(template), Some(id)) = (&db.template, db.test_id.take()) {
-                        self.test_ids.vacate(template, id);
+                    if let Some(id) = db.test_id.take() {
+                        self.test_ids.vacate(&db.template, id);
                     }
                 }
                 db.phase = queued;
@@ -241,7 +242,7 @@ impl Dbs {
                 self.map.insert(
                     name,
                     Db {
-                        template: template.cloned(),
+                        template: template.clone(),
                         made_from: None,
                         bytes,
                         test_id: None,
@@ -349,7 +350,7 @@ impl Dbs {
     ) -> impl Iterator<Item = (i64, &'a DbName)> + 'a {
         self.map
             .iter()
-            .filter(move |(_, db)| db.template.as_ref() == Some(template))
+            .filter(move |(_, db)| db.template == *template)
             .filter_map(|(name, db)| match db.phase {
                 Phase::Ready { order } => Some((order, name)),
                 _ => None,
@@ -360,7 +361,7 @@ impl Dbs {
     pub fn of(&self, template: &TemplateName, select: fn(&Phase) -> bool) -> Vec<DbName> {
         self.map
             .iter()
-            .filter(|(_, db)| db.template.as_ref() == Some(template) && select(&db.phase))
+            .filter(|(_, db)| db.template == *template && select(&db.phase))
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -369,7 +370,7 @@ impl Dbs {
     pub fn counts(&self, template: &TemplateName) -> Counts {
         let mut counts = Counts::default();
         for db in self.map.values() {
-            if db.template.as_ref() == Some(template) {
+            if db.template == *template {
                 counts.add(&db.phase);
             }
         }
@@ -380,9 +381,7 @@ impl Dbs {
     pub fn all_counts(&self) -> BTreeMap<TemplateName, Counts> {
         let mut all: BTreeMap<TemplateName, Counts> = BTreeMap::new();
         for db in self.map.values() {
-            if let Some(template) = &db.template {
-                all.entry(template.clone()).or_default().add(&db.phase);
-            }
+            all.entry(db.template.clone()).or_default().add(&db.phase);
         }
         all
     }

@@ -266,21 +266,20 @@ impl PoolState {
             return actions;
         };
         let template = db.template.clone();
-        let current = template
-            .as_ref()
-            .and_then(|t| self.templates.get(t))
+        let current = self
+            .templates
+            .get(&template)
             .and_then(|e| e.current())
             .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
         // A look at the template's sources began meanwhile: the version may be replaced,
         // so the request waits for the look like the others (first in line).
-        let checking = template
-            .as_ref()
-            .and_then(|t| self.templates.get(t))
+        let checking = self
+            .templates
+            .get(&template)
             .is_some_and(|e| e.checking_sources);
         match outcome {
             Ok(()) if !current || checking => {
-                self.dbs.queue_drop(database, template.as_ref(), 0);
-                let template = template.unwrap_or_else(TemplateName::default_name);
+                self.dbs.queue_drop(database, &template, 0);
                 match self.may_wait_for(&template) {
                     Ok(()) => {
                         if let Some(entry) = self.templates.get_mut(&template) {
@@ -300,7 +299,7 @@ impl PoolState {
                 record.expires_at = now + waiter.ttl;
                 let grant = Grant {
                     lease_id: record.id.clone(),
-                    template: template.clone().unwrap_or_else(TemplateName::default_name),
+                    template: template.clone(),
                     fingerprint: record.fingerprint.clone(),
                     database: database.clone(),
                     ttl: waiter.ttl,
@@ -317,12 +316,12 @@ impl PoolState {
                 actions.push(Action::Fail {
                     waiter: waiter.id,
                     error: LeaseError::CloneFailed {
-                        template: template.clone().unwrap_or_else(TemplateName::default_name),
+                        template: template.clone(),
                         message,
                         cause: SqlErrorKind::Other,
                     },
                 });
-                self.dbs.queue_drop(database, template.as_ref(), 0);
+                self.dbs.queue_drop(database, &template, 0);
                 self.serve_all_waiters(now, &mut actions);
                 self.dispatch(now, &mut actions);
             }
@@ -342,9 +341,9 @@ impl PoolState {
         let database = database.clone();
         let template = db.template.clone();
         let pristine = record.connections == self.limits.lease_connections;
-        let current = template
-            .as_ref()
-            .and_then(|t| self.templates.get(t))
+        let current = self
+            .templates
+            .get(&template)
             .and_then(|e| e.current())
             .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
         if pristine && current {
@@ -352,11 +351,11 @@ impl PoolState {
             if let Some(db) = self.dbs.get_mut(&database) {
                 db.phase = phase;
             }
-            if let Some(entry) = template.as_ref().and_then(|t| self.templates.get_mut(t)) {
+            if let Some(entry) = self.templates.get_mut(&template) {
                 entry.demand.returned(now);
             }
         } else {
-            self.dbs.queue_drop(database, template.as_ref(), 0);
+            self.dbs.queue_drop(database, &template, 0);
         }
         self.serve_all_waiters(now, &mut actions);
         self.dispatch(now, &mut actions);
@@ -383,7 +382,7 @@ impl PoolState {
         let database = database.clone();
         let template = db.template.clone();
         let made_from = db.made_from.clone();
-        let entry = template.as_ref().and_then(|t| self.templates.get_mut(t));
+        let entry = self.templates.get_mut(&template);
         // The very version it was cloned from (a client-built template initialized again
         // has the same fingerprint, but another database).
         let current = entry
@@ -394,8 +393,8 @@ impl PoolState {
         // Released without `reuse`: the server may still prove it unchanged (never an
         // IntegreSQL test database, whose client says itself what it did).
         let verify = !reuse && self.limits.reuse_unchanged && !record.reclaimable;
-        match (reuse || verify, current, template) {
-            (true, Some(template_db), Some(template)) => {
+        match (reuse || verify, current) {
+            (true, Some(template_db)) => {
                 if let Some(entry) = entry {
                     entry.demand.returned(now);
                 }
@@ -414,14 +413,14 @@ impl PoolState {
                     verify,
                 });
             }
-            (_, _, template) => {
+            _ => {
                 // Given back by its client (recreate, or an unlock of a replaced version):
                 // nobody holds its id, which goes to the next getter, as IntegreSQL
                 // recreates a test database under the same id.
                 if record.reclaimable {
                     self.dbs.give_back_id(&database);
                 }
-                self.dbs.queue_drop(database, template.as_ref(), 0);
+                self.dbs.queue_drop(database, &template, 0);
             }
         }
         self.serve_all_waiters(now, &mut actions);
@@ -455,7 +454,7 @@ impl PoolState {
     /// drops.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
-        let expired: Vec<(DbName, Option<TemplateName>, LeaseId)> = self
+        let expired: Vec<(DbName, TemplateName, LeaseId)> = self
             .dbs
             .leases()
             .filter(|(_, _, record)| record.expires_at <= now && record.pending.is_none())
@@ -464,7 +463,7 @@ impl PoolState {
         for (database, template, id) in expired {
             tracing::info!(lease_id = %id, database = %database, "lease expired; dropping its database");
             self.expired += 1;
-            self.dbs.queue_drop(database, template.as_ref(), 0);
+            self.dbs.queue_drop(database, &template, 0);
         }
         self.drop_expired_kept(now);
         self.dbs.retry_failed_drops(now);
@@ -578,10 +577,9 @@ impl PoolState {
         let Some((database, template, id)) = oldest else {
             return false;
         };
-        tracing::info!(template = ?template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
+        tracing::info!(template = %template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
         self.reclaimed += 1;
-        let name = template.unwrap_or_else(TemplateName::default_name);
-        self.end_lease(database, || LeaseError::Discarded(name), actions);
+        self.end_lease(database, || LeaseError::Discarded(template), actions);
         self.serve_all_waiters(now, actions);
         true
     }
@@ -643,7 +641,7 @@ impl PoolState {
                 error: error(),
             });
         }
-        self.dbs.queue_drop(database, template.as_ref(), 0);
+        self.dbs.queue_drop(database, &template, 0);
         self.remember_lost(id);
     }
 }
@@ -656,7 +654,7 @@ pub(super) fn new_clone(
     now: Instant,
 ) -> Db {
     Db {
-        template: Some(template.clone()),
+        template: template.clone(),
         made_from: Some(made_from.clone()),
         bytes,
         test_id: None,

@@ -33,24 +33,22 @@ impl PoolState {
             // A clone being made outlives a template forgotten meanwhile (its job drops it
             // when it reports); anything else must belong to a template.
             let may_be_orphan = matches!(db.phase, Phase::Dropping(_) | Phase::Making { .. });
-            let template = db.template.as_ref().and_then(|t| self.templates.get(t));
+            let template = self.templates.get(&db.template);
             if !may_be_orphan && template.is_none() {
                 return Err(format!(
-                    "{name} ({:?}) belongs to no template ({:?})",
+                    "{name} ({:?}) belongs to no template ({})",
                     db.phase, db.template
                 ));
             }
             if let (Some(test_id), false) = (db.test_id, matches!(db.phase, Phase::Dropping(_))) {
                 if !test_ids.insert((db.template.clone(), test_id)) {
                     return Err(format!(
-                        "test id {test_id} of {:?} names two databases ({name} is one)",
+                        "test id {test_id} of {} names two databases ({name} is one)",
                         db.template
                     ));
                 }
                 // Carried ids were handed out, and are not free to be handed out again.
-                let Some(template) = &db.template else {
-                    return Err(format!("{name} carries test id {test_id} of no template"));
-                };
+                let template = &db.template;
                 if !self.dbs.test_ids.issued(template, test_id) {
                     return Err(format!(
                         "{name} carries test id {test_id} of {template}, never handed out"

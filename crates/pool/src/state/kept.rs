@@ -16,7 +16,7 @@ use crate::names::{DbName, LeaseId, TemplateName};
 #[derive(Debug, Clone)]
 pub struct KeptEntry {
     pub id: LeaseId,
-    pub template: Option<TemplateName>,
+    pub template: TemplateName,
     pub database: DbName,
     pub label: Option<String>,
     pub kept_at: Instant,
@@ -59,14 +59,14 @@ impl PoolState {
         tracing::info!(lease_id = %id, database = %database, keep_secs = kept_for.as_secs(), "lease ended; database kept for a look");
         let kept = self.dbs.kept();
         let excess = kept.len().saturating_sub(self.limits.max_kept);
-        let oldest: Vec<(DbName, Option<TemplateName>)> = kept
+        let oldest: Vec<(DbName, TemplateName)> = kept
             .into_iter()
             .take(excess)
             .map(|(name, db, _)| (name.clone(), db.template.clone()))
             .collect();
         for (name, template) in oldest {
             tracing::info!(database = %name, max_kept = self.limits.max_kept, "dropping the oldest kept database: too many kept");
-            self.dbs.queue_drop(name, template.as_ref(), 0);
+            self.dbs.queue_drop(name, &template, 0);
         }
         // Its place under max_total and its connections are free again.
         self.serve_all_waiters(now, &mut actions);
@@ -84,8 +84,9 @@ impl PoolState {
         let Some(database) = self.dbs.kept_db(id) else {
             return (Err(LeaseOpError::NotKept(id.to_string())), actions);
         };
-        let template = self.dbs.get(&database).and_then(|db| db.template.clone());
-        self.dbs.queue_drop(database, template.as_ref(), 0);
+        if let Some(template) = self.dbs.get(&database).map(|db| db.template.clone()) {
+            self.dbs.queue_drop(database, &template, 0);
+        }
         self.dispatch(now, &mut actions);
         (Ok(()), actions)
     }
@@ -109,7 +110,7 @@ impl PoolState {
 
     /// Kept databases whose time is over go.
     pub(super) fn drop_expired_kept(&mut self, now: Instant) {
-        let over: Vec<(DbName, Option<TemplateName>)> = self
+        let over: Vec<(DbName, TemplateName)> = self
             .dbs
             .kept()
             .into_iter()
@@ -118,7 +119,7 @@ impl PoolState {
             .collect();
         for (name, template) in over {
             tracing::info!(database = %name, "keep over; dropping the kept database");
-            self.dbs.queue_drop(name, template.as_ref(), 0);
+            self.dbs.queue_drop(name, &template, 0);
         }
     }
 
@@ -140,7 +141,7 @@ impl PoolState {
                 return;
             }
             tracing::info!(database = %name, "evicting a kept database to make room");
-            self.dbs.queue_drop(name, template.as_ref(), 0);
+            self.dbs.queue_drop(name, &template, 0);
         }
     }
 }

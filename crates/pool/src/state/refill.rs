@@ -129,7 +129,7 @@ impl PoolState {
             }
         };
         let Some(entry) = self.templates.get_mut(template) else {
-            self.dbs.queue_drop(clone, Some(template), 0);
+            self.dbs.queue_drop(clone, template, 0);
             self.dispatch(now, &mut actions);
             return actions;
         };
@@ -140,7 +140,7 @@ impl PoolState {
         match outcome {
             // Made (or not: its template may be gone already) from a version replaced
             // meanwhile: nobody may lease it, and its fate is no news for today's waiters.
-            _ if !current => self.dbs.queue_drop(clone, Some(template), 0),
+            _ if !current => self.dbs.queue_drop(clone, template, 0),
             Ok(()) => {
                 entry.last_error = None;
                 // An IntegreSQL test database given back unchanged is the next one out.
@@ -158,7 +158,7 @@ impl PoolState {
             // A recycle (of a reused or adopted clone; they are not timed) that failed: the
             // database is replaced like any dropped one. Nothing says the template cannot be
             // cloned, so its waiters keep waiting for the replacement.
-            Err(_) if started.is_none() => self.dbs.queue_drop(clone, Some(template), 0),
+            Err(_) if started.is_none() => self.dbs.queue_drop(clone, template, 0),
             Err(error) => {
                 entry.clones_paused_until = Some(now + CLONE_RETRY_DELAY);
                 for waiter in entry.waiters.drain(..) {
@@ -173,7 +173,7 @@ impl PoolState {
                 }
                 entry.last_error = Some(error.message);
                 // The failed CREATE may have left files behind; dropping is harmless if not.
-                self.dbs.queue_drop(clone, Some(template), 0);
+                self.dbs.queue_drop(clone, template, 0);
             }
         }
         self.dispatch(now, &mut actions);

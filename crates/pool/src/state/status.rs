@@ -133,10 +133,7 @@ impl PoolState {
             .filter(|(_, _, record)| record.pending.is_none())
             .map(|(database, db, record)| OpenLease {
                 id: record.id.clone(),
-                template: db
-                    .template
-                    .clone()
-                    .unwrap_or_else(TemplateName::default_name),
+                template: db.template.clone(),
                 database: database.clone(),
                 expires_at: record.expires_at,
                 label: record.label.clone(),
@@ -222,17 +219,18 @@ impl PoolState {
         for (name, db) in self.dbs.iter() {
             match &db.phase {
                 Phase::Ready { .. } => {
-                    let version = db
-                        .template
-                        .as_ref()
-                        .and_then(|t| self.templates.get(t))
+                    let version = self
+                        .templates
+                        .get(&db.template)
                         .and_then(|e| e.current())
                         .filter(|v| Some(&v.db) == db.made_from.as_ref());
-                    match (version, &db.template) {
-                        (Some(version), Some(template)) => {
-                            keep.push((template.clone(), version.fingerprint.clone(), name.clone()))
-                        }
-                        _ => lose.push(name.clone()),
+                    match version {
+                        Some(version) => keep.push((
+                            db.template.clone(),
+                            version.fingerprint.clone(),
+                            name.clone(),
+                        )),
+                        None => lose.push(name.clone()),
                     }
                 }
                 Phase::Leased(_) | Phase::Kept(_) | Phase::Dropping(_) => lose.push(name.clone()),
