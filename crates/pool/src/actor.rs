@@ -29,7 +29,7 @@ use crate::session::{
     describe_target, mark_ready, pg_message, NotReused, Session, SessionParams, Stamp,
 };
 use crate::sql_error::{SqlError, SqlErrorKind};
-use crate::state::{Action, Built, Grant, PoolState, WaiterId};
+use crate::state::{Action, Built, Grant, Made, PoolState, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
     ConnectInfo, KeptDatabase, Lease, LeaseRequest, LeaseSummary, PostgresStatus, StatusReport,
@@ -174,14 +174,13 @@ enum JobResult {
         stamp: SourceStamp,
         outcome: Result<Built, SqlError>,
     },
-    /// A clone made, or a reused one recycled: `Ok` carries its role's new password.
+    /// A clone made, or a reused one recycled: `Ok` carries its role's new password and
+    /// what it is now (when released clones are proven unchanged).
     Cloned {
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
-        outcome: Result<String, SqlError>,
-        /// What it is now, when released clones are proven unchanged.
-        stamp: Option<Stamp>,
+        outcome: Result<Made, SqlError>,
         /// For a released clone put to the proof: whether it held.
         proven: Option<bool>,
     },
@@ -335,8 +334,6 @@ pub async fn start(
         waiters: HashMap::new(),
         probe: Probe::Idle,
         next_waiter: 1,
-        passwords: HashMap::new(),
-        stamps: HashMap::new(),
         store: None,
         space: None,
         watches: HashMap::new(),
@@ -555,11 +552,6 @@ struct Actor {
     /// The second look at the server after its monitor connection closed.
     probe: Probe,
     next_waiter: WaiterId,
-    /// The password of each clone's role, from its creation (or last recycle) to its drop.
-    passwords: HashMap<DbName, String>,
-    /// What each ready or leased clone was when made ready, for the proof that a released
-    /// one is unchanged (`--reuse-unchanged`); a cache of server facts, like `passwords`.
-    stamps: HashMap<DbName, Stamp>,
     /// What each built template's current version was built from.
     watches: HashMap<TemplateName, Watch>,
     /// What each failed configured template's sources were when it failed.
@@ -797,7 +789,6 @@ impl Actor {
                 template_db,
                 clone,
                 outcome,
-                stamp,
                 proven,
             } => {
                 if let Some(unchanged) = proven {
@@ -811,19 +802,8 @@ impl Actor {
                     }
                     self.state.count_proof(unchanged);
                 }
-                match stamp {
-                    Some(stamp) => {
-                        self.stamps.insert(clone.clone(), stamp);
-                    }
-                    None => {
-                        self.stamps.remove(&clone);
-                    }
-                }
                 let outcome = match outcome {
-                    Ok(password) => {
-                        self.passwords.insert(clone.clone(), password);
-                        Ok(())
-                    }
+                    Ok(made) => Ok(made),
                     // Changed: no failure, and nothing to warn about.
                     Err(message) if proven == Some(false) => Err(message),
                     Err(message) => {
@@ -1084,8 +1064,6 @@ impl Actor {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.fail_client_work(&reason);
-        self.passwords.clear();
-        self.stamps.clear();
         self.watches.clear();
         self.session = None;
         self.monitor = None;
@@ -1146,12 +1124,9 @@ impl Actor {
                     template_db,
                     clone,
                     verify,
-                } => self.spawn_recycle(template, template_db, clone, verify),
-                Action::Drop { db } => {
-                    self.passwords.remove(&db);
-                    self.stamps.remove(&db);
-                    self.spawn_drop(db);
-                }
+                    proof,
+                } => self.spawn_recycle(template, template_db, clone, verify, proof),
+                Action::Drop { db } => self.spawn_drop(db),
                 Action::OpenTemplate { template, db } => self.spawn_open(template, db),
                 Action::FinalizeTemplate {
                     template,
@@ -1209,11 +1184,7 @@ impl Actor {
                 port: session.lease_port,
                 // Each clone's role is named like its database.
                 user: grant.database.as_str().to_owned(),
-                password: self
-                    .passwords
-                    .get(&grant.database)
-                    .cloned()
-                    .unwrap_or_default(),
+                password: grant.password,
                 database: grant.database,
                 ssl: session.ssl(),
             },
@@ -1468,16 +1439,18 @@ impl Actor {
                     template_db,
                     clone,
                     outcome: Err(not_running()),
-                    stamp: None,
                     proven: None,
                 };
             };
-            let outcome = session
+            let outcome = match session
                 .clone_database(&template_db, &clone, standard_scram)
-                .await;
-            let stamp = match &outcome {
-                Ok(_) => stamp_of(&session, &clone).await,
-                Err(_) => None,
+                .await
+            {
+                Ok(password) => Ok(Made {
+                    password,
+                    stamp: stamp_of(&session, &clone).await,
+                }),
+                Err(error) => Err(error),
             };
             tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
             JobResult::Cloned {
@@ -1485,7 +1458,6 @@ impl Actor {
                 template_db,
                 clone,
                 outcome,
-                stamp,
                 proven: None,
             }
         });
@@ -1500,19 +1472,16 @@ impl Actor {
         template_db: DbName,
         clone: DbName,
         verify: bool,
+        proof: Option<Stamp>,
     ) {
         let standard_scram = self.is_client_built(&template);
-        let proof = self.stamps.get(&clone).cloned();
         self.spawn_job(move |session| async move {
             let outcome = match (session.as_ref(), verify, proof.as_ref()) {
                 (None, _, _) => Err(NotReused::Failed(NOT_RUNNING.into())),
                 (Some(_), true, None) => Err(NotReused::Changed(
                     "nothing recorded what it was when handed out".into(),
                 )),
-                (Some(session), _, proof) => {
-                    let proof = proof.filter(|_| verify);
-                    session.recycle(&clone, standard_scram, proof).await
-                }
+                (Some(session), _, proof) => session.recycle(&clone, standard_scram, proof).await,
             };
             let stamp = match (&outcome, session.as_ref()) {
                 // Proven unchanged: what it was is what it is.
@@ -1521,7 +1490,7 @@ impl Actor {
                 _ => None,
             };
             let (outcome, proven) = match outcome {
-                Ok(password) => (Ok(password), verify.then_some(true)),
+                Ok(password) => (Ok(Made { password, stamp }), verify.then_some(true)),
                 Err(NotReused::Changed(why)) => (Err(SqlError::other(why)), Some(false)),
                 Err(NotReused::Failed(message)) => (Err(SqlError::other(message)), None),
             };
@@ -1530,7 +1499,6 @@ impl Actor {
                 template_db,
                 clone,
                 outcome,
-                stamp,
                 proven,
             }
         });
@@ -1629,11 +1597,7 @@ impl Actor {
                     host: session.lease_host.clone(),
                     port: session.lease_port,
                     user: kept.database.as_str().to_owned(),
-                    password: self
-                        .passwords
-                        .get(&kept.database)
-                        .cloned()
-                        .unwrap_or_default(),
+                    password: kept.password,
                     database: kept.database,
                     ssl: session.ssl(),
                 },

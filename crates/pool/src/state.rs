@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::config::{PoolLimits, TemplateConfig};
 use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::session::Stamp;
 
 mod budget;
 mod build;
@@ -72,6 +73,9 @@ pub(crate) enum Action {
         /// Released without `reuse`: back to the ready queue only if the server proves it
         /// unchanged since it was made ready (else it is dropped and replaced).
         verify: bool,
+        /// What it was when made ready, for that proof (None: nothing recorded it, so it
+        /// cannot be proven unchanged).
+        proof: Option<Stamp>,
     },
     /// `DROP DATABASE db WITH (FORCE)`; reported with [`PoolState::drop_finished`].
     Drop { db: DbName },
@@ -113,6 +117,19 @@ pub(crate) struct Grant {
     pub number: u32,
     /// The request's label.
     pub label: Option<String>,
+    /// The password of the database's role, which opens it.
+    pub password: String,
+}
+
+/// What a clone or recycle job reports of a clone it made ready: the record keeps it
+/// until the database is dropped or recycled again.
+#[derive(Debug, Clone)]
+pub(crate) struct Made {
+    /// The password of its role (named like the database).
+    pub password: String,
+    /// What it was on disk when made ready, for the proof that a released clone is
+    /// unchanged (`--reuse-unchanged`); None when that proof is off or the stamp failed.
+    pub stamp: Option<Stamp>,
 }
 
 /// A finished build, as the actor reports it.

@@ -371,6 +371,7 @@ impl PoolState {
                     template_db: built.db.clone(),
                     clone,
                     verify: false,
+                    proof: None,
                 });
             } else {
                 self.dbs.queue_drop(clone, template, 0);
@@ -397,6 +398,7 @@ impl PoolState {
                     made_from: None,
                     bytes: 0,
                     test_id: None,
+                    made: None,
                     phase: Phase::Adoptable { fingerprint },
                 },
             );

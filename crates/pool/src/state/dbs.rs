@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::lifecycle::Waiter;
 use super::test_ids::TestIds;
+use super::Made;
 use crate::names::{DbName, LeaseId, TemplateName};
 
 /// The first pause after a failed drop; doubled per attempt up to [`DROP_RETRY_MAX`].
@@ -39,6 +40,9 @@ pub(super) struct Db {
     /// has it recreated, or when it leaves the pool unheld; retired with it when it leaves
     /// while held (leased or kept).
     pub test_id: Option<u32>,
+    /// What its clone job reported when it was made ready (its role's password, its
+    /// stamp): set while it is ready, leased or kept, None otherwise.
+    pub made: Option<Made>,
     /// What is being done with it.
     pub phase: Phase,
 }
@@ -174,6 +178,16 @@ impl Dbs {
         self.map.get_mut(name)
     }
 
+    /// The password of `name`'s role, as its clone job reported it (empty if none did: the
+    /// holder then cannot log in, which its first connection says).
+    pub fn password(&self, name: &DbName) -> String {
+        self.map
+            .get(name)
+            .and_then(|db| db.made.as_ref())
+            .map(|made| made.password.clone())
+            .unwrap_or_default()
+    }
+
     pub fn remove(&mut self, name: &DbName) -> Option<Db> {
         self.map.remove(name)
     }
@@ -237,6 +251,7 @@ impl Dbs {
                     }
                 }
                 db.phase = queued;
+                db.made = None;
             }
             None => {
                 self.map.insert(
@@ -246,6 +261,7 @@ impl Dbs {
                         made_from: None,
                         bytes,
                         test_id: None,
+                        made: None,
                         phase: queued,
                     },
                 );

@@ -191,6 +191,7 @@ impl PoolState {
             // IntegreSQL client; another one gets a vacant id (or a fresh one), a native
             // lease a fresh number, and the id it found on the database is vacant.
             let carried = self.dbs.get(&database).and_then(|db| db.test_id);
+            let password = self.dbs.password(&database);
             let number = match (carried, waiter.reclaimable) {
                 (Some(id), true) => id,
                 (None, true) => self.dbs.test_ids.take(template),
@@ -212,6 +213,7 @@ impl PoolState {
                 connections: waiter.connections,
                 number,
                 label: waiter.label.clone(),
+                password,
             };
             if custom_limit {
                 actions.push(Action::SetLimit {
@@ -306,6 +308,11 @@ impl PoolState {
                     connections: record.connections,
                     number: record.number,
                     label: record.label.clone(),
+                    password: db
+                        .made
+                        .as_ref()
+                        .map(|m| m.password.clone())
+                        .unwrap_or_default(),
                 };
                 actions.push(Action::Grant {
                     waiter: waiter.id,
@@ -402,15 +409,18 @@ impl PoolState {
                 // then it is being made. An IntegreSQL test database keeps its id (and goes
                 // to the front of the queue: it is the next one handed out, caches warm).
                 let test_id = record.reclaimable.then_some(record.number);
-                if let Some(db) = self.dbs.get_mut(&database) {
+                // Its holder's password goes; what it was when made ready is the proof.
+                let proof = self.dbs.get_mut(&database).and_then(|db| {
                     db.test_id = test_id;
                     db.phase = Phase::Making { started: None };
-                }
+                    db.made.take().and_then(|made| made.stamp)
+                });
                 actions.push(Action::Recycle {
                     template,
                     template_db,
                     clone: database,
                     verify,
+                    proof: proof.filter(|_| verify),
                 });
             }
             _ => {
@@ -658,6 +668,7 @@ pub(super) fn new_clone(
         made_from: Some(made_from.clone()),
         bytes,
         test_id: None,
+        made: None,
         phase: Phase::Making { started: Some(now) },
     }
 }

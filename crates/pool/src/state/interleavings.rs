@@ -199,6 +199,10 @@ struct World {
     /// Databases jobs made on the current server, and those dropped.
     created: BTreeSet<DbName>,
     dropped: BTreeSet<DbName>,
+    /// The password the server last gave each clone's role (each clone or recycle job
+    /// sets a new one): a grant or a kept database must hand out exactly that.
+    passwords: BTreeMap<DbName, String>,
+    next_password: u64,
 }
 
 impl World {
@@ -243,6 +247,8 @@ impl World {
             versions: [0; CONFIGURED],
             created: BTreeSet::new(),
             dropped: BTreeSet::new(),
+            passwords: BTreeMap::new(),
+            next_password: 0,
         };
         world.server_up(0);
         world
@@ -287,6 +293,12 @@ impl World {
                         current.as_ref(),
                         Some(&grant.fingerprint),
                         "granted {} of a version that is not current",
+                        grant.database
+                    );
+                    assert_eq!(
+                        Some(&grant.password),
+                        self.passwords.get(&grant.database),
+                        "granted {} with a password its role does not have",
                         grant.database
                     );
                     self.deliveries.push((waiter, grant));
@@ -407,26 +419,20 @@ impl World {
             } => {
                 // Even a failed CREATE may leave files: the pool must drop it.
                 self.created.insert(clone.clone());
-                self.state.clone_finished(
-                    &template,
-                    &template_db,
-                    clone,
-                    outcome().map_err(SqlError::other),
-                    now,
-                )
+                let outcome = self.made(&clone, ok);
+                self.state
+                    .clone_finished(&template, &template_db, clone, outcome, now)
             }
             Action::Recycle {
                 template,
                 template_db,
                 clone,
                 ..
-            } => self.state.clone_finished(
-                &template,
-                &template_db,
-                clone,
-                outcome().map_err(SqlError::other),
-                now,
-            ),
+            } => {
+                let outcome = self.made(&clone, ok);
+                self.state
+                    .clone_finished(&template, &template_db, clone, outcome, now)
+            }
             Action::Drop { db } => {
                 if ok {
                     assert!(
@@ -595,6 +601,7 @@ impl World {
                 self.jobs.clear();
                 self.created.clear();
                 self.dropped.clear();
+                self.passwords.clear();
                 self.up = false;
             }
             Event::ServerUp { leftovers } => self.server_up(leftovers),
@@ -699,6 +706,28 @@ impl World {
         if let Err(broken) = self.state.check_invariants() {
             panic!("invariant broken: {broken}");
         }
+        for kept in self.state.kept_list() {
+            assert_eq!(
+                Some(&kept.password),
+                self.passwords.get(&kept.database),
+                "kept {} listed with a password its role does not have",
+                kept.database
+            );
+        }
+    }
+
+    /// A clone or recycle job's report: a successful one gave the role a new password.
+    fn made(&mut self, clone: &DbName, ok: bool) -> Result<super::Made, SqlError> {
+        if !ok {
+            return Err(SqlError::other("it failed"));
+        }
+        self.next_password += 1;
+        let password = format!("password-{}", self.next_password);
+        self.passwords.insert(clone.clone(), password.clone());
+        Ok(super::Made {
+            password,
+            stamp: None,
+        })
     }
 }
 

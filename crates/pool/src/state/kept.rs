@@ -18,6 +18,8 @@ pub struct KeptEntry {
     pub id: LeaseId,
     pub template: TemplateName,
     pub database: DbName,
+    /// The lease's password, which still opens it.
+    pub password: String,
     pub label: Option<String>,
     pub kept_at: Instant,
     pub until: Instant,
@@ -100,6 +102,11 @@ impl PoolState {
                 id: record.id.clone(),
                 template: db.template.clone(),
                 database: name.clone(),
+                password: db
+                    .made
+                    .as_ref()
+                    .map(|m| m.password.clone())
+                    .unwrap_or_default(),
                 label: record.label.clone(),
                 kept_at: record.kept_at,
                 until: record.until,

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::dbs::Phase;
 use super::grants::new_clone;
-use super::{Action, PoolState, Server};
+use super::{Action, Made, PoolState, Server};
 use crate::error::LeaseError;
 use crate::names::{DbName, TemplateName};
 use crate::sql_error::SqlError;
@@ -116,7 +116,7 @@ impl PoolState {
         template: &TemplateName,
         template_db: &DbName,
         clone: DbName,
-        outcome: Result<(), SqlError>,
+        outcome: Result<Made, SqlError>,
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -141,7 +141,7 @@ impl PoolState {
             // Made (or not: its template may be gone already) from a version replaced
             // meanwhile: nobody may lease it, and its fate is no news for today's waiters.
             _ if !current => self.dbs.queue_drop(clone, template, 0),
-            Ok(()) => {
+            Ok(made) => {
                 entry.last_error = None;
                 // An IntegreSQL test database given back unchanged is the next one out.
                 let carries_id = self.dbs.get(&clone).is_some_and(|db| db.test_id.is_some());
@@ -152,6 +152,7 @@ impl PoolState {
                 };
                 if let Some(db) = self.dbs.get_mut(&clone) {
                     db.phase = phase;
+                    db.made = Some(made);
                 }
                 self.serve_waiters(template, now, &mut actions);
             }

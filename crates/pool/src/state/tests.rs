@@ -132,16 +132,17 @@ impl Driver {
                 } => {
                     self.now += self.clone_duration;
                     self.state
-                        .clone_finished(&template, &template_db, clone, Ok(()), self.now)
+                        .clone_finished(&template, &template_db, clone, Ok(made()), self.now)
                 }
                 Action::Recycle {
                     template,
                     template_db,
                     clone,
                     ..
-                } => self
-                    .state
-                    .clone_finished(&template, &template_db, clone, Ok(()), self.now),
+                } => {
+                    self.state
+                        .clone_finished(&template, &template_db, clone, Ok(made()), self.now)
+                }
                 Action::Drop { db } => {
                     self.drops.push(db.clone());
                     self.state.drop_finished(&db, Ok(()), self.now)
@@ -628,7 +629,7 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
     // The sources change while that clone is being made.
     let _ = state.rebuild(&default, now);
     let _ = state.build_finished(&default, Ok(built(&default, "bb")), now);
-    let actions = state.clone_finished(&default, &old_db, clone.clone(), Ok(()), now);
+    let actions = state.clone_finished(&default, &old_db, clone.clone(), Ok(made()), now);
     assert!(actions
         .iter()
         .any(|a| matches!(a, Action::Drop { db } if *db == clone)));
@@ -656,7 +657,7 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
             template_db, clone, ..
         } = action
         {
-            let _ = state.clone_finished(&default, &template_db, clone, Ok(()), now);
+            let _ = state.clone_finished(&default, &template_db, clone, Ok(made()), now);
         }
     }
     assert!(state.begin_sources_check(&default));
@@ -683,7 +684,7 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
         } = action
         {
             assert_eq!(template_db, new_db);
-            for action in state.clone_finished(&default, &template_db, clone, Ok(()), now) {
+            for action in state.clone_finished(&default, &template_db, clone, Ok(made()), now) {
                 if let Action::Grant { waiter: 1, grant } = action {
                     granted = Some(grant);
                 }
@@ -724,7 +725,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
             clone,
         } = action
         {
-            actions.extend(state.clone_finished(&template, &template_db, clone, Ok(()), now));
+            actions.extend(state.clone_finished(&template, &template_db, clone, Ok(made()), now));
         }
     }
     let ask = |connections| LeaseRequest {
@@ -1860,4 +1861,12 @@ fn the_server_history_counts_losses_and_keeps_the_last_reason() {
     assert_eq!(state.server_history(), (1, Some("could not bind to port")));
     let _ = state.stopping();
     assert!(state.is_stopping() && !state.server_is_up());
+}
+
+/// What a clone job reports of a clone it made (no stamp: the proof is not under test).
+fn made() -> super::Made {
+    super::Made {
+        password: "secret".into(),
+        stamp: None,
+    }
 }
