@@ -7,7 +7,7 @@
 //! Rules live in [`PoolState`]; this file only carries out its actions and watches postgres.
 
 use crate::child_user::ChildUser;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
@@ -100,23 +100,8 @@ impl ExternalTarget {
     }
 }
 
-/// The sources behind a template's current version.
-struct Watch {
-    stamp: SourceStamp,
-    fingerprint: String,
-}
-
-/// The sources of a configured template whose last build failed (or whose sources were
-/// missing at start), as they were then: when their stamp moves, the template is built
-/// again, so that a fix shows in `/status` and `/readyz` without waiting for a lease.
-struct FailedSources {
-    stamp: SourceStamp,
-    /// A look at the stamp runs (off the actor: it is file I/O).
-    checking: bool,
-}
-
-/// How often the sources of failed templates are looked at: a stat per file, a second
-/// after the fix at most.
+/// How often the sources of failed templates are looked at (`PoolState::look_at_failed_sources`):
+/// a stat per file, a second after the fix at most.
 const FAILED_SOURCES_EVERY: Duration = Duration::from_secs(1);
 
 /// The second look at a server whose monitor connection closed (`check_server`).
@@ -311,7 +296,8 @@ pub async fn start(
     };
     let instance = hex::encode(rand::random::<[u8; 3]>());
     tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
-    let state = PoolState::new(limits, instance.clone(), &templates, config.prebuild);
+    let state = PoolState::new(limits, instance.clone(), &templates, config.prebuild)
+        .with_verified_builds(config.verify_templates);
     let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {
@@ -336,11 +322,7 @@ pub async fn start(
         next_waiter: 1,
         store: None,
         space: None,
-        watches: HashMap::new(),
-        failed_sources: HashMap::new(),
         failed_sources_at: Instant::now(),
-        verify_templates: config.verify_templates,
-        verified: HashSet::new(),
         jobs_tx,
         tracker: TaskTracker::new(),
     };
@@ -349,14 +331,7 @@ pub async fn start(
     // reason, instead of at its first lease (and `/readyz` says so).
     for (template, message, stamp) in unusable_sources(&actor.inputs.child_user, &templates).await {
         tracing::warn!(template = %template, error = %message, "template sources are missing or unreadable; it cannot be built until they are fixed");
-        actor.state.sources_unusable(&template, message);
-        actor.failed_sources.insert(
-            template,
-            FailedSources {
-                stamp,
-                checking: false,
-            },
-        );
+        actor.state.sources_unusable(&template, message, stamp);
     }
     actor.server_came_up(up);
     let join = tokio::spawn(actor.run(commands, jobs));
@@ -552,15 +527,8 @@ struct Actor {
     /// The second look at the server after its monitor connection closed.
     probe: Probe,
     next_waiter: WaiterId,
-    /// What each built template's current version was built from.
-    watches: HashMap<TemplateName, Watch>,
-    /// What each failed configured template's sources were when it failed.
-    failed_sources: HashMap<TemplateName, FailedSources>,
-    /// When the sources of failed templates are looked at next.
+    /// When the sources of failed templates are looked at next (a pace for file I/O).
     failed_sources_at: Instant,
-    verify_templates: bool,
-    /// Templates built from scratch once already in this run (for `verify_templates`).
-    verified: HashSet<TemplateName>,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server
     /// runs with `file_copy_method = clone` there (`measure_store`), and what its file
     /// system held before the cluster was put there (its own metadata, and on an
@@ -681,7 +649,6 @@ impl Actor {
                 let answer = match self.state.request_rebuild(&template, now) {
                     Ok(actions) => {
                         tracing::info!(template = %template, "rebuild requested");
-                        self.watches.remove(&template);
                         self.apply(actions);
                         self.state
                             .status_of(&template)
@@ -749,40 +716,14 @@ impl Actor {
                 stamp,
                 outcome,
             } => {
-                let failed_stamp = match &outcome {
-                    Ok(built) => {
-                        self.watches.insert(
-                            template.clone(),
-                            Watch {
-                                stamp,
-                                fingerprint: built.fingerprint.clone(),
-                            },
-                        );
-                        self.suggest_store(&template, built.size_bytes);
-                        None
-                    }
+                match &outcome {
+                    Ok(built) => self.suggest_store(&template, built.size_bytes),
                     Err(message) => {
                         tracing::warn!(template = %template, error = %message, "template build failed");
-                        Some(stamp)
-                    }
-                };
-                let actions = self.state.build_finished(&template, outcome, now);
-                self.apply(actions);
-                // Its sources as the failed build saw them: a fix moves their stamp.
-                match failed_stamp.filter(|_| self.state.has_failed(&template)) {
-                    Some(stamp) => {
-                        self.failed_sources.insert(
-                            template,
-                            FailedSources {
-                                stamp,
-                                checking: false,
-                            },
-                        );
-                    }
-                    None => {
-                        self.failed_sources.remove(&template);
                     }
                 }
+                let actions = self.state.build_finished(&template, stamp, outcome, now);
+                self.apply(actions);
             }
             JobResult::Cloned {
                 template,
@@ -1064,7 +1005,6 @@ impl Actor {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.fail_client_work(&reason);
-        self.watches.clear();
         self.session = None;
         self.monitor = None;
         if let Some(running) = self.running.take() {
@@ -1113,7 +1053,11 @@ impl Actor {
         let mut queue: VecDeque<Action> = actions.into();
         while let Some(action) = queue.pop_front() {
             match action {
-                Action::Build { template, source } => self.spawn_build(template, source),
+                Action::Build {
+                    template,
+                    source,
+                    reuse_existing,
+                } => self.spawn_build(template, source, reuse_existing),
                 Action::Clone {
                     template,
                     template_db,
@@ -1220,10 +1164,12 @@ impl Actor {
         });
     }
 
-    fn spawn_build(&mut self, template: TemplateName, source: TemplateSource) {
-        // --verify-templates: the first build of each template in this run starts from
-        // scratch even if a template with the same fingerprint exists.
-        let reuse_existing = !self.verify_templates || !self.verified.insert(template.clone());
+    fn spawn_build(
+        &mut self,
+        template: TemplateName,
+        source: TemplateSource,
+        reuse_existing: bool,
+    ) {
         tracing::info!(template = %template, ?source, "building template");
         let user = self.inputs.child_user.clone();
         self.spawn_job(move |session| async move {
@@ -1287,10 +1233,7 @@ impl Actor {
             self.request_lease(request, reply);
             return;
         }
-        let watched = self
-            .watches
-            .get(&template)
-            .map(|w| (w.stamp.clone(), w.fingerprint.clone()));
+        let watched = self.state.watch(&template);
         let source = self
             .state
             .source_of(&template)
@@ -1343,46 +1286,21 @@ impl Actor {
         stamp: SourceStamp,
         fingerprint: String,
     ) {
-        if changed {
-            tracing::info!(template = %template, "template sources changed; building a new version");
-            self.watches.remove(&template);
-        } else if let Some(watch) = self
-            .watches
-            .get_mut(&template)
-            .filter(|w| w.fingerprint == fingerprint)
-        {
-            watch.stamp = stamp;
-        }
-        let actions = self
-            .state
-            .sources_checked(&template, changed, Instant::now());
+        let actions =
+            self.state
+                .sources_checked(&template, changed, stamp, &fingerprint, Instant::now());
         self.apply(actions);
     }
 
     /// Looks (off the actor, at most every [`FAILED_SOURCES_EVERY`]) whether the sources
     /// of failed configured templates changed since they failed.
     fn look_at_failed_sources(&mut self) {
-        let state = &self.state;
-        self.failed_sources
-            .retain(|template, _| state.has_failed(template));
         let now = Instant::now();
-        if self.failed_sources.is_empty() || now < self.failed_sources_at {
+        if now < self.failed_sources_at {
             return;
         }
         self.failed_sources_at = now + FAILED_SOURCES_EVERY;
-        let due: Vec<(TemplateName, SourceStamp)> = self
-            .failed_sources
-            .iter_mut()
-            .filter(|(_, failed)| !failed.checking)
-            .map(|(template, failed)| {
-                failed.checking = true;
-                (template.clone(), failed.stamp.clone())
-            })
-            .collect();
-        for (template, stamp) in due {
-            let Some(source) = self.state.source_of(&template) else {
-                continue;
-            };
+        for (template, source, stamp) in self.state.look_at_failed_sources() {
             let user = self.inputs.child_user.clone();
             self.spawn_job(move |_| async move {
                 // With the child user's rights: the sources may be a caller's.
@@ -1398,15 +1316,9 @@ impl Actor {
     /// The sources of a failed template were looked at: when they changed, it is built
     /// again (the fix, or the next mistake, shows without waiting for a lease).
     fn failed_sources_checked(&mut self, template: TemplateName, changed: bool) {
-        let Some(failed) = self.failed_sources.get_mut(&template) else {
-            return;
-        };
-        failed.checking = false;
-        if !changed || !self.state.has_failed(&template) {
-            return;
-        }
-        tracing::info!(template = %template, "the sources of a failed template changed; building it again");
-        let actions = self.state.rebuild(&template, Instant::now());
+        let actions = self
+            .state
+            .failed_sources_looked(&template, changed, Instant::now());
         self.apply(actions);
     }
 
@@ -1637,16 +1549,7 @@ impl Actor {
     /// as file I/O never runs on the actor.
     async fn current_versions(&self, pg_major: u32) -> Result<Vec<(TemplateName, String)>, String> {
         let templates = self.inputs.templates.clone();
-        let known: HashMap<TemplateName, (SourceStamp, String)> = self
-            .watches
-            .iter()
-            .map(|(name, watch)| {
-                (
-                    name.clone(),
-                    (watch.stamp.clone(), watch.fingerprint.clone()),
-                )
-            })
-            .collect();
+        let known = self.state.watches();
         self.inputs
             .child_user
             .read(move || template::current_versions(&templates, pg_major, &known))

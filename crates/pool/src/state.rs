@@ -56,6 +56,9 @@ pub(crate) enum Action {
     Build {
         template: TemplateName,
         source: crate::config::TemplateSource,
+        /// A complete template database of the same fingerprint may be taken as built
+        /// (false for the first build in a run with `--verify-templates`).
+        reuse_existing: bool,
     },
     /// `CREATE DATABASE clone TEMPLATE template_db`; reported with
     /// [`PoolState::clone_finished`].
@@ -193,6 +196,9 @@ pub(crate) struct PoolState {
     restarts: u32,
     /// Why the server was last lost, or could last not be brought up (`/status`).
     last_server_error: Option<String>,
+    /// The first build of each configured template in this run starts from scratch
+    /// (`--verify-templates`).
+    verify_templates: bool,
 }
 
 impl PoolState {
@@ -231,7 +237,15 @@ impl PoolState {
             prebuild,
             restarts: 0,
             last_server_error: None,
+            verify_templates: false,
         }
+    }
+
+    /// `--verify-templates`: the first build of each configured template in this run
+    /// starts from scratch, even where a template database of its fingerprint exists.
+    pub fn with_verified_builds(mut self, on: bool) -> Self {
+        self.verify_templates = on;
+        self
     }
 
     /// Postgres accepts connections (first start, restart or reconnect), with room for
@@ -246,11 +260,7 @@ impl PoolState {
         for (name, entry) in &mut self.templates {
             if let lifecycle::Lifecycle::Configured(configured) = &mut entry.lifecycle {
                 if entry.wanted && matches!(configured.build, lifecycle::Build::Idle) {
-                    configured.build = lifecycle::Build::Building { previous: None };
-                    actions.push(Action::Build {
-                        template: name.clone(),
-                        source: configured.source.clone(),
-                    });
+                    actions.push(configured.start_build(name, None, self.verify_templates));
                 }
             }
         }

@@ -2,6 +2,8 @@
 //! sources change, a build that ended; and what both lifecycles do when a version is ready
 //! (adopting ready clones an earlier run left of it).
 
+use std::collections::HashMap;
+
 use tokio::time::Instant;
 
 use super::dbs::{Db, Phase};
@@ -11,6 +13,7 @@ use crate::config::{TemplateConfig, TemplateSource};
 use crate::error::LeaseError;
 use crate::names::{DbName, TemplateName};
 use crate::sql_error::{SqlError, SqlErrorKind};
+use crate::template::SourceStamp;
 
 /// What registering a template at run time did (`PoolHandle::register`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +100,12 @@ impl PoolState {
     /// (the check at start, `template::check_source`): it is failed with that reason, as
     /// a build would have been, so that `/status` and readiness say so at once. A template
     /// being built or built is left alone: that build's outcome says more.
-    pub fn sources_unusable(&mut self, template: &TemplateName, message: String) {
+    pub fn sources_unusable(
+        &mut self,
+        template: &TemplateName,
+        message: String,
+        sources: SourceStamp,
+    ) {
         let Some(entry) = self.templates.get_mut(template) else {
             return;
         };
@@ -106,8 +114,73 @@ impl PoolState {
         };
         if matches!(configured.build, Build::Idle | Build::Failed) {
             configured.build = Build::Failed;
+            configured.sources = Some(sources);
             entry.last_error = Some(message);
         }
+    }
+
+    /// The sources and fingerprint of `template`'s current version, when it is a built
+    /// configured template: a lease request looks whether they changed.
+    pub fn watch(&self, template: &TemplateName) -> Option<(SourceStamp, String)> {
+        match &self.templates.get(template)?.lifecycle {
+            Lifecycle::Configured(configured) => configured.watch(),
+            Lifecycle::Client(_) => None,
+        }
+    }
+
+    /// [`PoolState::watch`] of every template that has one.
+    pub fn watches(&self) -> HashMap<TemplateName, (SourceStamp, String)> {
+        self.templates
+            .iter()
+            .filter_map(|(name, entry)| match &entry.lifecycle {
+                Lifecycle::Configured(configured) => {
+                    configured.watch().map(|watch| (name.clone(), watch))
+                }
+                Lifecycle::Client(_) => None,
+            })
+            .collect()
+    }
+
+    /// The failed configured templates whose sources nobody is looking at, with the
+    /// stamp they failed with; each is marked looked at until
+    /// [`PoolState::failed_sources_looked`].
+    pub fn look_at_failed_sources(&mut self) -> Vec<(TemplateName, TemplateSource, SourceStamp)> {
+        let mut due = Vec::new();
+        for (name, entry) in &mut self.templates {
+            let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
+                continue;
+            };
+            if let (Build::Failed, Some(stamp), false) = (
+                &configured.build,
+                &configured.sources,
+                configured.looking_at_failed,
+            ) {
+                configured.looking_at_failed = true;
+                due.push((name.clone(), configured.source.clone(), stamp.clone()));
+            }
+        }
+        due
+    }
+
+    /// A look at a failed template's sources ended: when they `changed`, it is built again
+    /// (the fix, or the next mistake, shows without waiting for a lease).
+    pub fn failed_sources_looked(
+        &mut self,
+        template: &TemplateName,
+        changed: bool,
+        now: Instant,
+    ) -> Vec<Action> {
+        let Some(Lifecycle::Configured(configured)) =
+            self.templates.get_mut(template).map(|e| &mut e.lifecycle)
+        else {
+            return Vec::new();
+        };
+        configured.looking_at_failed = false;
+        if !changed || !matches!(configured.build, Build::Failed) {
+            return Vec::new();
+        }
+        tracing::info!(template = %template, "the sources of a failed template changed; building it again");
+        self.rebuild(template, now)
     }
 
     /// Whether a look at `template`'s sources is under way.
@@ -132,10 +205,14 @@ impl PoolState {
 
     /// The look at `template`'s sources ended: if they `changed`, a new version is built
     /// first (its waiters then wait for it); then its waiters are served.
+    /// The look saw `sources` (of the version of `fingerprint`): touched but unchanged
+    /// sources are remembered, so the next look pays no hash.
     pub fn sources_checked(
         &mut self,
         template: &TemplateName,
         changed: bool,
+        sources: SourceStamp,
+        fingerprint: &str,
         now: Instant,
     ) -> Vec<Action> {
         let Some(entry) = self.templates.get_mut(template) else {
@@ -146,6 +223,17 @@ impl PoolState {
             return Vec::new();
         }
         entry.checking_sources = false;
+        if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
+            let same_version = configured
+                .watch()
+                .is_some_and(|(_, current)| current == fingerprint);
+            if !changed && same_version {
+                configured.sources = Some(sources);
+            }
+        }
+        if changed {
+            tracing::info!(template = %template, "template sources changed; building a new version");
+        }
         let mut actions = if changed {
             self.rebuild(template, now)
         } else {
@@ -158,6 +246,7 @@ impl PoolState {
 
     /// Whether a configured template's last build failed (or its sources were unusable at
     /// start): the actor then watches its sources' stamp and rebuilds when they move.
+    #[cfg(test)]
     pub fn has_failed(&self, template: &TemplateName) -> bool {
         matches!(
             self.templates.get(template).map(|e| &e.lifecycle),
@@ -192,12 +281,8 @@ impl PoolState {
             Build::Ready(version) => Some(version.db),
             Build::Idle | Build::Failed => None,
         };
-        configured.build = Build::Building { previous };
+        actions.push(configured.start_build(template, previous, self.verify_templates));
         entry.wanted = true;
-        actions.push(Action::Build {
-            template: template.clone(),
-            source: configured.source.clone(),
-        });
         for db in self.dbs.of(template, |p| matches!(p, Phase::Ready { .. })) {
             self.dbs.queue_drop(db, template, 0);
         }
@@ -206,9 +291,11 @@ impl PoolState {
     }
 
     /// A build of a configured template ended: with the new version, or an error message.
+    /// `sources` is their stamp, taken before the build hashed them.
     pub fn build_finished(
         &mut self,
         template: &TemplateName,
+        sources: SourceStamp,
         outcome: Result<Built, SqlError>,
         now: Instant,
     ) -> Vec<Action> {
@@ -234,11 +321,11 @@ impl PoolState {
                     if let Some(Lifecycle::Configured(configured)) =
                         self.templates.get_mut(template).map(|e| &mut e.lifecycle)
                     {
-                        configured.build = Build::Building { previous };
-                        actions.push(Action::Build {
-                            template: template.clone(),
-                            source: configured.source.clone(),
-                        });
+                        actions.push(configured.start_build(
+                            template,
+                            previous,
+                            self.verify_templates,
+                        ));
                     }
                     return actions;
                 }
@@ -261,6 +348,7 @@ impl PoolState {
                         fingerprint: built.fingerprint.clone(),
                         db: built.db.clone(),
                     });
+                    configured.sources = Some(sources);
                 }
                 let size = built.size_bytes;
                 self.version_ready(template, built, &mut actions);
@@ -303,7 +391,9 @@ impl PoolState {
                 if let Some(Lifecycle::Configured(configured)) =
                     self.templates.get_mut(template).map(|e| &mut e.lifecycle)
                 {
+                    // As the failed build saw them: a fix moves their stamp.
                     configured.build = Build::Failed;
+                    configured.sources = Some(sources);
                 }
             }
         }

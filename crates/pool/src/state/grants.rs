@@ -49,11 +49,11 @@ impl PoolState {
             if matches!(configured.build, Build::Idle | Build::Failed) {
                 // A failed build is retried by the next request: the sources may have been
                 // fixed.
-                configured.build = Build::Building { previous: None };
-                actions.push(Action::Build {
-                    template: request.template.clone(),
-                    source: configured.source.clone(),
-                });
+                actions.push(configured.start_build(
+                    &request.template,
+                    None,
+                    self.verify_templates,
+                ));
             }
         }
         entry.waiters.push_back(Waiter {

@@ -22,6 +22,7 @@ use super::{Action, Built, Finalize, Grant, PoolState, WaiterId};
 use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::sql_error::SqlError;
+use crate::template::SourceStamp;
 use crate::types::LeaseRequest;
 
 /// Cases when `PGLEASE_INTERLEAVINGS` is not set (a few seconds in a debug build).
@@ -93,6 +94,13 @@ enum Event {
         index: usize,
         changed: bool,
     },
+    /// The actor's periodic look at failed templates' sources begins.
+    FailedLookBegins,
+    /// One such look ends (whatever server generation it began in).
+    FailedLookEnds {
+        index: usize,
+        changed: bool,
+    },
     ServerLost,
     /// The server is back, with `leftovers` ready clones an earlier run left for each
     /// configured template (half of them of the version its build will make).
@@ -135,6 +143,8 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (0usize..CONFIGURED).prop_map(|template| Event::Rebuild { template }),
         2 => (0usize..CONFIGURED).prop_map(|template| Event::CheckBegins { template }),
         2 => (index.clone(), prop::bool::weighted(0.3)).prop_map(|(index, changed)| Event::CheckEnds { index, changed }),
+        1 => Just(Event::FailedLookBegins),
+        1 => (index.clone(), prop::bool::weighted(0.5)).prop_map(|(index, changed)| Event::FailedLookEnds { index, changed }),
         1 => Just(Event::ServerLost),
         2 => (0usize..4).prop_map(|leftovers| Event::ServerUp { leftovers }),
         2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
@@ -179,6 +189,8 @@ struct World {
     deliveries: Vec<(WaiterId, Grant)>,
     /// Looks at configured templates' sources under way (indexes into `NAMES`).
     checks: Vec<usize>,
+    /// Looks at failed templates' sources under way.
+    failed_looks: Vec<TemplateName>,
     /// Requests not answered yet.
     open: BTreeSet<WaiterId>,
     /// Requests whose callers went away before an answer (answered at most once later).
@@ -237,6 +249,7 @@ impl World {
             jobs: Vec::new(),
             deliveries: Vec::new(),
             checks: Vec::new(),
+            failed_looks: Vec::new(),
             open: BTreeSet::new(),
             cancelled: HashSet::new(),
             gone: HashSet::new(),
@@ -410,7 +423,8 @@ impl World {
                 } else {
                     Err(SqlError::other("it failed"))
                 };
-                self.state.build_finished(&template, outcome, now)
+                self.state
+                    .build_finished(&template, SourceStamp::default(), outcome, now)
             }
             Action::Clone {
                 template,
@@ -579,9 +593,41 @@ impl World {
                 if changed {
                     self.versions[name] += 1;
                 }
-                let actions = self
-                    .state
-                    .sources_checked(&template(NAMES[name]), changed, now);
+                let name = template(NAMES[name]);
+                // The look compared against the version current when it began.
+                let seen = self.state.watch(&name).map(|(_, f)| f).unwrap_or_default();
+                let actions =
+                    self.state
+                        .sources_checked(&name, changed, SourceStamp::default(), &seen, now);
+                self.apply(actions);
+            }
+            Event::FailedLookBegins => {
+                for (name, _, _) in self.state.look_at_failed_sources() {
+                    assert!(
+                        self.state.has_failed(&name),
+                        "looked at the sources of {name}, which has not failed"
+                    );
+                    assert!(
+                        !self.failed_looks.contains(&name),
+                        "two looks at once at the sources of {name}"
+                    );
+                    self.failed_looks.push(name);
+                }
+            }
+            Event::FailedLookEnds { index, changed } => {
+                if self.failed_looks.is_empty() {
+                    return;
+                }
+                let name = self.failed_looks.remove(index % self.failed_looks.len());
+                let was_failed = self.state.has_failed(&name);
+                let actions = self.state.failed_sources_looked(&name, changed, now);
+                let builds = actions
+                    .iter()
+                    .any(|a| matches!(a, Action::Build { template, .. } if *template == name));
+                assert!(
+                    !builds || (changed && was_failed),
+                    "a look at {name}'s sources built it (changed: {changed}, failed: {was_failed})"
+                );
                 self.apply(actions);
             }
             Event::ServerLost => {

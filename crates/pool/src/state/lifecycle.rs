@@ -9,9 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::demand::Demand;
-use super::{Built, WaiterId};
+use super::{Action, Built, WaiterId};
 use crate::config::TemplateSource;
-use crate::names::{DbName, LeaseId};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::template::SourceStamp;
 
 /// A built template version: what its clones are made from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +29,47 @@ pub(super) struct Configured {
     /// Configured when the daemon started (not registered over HTTP): readiness waits
     /// on it (`PoolState::readiness`).
     pub from_start: bool,
+    /// The stamp of the sources behind its last build, taken before they were hashed (or
+    /// when they were found unusable at start). While it is ready, a lease request whose
+    /// look finds the stamp moved checks for a new version; while it has failed, the
+    /// periodic look builds it again once the stamp moves.
+    pub sources: Option<SourceStamp>,
+    /// A periodic look at its failed sources runs.
+    pub looking_at_failed: bool,
+    /// Built once already in this run, for `--verify-templates` (the first build of
+    /// each template starts from scratch).
+    pub built_once: bool,
+}
+
+impl Configured {
+    /// Starts a build that replaces `previous`: the action that runs it. With
+    /// `verify_templates`, the first build in this run does not take a template
+    /// database of the same fingerprint that exists already.
+    pub fn start_build(
+        &mut self,
+        template: &TemplateName,
+        previous: Option<DbName>,
+        verify_templates: bool,
+    ) -> Action {
+        self.build = Build::Building { previous };
+        let first = !std::mem::replace(&mut self.built_once, true);
+        Action::Build {
+            template: template.clone(),
+            source: self.source.clone(),
+            reuse_existing: !(verify_templates && first),
+        }
+    }
+
+    /// The sources and fingerprint of its current version, for a look at whether they
+    /// changed.
+    pub fn watch(&self) -> Option<(SourceStamp, String)> {
+        match (&self.build, &self.sources) {
+            (Build::Ready(version), Some(stamp)) => {
+                Some((stamp.clone(), version.fingerprint.clone()))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Where a configured template's build is.
@@ -121,6 +163,9 @@ impl TemplateEntry {
                 source,
                 build: Build::Idle,
                 from_start,
+                sources: None,
+                looking_at_failed: false,
+                built_once: false,
             }),
             wanted,
         )

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
 use crate::error::{LeaseOpError, TemplateOpError};
+use crate::template::SourceStamp;
 use crate::types::{LeaseRequest, TemplateStatus};
 use refill::CLONE_RETRY_DELAY;
 
@@ -121,6 +122,7 @@ impl Driver {
                     let fingerprint = format!("{:016x}", self.builds);
                     self.state.build_finished(
                         &template,
+                        SourceStamp::default(),
                         Ok(built(&template, &fingerprint)),
                         self.now,
                     )
@@ -383,6 +385,7 @@ fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
     assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })));
     let actions = state.build_finished(
         &name("app"),
+        SourceStamp::default(),
         Err("001.sql: syntax error at line 3".into()),
         now,
     );
@@ -409,6 +412,7 @@ fn a_build_that_lost_its_connection_fails_waiters_as_the_servers_trouble_and_is_
     let _ = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
     let actions = state.build_finished(
         &name("app"),
+        SourceStamp::default(),
         Err(crate::sql_error::SqlError {
             kind: crate::sql_error::SqlErrorKind::ConnectionLost,
             sqlstate: Some("57P01".into()),
@@ -501,7 +505,12 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
     let _ = state.server_up(1000);
     let default = TemplateName::default_name();
     let template_db = DbName::template(&default, "ff");
-    let mut actions = state.build_finished(&default, Ok(built(&default, "ff")), now);
+    let mut actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "ff")),
+        now,
+    );
     actions.extend(state.request_lease(7, LeaseId::random(), &request("default", 1000), now));
     // min_ready 1 + one waiter: two clones in flight, at most clone_concurrency.
     let clones: Vec<DbName> = actions
@@ -616,7 +625,12 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(1000);
-    let actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
     let (old_db, clone) = actions
         .iter()
         .find_map(|a| match a {
@@ -628,7 +642,12 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
         .expect("a clone of the first version");
     // The sources change while that clone is being made.
     let _ = state.rebuild(&default, now);
-    let _ = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let _ = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "bb")),
+        now,
+    );
     let actions = state.clone_finished(&default, &old_db, clone.clone(), Ok(made()), now);
     assert!(actions
         .iter()
@@ -651,7 +670,12 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(1000);
-    let actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
     for action in actions {
         if let Action::Clone {
             template_db, clone, ..
@@ -669,13 +693,18 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
     );
     assert_eq!(default_status(&state).waiting, 1, "it shows");
     // The sources changed: a new version is built, and the waiter gets one of it.
-    let actions = state.sources_checked(&default, true, now);
+    let actions = state.sources_checked(&default, true, SourceStamp::default(), "", now);
     assert!(
         actions.iter().any(|a| matches!(a, Action::Build { .. })),
         "{actions:?}"
     );
     assert!(!actions.iter().any(|a| matches!(a, Action::Grant { .. })));
-    let actions = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "bb")),
+        now,
+    );
     let new_db = DbName::template(&default, "bb");
     let mut granted = None;
     for action in actions {
@@ -700,9 +729,19 @@ fn a_failed_rebuild_drops_the_stale_version_too() {
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(1000);
-    let _ = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let _ = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
     let _ = state.rebuild(&default, now);
-    let actions = state.build_finished(&default, Err("002.sql: syntax error".into()), now);
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Err("002.sql: syntax error".into()),
+        now,
+    );
     let old = DbName::template(&default, "aa");
     assert!(actions
         .iter()
@@ -716,7 +755,12 @@ fn leases_wait_while_their_connections_do_not_fit() {
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(25);
-    let mut actions = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let mut actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
     // Two ready clones appear.
     for action in std::mem::take(&mut actions) {
         if let Action::Clone {
@@ -878,10 +922,20 @@ fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(1000);
-    let _ = state.build_finished(&default, Ok(built(&default, "aa")), now);
+    let _ = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
     let old_db = DbName::template(&default, "aa");
     let _ = state.rebuild(&default, now);
-    let _ = state.build_finished(&default, Ok(built(&default, "bb")), now);
+    let _ = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "bb")),
+        now,
+    );
     let parked = state.request_lease(8, LeaseId::random(), &request("default", 1000), now);
     assert!(!parked.iter().any(|a| matches!(a, Action::Fail { .. })));
     // A clone of the old version fails because its template was dropped under it.
@@ -1779,6 +1833,7 @@ fn a_configured_template_whose_sources_are_missing_holds_readiness_until_it_is_b
     state.sources_unusable(
         &name("app"),
         "cannot read migrations directory /src/migratoins".into(),
+        SourceStamp::default(),
     );
     let actions = state.server_up(1000);
     // Not built at start (it is not wanted), and not retried by the server coming up.
@@ -1788,6 +1843,7 @@ fn a_configured_template_whose_sources_are_missing_holds_readiness_until_it_is_b
     let now = Instant::now();
     let _ = state.build_finished(
         &TemplateName::default_name(),
+        SourceStamp::default(),
         Ok(built(&TemplateName::default_name(), "d1")),
         now,
     );
@@ -1812,7 +1868,12 @@ fn a_configured_template_whose_sources_are_missing_holds_readiness_until_it_is_b
     assert!(readiness.failed_templates.is_empty());
     assert_eq!(readiness.building_templates, vec![name("app")]);
     assert!(!readiness.is_ready());
-    let _ = state.build_finished(&name("app"), Ok(built(&name("app"), "a1")), now);
+    let _ = state.build_finished(
+        &name("app"),
+        SourceStamp::default(),
+        Ok(built(&name("app"), "a1")),
+        now,
+    );
     assert!(state.readiness().is_ready(), "{:?}", state.readiness());
 }
 
@@ -1828,11 +1889,17 @@ fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_
     let now = Instant::now();
     let _ = state.build_finished(
         &TemplateName::default_name(),
+        SourceStamp::default(),
         Ok(built(&TemplateName::default_name(), "d1")),
         now,
     );
     assert_eq!(state.readiness().building_templates, vec![name("app")]);
-    let _ = state.build_finished(&name("app"), Err("001.sql: syntax error".into()), now);
+    let _ = state.build_finished(
+        &name("app"),
+        SourceStamp::default(),
+        Err("001.sql: syntax error".into()),
+        now,
+    );
     let readiness = state.readiness();
     assert_eq!(
         readiness.failed_templates,
@@ -1845,7 +1912,12 @@ fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_
     let source = TemplateSource::Migrations(PathBuf::from("other"));
     let _ = state.register(name("adhoc"), source, now);
     let _ = state.request_lease(1, LeaseId::random(), &request("adhoc", 1000), now);
-    let _ = state.build_finished(&name("adhoc"), Err("broken".into()), now);
+    let _ = state.build_finished(
+        &name("adhoc"),
+        SourceStamp::default(),
+        Err("broken".into()),
+        now,
+    );
     assert_eq!(state.readiness().failed_templates.len(), 1);
 }
 
