@@ -104,16 +104,6 @@ impl ExternalTarget {
 /// a stat per file, a second after the fix at most.
 const FAILED_SOURCES_EVERY: Duration = Duration::from_secs(1);
 
-/// The second look at a server whose monitor connection closed (`check_server`).
-#[derive(Debug, PartialEq)]
-enum Probe {
-    Idle,
-    /// A new connection is being tried.
-    Running,
-    /// It failed; the next look says why the server is lost.
-    Unanswered(String),
-}
-
 /// What a successful (re)start hands the actor.
 struct Up {
     running: Option<RunningPostgres>,
@@ -315,10 +305,8 @@ pub async fn start(
         running: None,
         session: None,
         monitor: None,
-        generation: 1,
         retry_at: None,
         waiters: HashMap::new(),
-        probe: Probe::Idle,
         next_waiter: 1,
         store: None,
         space: None,
@@ -520,12 +508,8 @@ struct Actor {
     running: Option<RunningPostgres>,
     session: Option<Session>,
     monitor: Option<tokio_postgres::Client>,
-    /// Bumped whenever the server is lost; results of older jobs are ignored.
-    generation: u64,
     retry_at: Option<Instant>,
     waiters: HashMap<WaiterId, LeaseReply>,
-    /// The second look at the server after its monitor connection closed.
-    probe: Probe,
     next_waiter: WaiterId,
     /// When the sources of failed templates are looked at next (a pace for file I/O).
     failed_sources_at: Instant,
@@ -686,7 +670,7 @@ impl Actor {
             self.check_invariants();
             return;
         }
-        if generation != self.generation {
+        if generation != self.state.generation() {
             self.stale_report(result);
             return;
         }
@@ -943,16 +927,15 @@ impl Actor {
                 .unwrap_or_default();
             tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
             self.server_lost(format!("postgres exited unexpectedly ({status})"));
-        } else if let Probe::Unanswered(error) = &self.probe {
+        } else if let Some(error) = self.state.probe_failure() {
+            let reason = format!("the connection to postgres was lost ({error})");
             tracing::error!(%error, "lost the connection to postgres; reconnecting");
-            self.server_lost(format!("the connection to postgres was lost ({error})"));
-        } else if self.probe == Probe::Idle && self.monitor.as_ref().is_some_and(|m| m.is_closed())
-        {
+            self.server_lost(reason);
+        } else if self.monitor.as_ref().is_some_and(|m| m.is_closed()) && self.state.begin_probe() {
             // A closed connection alone proves little: an external server's
             // idle_session_timeout or a proxy may end it while postgres runs on. Losing the
             // server drops every lease, so look once more before declaring it.
             tracing::warn!("the monitor connection to postgres closed; checking the server");
-            self.probe = Probe::Running;
             self.spawn_job(move |session| async move {
                 let outcome = match session {
                     Some(session) => {
@@ -981,7 +964,7 @@ impl Actor {
         match outcome {
             Ok(monitor) => {
                 tracing::info!("postgres still answers; watching it on a new connection");
-                self.probe = Probe::Idle;
+                self.state.probe_ended(Ok(()));
                 self.monitor = Some(monitor);
             }
             Err(error) => {
@@ -989,7 +972,7 @@ impl Actor {
                 // connections are refused) a moment before it can be reaped. The next look
                 // tells that exit, the cause, from a postmaster that is there but does not
                 // answer.
-                self.probe = Probe::Unanswered(error);
+                self.state.probe_ended(Err(error));
                 if self.running.is_none() {
                     self.check_server();
                 }
@@ -998,7 +981,6 @@ impl Actor {
     }
 
     fn server_lost(&mut self, reason: String) {
-        self.probe = Probe::Idle;
         self.store = None;
         self.space = None;
         self.state.store_usage(None);
@@ -1011,7 +993,6 @@ impl Actor {
             // Already exited in the usual case; if it lingers, stop it before restarting.
             self.tracker.spawn(running.shutdown(POSTGRES_STOP_TIMEOUT));
         }
-        self.generation += 1;
         self.spawn_bring_up();
     }
 
@@ -1021,7 +1002,7 @@ impl Actor {
         };
         // Templates registered at run time survive the sweep of a reconnected server too.
         self.inputs.templates = self.state.templates();
-        let generation = self.generation;
+        let generation = self.state.generation();
         let inputs = self.inputs.clone();
         let jobs = self.jobs_tx.clone();
         self.tracker.spawn(async move {
@@ -1156,8 +1137,11 @@ impl Actor {
         F: FnOnce(Option<Session>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = JobResult> + Send + 'static,
     {
-        let (generation, jobs, session) =
-            (self.generation, self.jobs_tx.clone(), self.session.clone());
+        let (generation, jobs, session) = (
+            self.state.generation(),
+            self.jobs_tx.clone(),
+            self.session.clone(),
+        );
         self.tracker.spawn(async move {
             let result = work(session).await;
             let _ = jobs.send(Report { generation, result });

@@ -34,6 +34,7 @@ mod invariants;
 mod kept;
 mod lifecycle;
 mod refill;
+mod server;
 mod status;
 mod test_ids;
 
@@ -42,6 +43,7 @@ pub(crate) use client::Finalize;
 
 use dbs::Dbs;
 use lifecycle::TemplateEntry;
+use server::{Probe, Server};
 
 /// Identifies a parked lease request; the actor maps it to the reply channel.
 pub(crate) type WaiterId = u64;
@@ -145,13 +147,6 @@ pub(crate) struct Built {
     pub built_at: std::time::SystemTime,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Server {
-    Down(String),
-    Up,
-    Stopping,
-}
-
 /// What the proofs of released clones found.
 #[derive(Debug, Clone, Copy, Default)]
 struct Proven {
@@ -196,6 +191,11 @@ pub(crate) struct PoolState {
     restarts: u32,
     /// Why the server was last lost, or could last not be brought up (`/status`).
     last_server_error: Option<String>,
+    /// Bumped whenever the server is lost: reports of jobs of an earlier generation
+    /// describe a server that is gone, and the actor does not apply them.
+    generation: u64,
+    /// The second look at a server whose monitor connection closed.
+    probe: Probe,
     /// The first build of each configured template in this run starts from scratch
     /// (`--verify-templates`).
     verify_templates: bool,
@@ -237,6 +237,8 @@ impl PoolState {
             prebuild,
             restarts: 0,
             last_server_error: None,
+            generation: 1,
+            probe: Probe::Idle,
             verify_templates: false,
         }
     }
@@ -278,6 +280,8 @@ impl PoolState {
         }
         self.restarts += 1;
         self.last_server_error = Some(reason.to_owned());
+        self.generation += 1;
+        self.probe = Probe::Idle;
         let mut actions = Vec::new();
         let leases: Vec<(LeaseId, Option<WaiterId>)> = self
             .dbs
@@ -338,26 +342,6 @@ impl PoolState {
     /// of client-built templates not finalized yet.
     pub(crate) fn connections_in_use(&self) -> u32 {
         self.dbs.connections_in_use() + self.client_connections()
-    }
-
-    /// True while postgres is up.
-    pub fn server_is_up(&self) -> bool {
-        self.server == Server::Up
-    }
-
-    /// The pool is stopping (`stopping` was called).
-    pub fn is_stopping(&self) -> bool {
-        self.server == Server::Stopping
-    }
-
-    /// Bringing the server (back) up failed; another try follows.
-    pub fn server_start_failed(&mut self, reason: String) {
-        self.last_server_error = Some(reason);
-    }
-
-    /// Times the server was lost and restarted, and why it last went or failed to start.
-    pub fn server_history(&self) -> (u32, Option<&str>) {
-        (self.restarts, self.last_server_error.as_deref())
     }
 
     /// A fresh database name for a clone.

@@ -1942,3 +1942,21 @@ fn made() -> super::Made {
         stamp: None,
     }
 }
+
+#[test]
+fn a_lost_server_starts_a_new_generation_and_forgets_its_probe() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let first = state.generation();
+    assert!(state.begin_probe(), "the monitor closed: a second look starts");
+    assert!(!state.begin_probe(), "one look at a time");
+    state.probe_ended(Err("connection refused".into()));
+    assert_eq!(state.probe_failure(), Some("connection refused"));
+    let _ = state.server_lost("the connection to postgres was lost");
+    assert!(state.generation() > first, "reports of the lost server are stale");
+    assert_eq!(state.probe_failure(), None, "the new server is not suspected");
+    let _ = state.server_up(1000);
+    assert!(state.begin_probe(), "the new server gets a look of its own");
+    state.probe_ended(Ok(()));
+    assert_eq!(state.probe_failure(), None);
+}
