@@ -309,7 +309,6 @@ pub async fn start(
         waiters: HashMap::new(),
         next_waiter: 1,
         store: None,
-        space: None,
         failed_sources_at: Instant::now(),
         jobs_tx,
         tracker: TaskTracker::new(),
@@ -518,8 +517,6 @@ struct Actor {
     /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
-    /// The databases' own tmpfs, while the server runs with one.
-    space: Option<space::SpaceWatch>,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -776,7 +773,7 @@ impl Actor {
                 self.sessions_counted(*give_back, outcome);
             }
             JobResult::Probed { outcome } => self.probed(outcome),
-            JobResult::SpaceFilled { sizes } => self.space_filled(sizes),
+            JobResult::SpaceFilled { sizes } => self.state.space_filled(sizes, SystemTime::now()),
             // A look of the lost server's time is not applied: the state ended it then
             // (its waiters were failed), and a new look may be under way.
             JobResult::SourcesChecked {
@@ -864,11 +861,11 @@ impl Actor {
             tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
         }
         self.measure_store();
-        self.space = up
-            .running
-            .as_ref()
-            .and_then(|running| running.databases_space.clone())
-            .map(space::SpaceWatch::new);
+        self.state.space_at(
+            up.running
+                .as_ref()
+                .and_then(|running| running.databases_space.clone()),
+        );
         self.watch_space();
         let adoptable = std::mem::take(&mut up.session.adoptable);
         let client_templates = std::mem::take(&mut up.session.client_templates);
@@ -982,8 +979,6 @@ impl Actor {
 
     fn server_lost(&mut self, reason: String) {
         self.store = None;
-        self.space = None;
-        self.state.store_usage(None);
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.fail_client_work(&reason);
@@ -1440,7 +1435,7 @@ impl Actor {
                 restarts: self.state.server_history().0,
                 last_error: self.state.server_history().1.map(str::to_owned),
                 admin_timeouts: session.map_or(0, Session::admin_timeouts),
-                databases_space: self.space.as_ref().map(space::SpaceWatch::status),
+                databases_space: self.state.space_status(),
             },
             templates: self
                 .state

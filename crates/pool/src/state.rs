@@ -35,6 +35,7 @@ mod kept;
 mod lifecycle;
 mod refill;
 mod server;
+mod space;
 mod status;
 mod test_ids;
 
@@ -196,6 +197,8 @@ pub(crate) struct PoolState {
     generation: u64,
     /// The second look at a server whose monitor connection closed.
     probe: Probe,
+    /// The databases' own tmpfs, while the server runs with one.
+    space: Option<space::Space>,
     /// The first build of each configured template in this run starts from scratch
     /// (`--verify-templates`).
     verify_templates: bool,
@@ -239,6 +242,7 @@ impl PoolState {
             last_server_error: None,
             generation: 1,
             probe: Probe::Idle,
+            space: None,
             verify_templates: false,
         }
     }
@@ -282,6 +286,8 @@ impl PoolState {
         self.last_server_error = Some(reason.to_owned());
         self.generation += 1;
         self.probe = Probe::Idle;
+        self.space = None;
+        self.store_used = None;
         let mut actions = Vec::new();
         let leases: Vec<(LeaseId, Option<WaiterId>)> = self
             .dbs

@@ -1948,15 +1948,50 @@ fn a_lost_server_starts_a_new_generation_and_forgets_its_probe() {
     let mut state = pool(1, 4);
     let _ = state.server_up(1000);
     let first = state.generation();
-    assert!(state.begin_probe(), "the monitor closed: a second look starts");
+    assert!(
+        state.begin_probe(),
+        "the monitor closed: a second look starts"
+    );
     assert!(!state.begin_probe(), "one look at a time");
     state.probe_ended(Err("connection refused".into()));
     assert_eq!(state.probe_failure(), Some("connection refused"));
     let _ = state.server_lost("the connection to postgres was lost");
-    assert!(state.generation() > first, "reports of the lost server are stale");
-    assert_eq!(state.probe_failure(), None, "the new server is not suspected");
+    assert!(
+        state.generation() > first,
+        "reports of the lost server are stale"
+    );
+    assert_eq!(
+        state.probe_failure(),
+        None,
+        "the new server is not suspected"
+    );
     let _ = state.server_up(1000);
     assert!(state.begin_probe(), "the new server gets a look of its own");
     state.probe_ended(Ok(()));
     assert_eq!(state.probe_failure(), None);
+}
+
+#[test]
+fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    state.space_at(Some(PathBuf::from("/instance/data/base")));
+    assert!(!state.space_measured(100, 50), "half free is not full");
+    assert!(state.space_measured(100, 1), "the step to full asks what filled it");
+    assert!(!state.space_measured(100, 1), "once per filling");
+    state.space_filled(
+        Ok(vec![("template1".into(), 10), ("pglease_x".into(), 90)]),
+        std::time::SystemTime::UNIX_EPOCH,
+    );
+    let space = state.space_status().expect("watched");
+    assert!(space.full);
+    let filled_by = space.filled_by.expect("named");
+    assert_eq!(filled_by.database.as_str(), "pglease_x");
+    assert_eq!(filled_by.bytes, 90);
+    assert!(!state.space_measured(100, 4), "not room again below 5%");
+    assert!(state.space_status().is_some_and(|s| s.full));
+    assert!(!state.space_measured(100, 6));
+    assert!(state.space_status().is_some_and(|s| !s.full), "room again");
+    let _ = state.server_lost("postgres exited");
+    assert!(state.space_status().is_none(), "gone with its server");
 }
