@@ -305,7 +305,6 @@ pub async fn start(
         running: None,
         session: None,
         monitor: None,
-        retry_at: None,
         waiters: HashMap::new(),
         next_waiter: 1,
         store: None,
@@ -507,7 +506,6 @@ struct Actor {
     running: Option<RunningPostgres>,
     session: Option<Session>,
     monitor: Option<tokio_postgres::Client>,
-    retry_at: Option<Instant>,
     waiters: HashMap<WaiterId, LeaseReply>,
     next_waiter: WaiterId,
     /// When the sources of failed templates are looked at next (a pace for file I/O).
@@ -687,8 +685,8 @@ impl Actor {
                     }
                     Err(error) => {
                         tracing::error!(error = %error, retry_in_secs = RESTART_BACKOFF.as_secs(), "could not bring postgres back");
-                        self.state.server_start_failed(error.to_string());
-                        self.retry_at = Some(now + RESTART_BACKOFF);
+                        self.state
+                            .server_start_failed(error.to_string(), now + RESTART_BACKOFF);
                     }
                 }
             }
@@ -872,7 +870,6 @@ impl Actor {
         self.session = Some(up.session);
         self.running = up.running;
         self.monitor = Some(up.monitor);
-        self.retry_at = None;
         let budget = self.session.as_ref().map_or(0, |s| s.connection_budget);
         tracing::info!(
             connection_budget = budget,
@@ -950,8 +947,7 @@ impl Actor {
                 };
                 JobResult::Probed { outcome }
             });
-        } else if self.retry_at.is_some_and(|at| at <= Instant::now()) {
-            self.retry_at = None;
+        } else if self.state.restart_due(Instant::now()) {
             self.spawn_bring_up();
         }
     }

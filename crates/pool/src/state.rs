@@ -197,6 +197,8 @@ pub(crate) struct PoolState {
     generation: u64,
     /// The second look at a server whose monitor connection closed.
     probe: Probe,
+    /// When bringing the server up is tried again, after a failed try.
+    restart_at: Option<Instant>,
     /// The databases' own tmpfs, while the server runs with one.
     space: Option<space::Space>,
     /// The first build of each configured template in this run starts from scratch
@@ -242,6 +244,7 @@ impl PoolState {
             last_server_error: None,
             generation: 1,
             probe: Probe::Idle,
+            restart_at: None,
             space: None,
             verify_templates: false,
         }
@@ -261,6 +264,7 @@ impl PoolState {
             return Vec::new();
         }
         self.server = Server::Up;
+        self.restart_at = None;
         self.connection_budget = connection_budget;
         let mut actions = Vec::new();
         for (name, entry) in &mut self.templates {

@@ -2,6 +2,8 @@
 //! was lost; its generation (which reports still describe it); and the second look at a
 //! server whose monitor connection closed, before it is declared lost.
 
+use tokio::time::Instant;
+
 use super::PoolState;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,9 +36,19 @@ impl PoolState {
         self.server == Server::Stopping
     }
 
-    /// Bringing the server (back) up failed; another try follows.
-    pub fn server_start_failed(&mut self, reason: String) {
+    /// Bringing the server (back) up failed; another try is due at `retry_at`.
+    pub fn server_start_failed(&mut self, reason: String, retry_at: Instant) {
         self.last_server_error = Some(reason);
+        self.restart_at = Some(retry_at);
+    }
+
+    /// Whether a new try at bringing the server up is due now (it is then under way).
+    pub fn restart_due(&mut self, now: Instant) -> bool {
+        if self.restart_at.is_some_and(|at| at <= now) {
+            self.restart_at = None;
+            return true;
+        }
+        false
     }
 
     /// Times the server was lost and restarted, and why it last went or failed to start.

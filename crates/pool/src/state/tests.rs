@@ -1928,7 +1928,11 @@ fn the_server_history_counts_losses_and_keeps_the_last_reason() {
     let _ = state.server_up(1000);
     assert_eq!(state.server_history(), (0, None));
     let _ = state.server_lost("postgres exited unexpectedly (signal 9)");
-    state.server_start_failed("could not bind to port".into());
+    let now = Instant::now();
+    state.server_start_failed("could not bind to port".into(), now + Duration::from_secs(5));
+    assert!(!state.restart_due(now), "not before its time");
+    assert!(state.restart_due(now + Duration::from_secs(5)));
+    assert!(!state.restart_due(now + Duration::from_secs(6)), "one try per failure");
     let _ = state.server_up(1000);
     assert_eq!(state.server_history(), (1, Some("could not bind to port")));
     let _ = state.stopping();
@@ -1977,7 +1981,10 @@ fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
     let _ = state.server_up(1000);
     state.space_at(Some(PathBuf::from("/instance/data/base")));
     assert!(!state.space_measured(100, 50), "half free is not full");
-    assert!(state.space_measured(100, 1), "the step to full asks what filled it");
+    assert!(
+        state.space_measured(100, 1),
+        "the step to full asks what filled it"
+    );
     assert!(!state.space_measured(100, 1), "once per filling");
     state.space_filled(
         Ok(vec![("template1".into(), 10), ("pglease_x".into(), 90)]),
