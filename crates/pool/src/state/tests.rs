@@ -1929,10 +1929,16 @@ fn the_server_history_counts_losses_and_keeps_the_last_reason() {
     assert_eq!(state.server_history(), (0, None));
     let _ = state.server_lost("postgres exited unexpectedly (signal 9)");
     let now = Instant::now();
-    state.server_start_failed("could not bind to port".into(), now + Duration::from_secs(5));
+    state.server_start_failed(
+        "could not bind to port".into(),
+        now + Duration::from_secs(5),
+    );
     assert!(!state.restart_due(now), "not before its time");
     assert!(state.restart_due(now + Duration::from_secs(5)));
-    assert!(!state.restart_due(now + Duration::from_secs(6)), "one try per failure");
+    assert!(
+        !state.restart_due(now + Duration::from_secs(6)),
+        "one try per failure"
+    );
     let _ = state.server_up(1000);
     assert_eq!(state.server_history(), (1, Some("could not bind to port")));
     let _ = state.stopping();

@@ -1,0 +1,454 @@
+//! The actor's worker jobs: each runs slow SQL (a build, a clone, a recycle, a drop) on a
+//! task of its own with the session of the current server generation, and reports back as
+//! a [`JobResult`], which the loop applies to the state.
+
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use super::client;
+use super::start::{Target, Up};
+use super::{not_running, Actor, NOT_RUNNING, RESTART_BACKOFF};
+use crate::config::TemplateSource;
+use crate::error::{StartError, TemplateOpError};
+use crate::names::{DbName, LeaseId, TemplateName};
+use crate::session::{NotReused, Session, Stamp};
+use crate::sql_error::SqlError;
+use crate::state::{Built, Made};
+use crate::template::{self, SourceStamp};
+
+/// A worker's report: what it did, and the server generation it did it against. Reports
+/// of an earlier generation describe a server that is gone, and are not applied.
+pub(super) struct Report {
+    pub(super) generation: u64,
+    pub(super) result: JobResult,
+}
+
+/// Results of worker tasks.
+pub(super) enum JobResult {
+    /// The databases' tmpfs filled: every database's size, to name the biggest.
+    SpaceFilled {
+        sizes: Result<Vec<(String, i64)>, String>,
+    },
+    Built {
+        template: TemplateName,
+        /// The sources' stamp, taken before they were hashed.
+        stamp: SourceStamp,
+        outcome: Result<Built, SqlError>,
+    },
+    /// A clone made, or a reused one recycled: `Ok` carries its role's new password and
+    /// what it is now (when released clones are proven unchanged).
+    Cloned {
+        template: TemplateName,
+        template_db: DbName,
+        clone: DbName,
+        outcome: Result<Made, SqlError>,
+        /// For a released clone put to the proof: whether it held.
+        proven: Option<bool>,
+    },
+    Dropped {
+        db: DbName,
+        outcome: Result<(), String>,
+    },
+    /// A lease's own connection limit was set (or not); the lease can go out.
+    LimitSet {
+        lease_id: LeaseId,
+        outcome: Result<(), String>,
+    },
+    ServerUp {
+        target: Box<Target>,
+        outcome: Box<Result<Up, StartError>>,
+    },
+    /// A client-built template's empty database made: `Ok` carries its role's password.
+    Opened {
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<String, String>,
+    },
+    /// A client-built template finalized.
+    Finalized {
+        template: TemplateName,
+        db: DbName,
+        outcome: Result<Built, String>,
+    },
+    /// Sessions counted on a test database a client gives back.
+    SessionsCounted {
+        give_back: Box<client::GiveBack>,
+        outcome: Result<i64, TemplateOpError>,
+    },
+    /// A second look at a server whose monitor connection closed: `Ok` is a new monitor.
+    Probed {
+        outcome: Result<tokio_postgres::Client, String>,
+    },
+    /// The sources of `template` were checked (off the actor: it is file I/O) for lease
+    /// requests that wait on the answer.
+    SourcesChecked {
+        template: TemplateName,
+        changed: bool,
+        /// The stamp seen, to remember when the sources were touched but not changed.
+        stamp: SourceStamp,
+        /// The fingerprint of the version the check compared against.
+        fingerprint: String,
+    },
+    /// The sources of a failed template were looked at (`PoolState::look_at_failed_sources`).
+    FailedSourcesChecked {
+        template: TemplateName,
+        /// Their stamp moved since the failure.
+        changed: bool,
+    },
+}
+
+/// `clone`'s stamp, when the session proves released clones unchanged; a clone that cannot
+/// be stamped is simply never proven (its release drops it).
+pub(super) async fn stamp_of(session: &Session, clone: &DbName) -> Option<Stamp> {
+    if !session.proves_unchanged() {
+        return None;
+    }
+    match session.stamp(clone).await {
+        Ok(stamp) => Some(stamp),
+        Err(error) => {
+            tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
+            None
+        }
+    }
+}
+
+impl Actor {
+    pub(super) fn handle_job(&mut self, report: Report) {
+        let now = Instant::now();
+        let Report { generation, result } = report;
+        if let JobResult::FailedSourcesChecked { template, changed } = result {
+            self.failed_sources_checked(template, changed);
+            self.check_invariants();
+            return;
+        }
+        if generation != self.state.generation() {
+            self.stale_report(result);
+            return;
+        }
+        match result {
+            JobResult::ServerUp { target, outcome } => {
+                self.target = Some(*target);
+                if self.state.is_stopping() {
+                    return;
+                }
+                match *outcome {
+                    Ok(up) => {
+                        tracing::info!(
+                            restarts = self.state.server_history().0,
+                            "postgres is back; rebuilding templates and pool"
+                        );
+                        self.server_came_up(up);
+                    }
+                    Err(error) => {
+                        tracing::error!(error = %error, retry_in_secs = RESTART_BACKOFF.as_secs(), "could not bring postgres back");
+                        self.state
+                            .server_start_failed(error.to_string(), now + RESTART_BACKOFF);
+                    }
+                }
+            }
+            JobResult::Built {
+                template,
+                stamp,
+                outcome,
+            } => {
+                match &outcome {
+                    Ok(built) => self.suggest_store(&template, built.size_bytes),
+                    Err(message) => {
+                        tracing::warn!(template = %template, error = %message, "template build failed");
+                    }
+                }
+                let actions = self.state.build_finished(&template, stamp, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::Cloned {
+                template,
+                template_db,
+                clone,
+                outcome,
+                proven,
+            } => {
+                if let Some(unchanged) = proven {
+                    match &outcome {
+                        Err(why) => {
+                            tracing::debug!(database = %clone, %why, "released changed: dropped and made again")
+                        }
+                        Ok(_) => {
+                            tracing::debug!(database = %clone, "released unchanged: back in the ready queue without a new clone")
+                        }
+                    }
+                    self.state.count_proof(unchanged);
+                }
+                let outcome = match outcome {
+                    Ok(made) => Ok(made),
+                    // Changed: no failure, and nothing to warn about.
+                    Err(message) if proven == Some(false) => Err(message),
+                    Err(message) => {
+                        if self.state.is_current(&template, &template_db) {
+                            tracing::warn!(template = %template, database = %clone, error = %message, "clone failed");
+                        } else {
+                            // Its template version was replaced or discarded meanwhile (and
+                            // perhaps dropped under it): expected, and dropped anyway.
+                            tracing::debug!(template = %template, database = %clone, error = %message, "clone of a replaced version failed");
+                        }
+                        Err(message)
+                    }
+                };
+                self.recycled(&clone);
+                let actions =
+                    self.state
+                        .clone_finished(&template, &template_db, clone, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::Dropped { db, outcome } => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(database = %db, error = %message, "drop failed; it is retried");
+                }
+                let actions = self.state.drop_finished(&db, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::LimitSet { lease_id, outcome } => {
+                if let Err(message) = &outcome {
+                    tracing::warn!(lease_id = %lease_id, error = %message, "could not set a lease's connection limit");
+                }
+                let actions = self.state.limit_set(&lease_id, outcome, now);
+                self.apply(actions);
+            }
+            JobResult::Opened {
+                template,
+                db,
+                outcome,
+            } => self.opened(template, db, outcome),
+            JobResult::Finalized {
+                template,
+                db,
+                outcome,
+            } => self.finalized(template, db, outcome),
+            JobResult::SessionsCounted { give_back, outcome } => {
+                self.sessions_counted(*give_back, outcome);
+            }
+            JobResult::Probed { outcome } => self.probed(outcome),
+            JobResult::SpaceFilled { sizes } => self.state.space_filled(sizes, SystemTime::now()),
+            // A look of the lost server's time is not applied: the state ended it then
+            // (its waiters were failed), and a new look may be under way.
+            JobResult::SourcesChecked {
+                template,
+                changed,
+                stamp,
+                fingerprint,
+            } => self.sources_checked(template, changed, stamp, fingerprint),
+            // Handled above, whatever its generation.
+            JobResult::FailedSourcesChecked { .. } => {}
+        }
+        self.check_invariants();
+    }
+
+    /// A report of a server generation that is gone: its work went with the server, but
+    /// what it holds (the target, callers waiting for an answer) is handed back.
+    pub(super) fn stale_report(&mut self, result: JobResult) {
+        match result {
+            JobResult::ServerUp { target, .. } => self.target = Some(*target),
+            JobResult::SessionsCounted { give_back, .. } => self.sessions_counted(
+                *give_back,
+                Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
+            ),
+            // Callers waiting on client-built templates and grants were told when the
+            // server went (`PoolState::server_lost`, `fail_client_work`), which also set
+            // the probe back to idle for the new generation.
+            JobResult::Probed { .. }
+            | JobResult::SpaceFilled { .. }
+            | JobResult::Built { .. }
+            | JobResult::Cloned { .. }
+            | JobResult::Dropped { .. }
+            | JobResult::LimitSet { .. }
+            | JobResult::Opened { .. }
+            | JobResult::Finalized { .. }
+            | JobResult::SourcesChecked { .. }
+            | JobResult::FailedSourcesChecked { .. } => {}
+        }
+    }
+
+    /// Sets a granted lease's own connection limit in a worker; the grant goes out when it
+    /// is reported ([`PoolState::limit_set`](crate::state::PoolState::limit_set)).
+    pub(super) fn spawn_set_limit(
+        &mut self,
+        lease_id: LeaseId,
+        database: DbName,
+        connections: u32,
+    ) {
+        self.spawn_job(move |session| async move {
+            let outcome = match session {
+                Some(session) => session.set_connection_limit(&database, connections).await,
+                None => Err(NOT_RUNNING.into()),
+            };
+            JobResult::LimitSet { lease_id, outcome }
+        });
+    }
+
+    /// Runs `work` on a worker task with the session of the current server generation
+    /// (None while postgres is down) and reports the result it builds back to the actor,
+    /// tagged with that generation.
+    pub(super) fn spawn_job<F, Fut>(&mut self, work: F)
+    where
+        F: FnOnce(Option<Session>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = JobResult> + Send + 'static,
+    {
+        let (generation, jobs, session) = (
+            self.state.generation(),
+            self.jobs_tx.clone(),
+            self.session.clone(),
+        );
+        self.tracker.spawn(async move {
+            let result = work(session).await;
+            let _ = jobs.send(Report { generation, result });
+        });
+    }
+
+    pub(super) fn spawn_build(
+        &mut self,
+        template: TemplateName,
+        source: TemplateSource,
+        reuse_existing: bool,
+    ) {
+        tracing::info!(template = %template, ?source, "building template");
+        let user = self.inputs.child_user.clone();
+        self.spawn_job(move |session| async move {
+            let stamp_source = source.clone();
+            let stamp = user
+                .read(move || template::stamp(&stamp_source))
+                .await
+                .unwrap_or_default();
+            let outcome = match session {
+                Some(session) => {
+                    template::build(&session, &template, &source, reuse_existing).await
+                }
+                None => Err(not_running()),
+            };
+            JobResult::Built {
+                template,
+                stamp,
+                outcome,
+            }
+        });
+    }
+
+    /// Says so when a big template was built where every clone copies it: the store of
+    /// `--storage cow` would share its blocks, and `auto` takes it at a start that knows
+    /// the template's size (from its sources or a snapshot).
+    pub(super) fn suggest_store(&self, template: &TemplateName, size_bytes: i64) {
+        let big = u64::try_from(size_bytes)
+            .is_ok_and(|bytes| bytes >= crate::postgres::AUTO_MIN_TEMPLATE_BYTES);
+        if big && self.store.is_none() && !self.external {
+            tracing::info!(
+                template = %template,
+                size_mb = size_bytes >> 20,
+                "every clone of this template copies it; on PostgreSQL 18, --storage cow \
+                 would share its blocks (--storage auto does at a start that knows its size: \
+                 from its sources or a snapshot; docs/cow-storage.md)"
+            );
+        }
+    }
+
+    /// Whether a client built `template` (IntegreSQL API). Their clones get postgres'
+    /// standard SCRAM iteration count: those clients' Go drivers refuse fewer.
+    pub(super) fn is_client_built(&self, template: &TemplateName) -> bool {
+        self.state
+            .source_of(template)
+            .is_some_and(|source| source.is_client_built())
+    }
+
+    pub(super) fn spawn_clone(
+        &mut self,
+        template: TemplateName,
+        template_db: DbName,
+        clone: DbName,
+    ) {
+        let standard_scram = self.is_client_built(&template);
+        self.spawn_job(move |session| async move {
+            let started = std::time::Instant::now();
+            let Some(session) = session else {
+                return JobResult::Cloned {
+                    template,
+                    template_db,
+                    clone,
+                    outcome: Err(not_running()),
+                    proven: None,
+                };
+            };
+            let outcome = match session
+                .clone_database(&template_db, &clone, standard_scram)
+                .await
+            {
+                Ok(password) => Ok(Made {
+                    password,
+                    stamp: stamp_of(&session, &clone).await,
+                }),
+                Err(error) => Err(error),
+            };
+            tracing::debug!(database = %clone, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "clone finished");
+            JobResult::Cloned {
+                template,
+                template_db,
+                clone,
+                outcome,
+                proven: None,
+            }
+        });
+    }
+
+    /// Readies a clone for its next holder: after a `reuse` release or an adoption, or —
+    /// `verify` — after a release the server must prove changed nothing, with the stamp
+    /// taken when it was made ready (none: unsure, so changed).
+    pub(super) fn spawn_recycle(
+        &mut self,
+        template: TemplateName,
+        template_db: DbName,
+        clone: DbName,
+        verify: bool,
+        proof: Option<Stamp>,
+    ) {
+        let standard_scram = self.is_client_built(&template);
+        self.spawn_job(move |session| async move {
+            let outcome = match (session.as_ref(), verify, proof.as_ref()) {
+                (None, _, _) => Err(NotReused::Failed(NOT_RUNNING.into())),
+                (Some(_), true, None) => Err(NotReused::Changed(
+                    "nothing recorded what it was when handed out".into(),
+                )),
+                (Some(session), _, proof) => session.recycle(&clone, standard_scram, proof).await,
+            };
+            let stamp = match (&outcome, session.as_ref()) {
+                // Proven unchanged: what it was is what it is.
+                (Ok(_), Some(_)) if verify => proof,
+                (Ok(_), Some(session)) => stamp_of(session, &clone).await,
+                _ => None,
+            };
+            let (outcome, proven) = match outcome {
+                Ok(password) => (Ok(Made { password, stamp }), verify.then_some(true)),
+                Err(NotReused::Changed(why)) => (Err(SqlError::other(why)), Some(false)),
+                Err(NotReused::Failed(message)) => (Err(SqlError::other(message)), None),
+            };
+            JobResult::Cloned {
+                template,
+                template_db,
+                clone,
+                outcome,
+                proven,
+            }
+        });
+    }
+
+    pub(super) fn spawn_drop(&mut self, db: DbName) {
+        self.spawn_job(move |session| async move {
+            let started = std::time::Instant::now();
+            let outcome = match session {
+                Some(session) => session.drop_database(&db).await,
+                None => Err(NOT_RUNNING.into()),
+            };
+            tracing::debug!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "drop finished");
+            JobResult::Dropped {
+                db,
+                outcome,
+            }
+        });
+    }
+}

@@ -1,0 +1,200 @@
+//! Watching the server: noticing a dead postmaster or a lost connection (with a second
+//! look before declaring it lost), bringing it back, and taking it in when it is up.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::jobs::{JobResult, Report};
+use super::start::{bring_up, connect_monitor, Up};
+use super::{Actor, NOT_RUNNING, POSTGRES_STOP_TIMEOUT};
+use crate::state::Built;
+
+/// How long a second look at a server whose monitor connection closed may take.
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Actor {
+    /// Reads how much the copy-on-write store holds, for the byte budget (a `statvfs` of a
+    /// file system in RAM: no I/O waits on it).
+    pub(super) fn measure_store(&mut self) {
+        let Some((store, base)) = &self.store else {
+            return;
+        };
+        match crate::postgres::used_bytes(store) {
+            Ok(used) => self.state.store_usage(Some(used.saturating_sub(*base))),
+            Err(error) => {
+                tracing::debug!(store = %store.display(), %error, "cannot measure the copy-on-write store");
+            }
+        }
+    }
+
+    pub(super) fn server_came_up(&mut self, mut up: Up) {
+        let clones_share = up
+            .session
+            .settings
+            .iter()
+            .any(|(name, value)| name == "file_copy_method" && value == "clone");
+        // The base is what the store held before the cluster was put there, so that the
+        // templates of a snapshot (or a kept cluster) count. Without one (its statvfs
+        // failed) the budget stays by logical sizes, which only overcounts.
+        self.store = up
+            .running
+            .as_ref()
+            .filter(|_| clones_share && !self.external)
+            .and_then(|running| {
+                Some((
+                    running.data_dir.parent()?.to_path_buf(),
+                    running.store_base?,
+                ))
+            });
+        if let Some((store, _)) = &self.store {
+            tracing::info!(store = %store.display(), "clones share their template's blocks: the byte budget counts what the store holds");
+        }
+        self.measure_store();
+        self.state.space_at(
+            up.running
+                .as_ref()
+                .and_then(|running| running.databases_space.clone()),
+        );
+        self.watch_space();
+        let adoptable = std::mem::take(&mut up.session.adoptable);
+        let client_templates = std::mem::take(&mut up.session.client_templates);
+        self.session = Some(up.session);
+        self.running = up.running;
+        self.monitor = Some(up.monitor);
+        let budget = self.session.as_ref().map_or(0, |s| s.connection_budget);
+        tracing::info!(
+            connection_budget = budget,
+            "connections available to lease holders"
+        );
+        let mut actions = self.state.server_up(budget);
+        // Client-built templates the server kept come back as built, after their ready
+        // clones are queued for adoption.
+        let restored: Vec<_> = client_templates
+            .into_iter()
+            .filter(|(template, db, _)| self.state.restore_client_built(template, db))
+            .collect();
+        for (template, fingerprint, clone) in adoptable {
+            self.state.adopt(&template, fingerprint, clone);
+        }
+        let now = Instant::now();
+        for (template, db, size_bytes) in restored {
+            let built = Built {
+                fingerprint: template.to_string(),
+                db,
+                elapsed: Duration::ZERO,
+                size_bytes,
+                built_at: SystemTime::now(),
+            };
+            let db = built.db.clone();
+            actions.extend(
+                self.state
+                    .template_finalized(&template, db, Ok(built), now)
+                    .1,
+            );
+        }
+        self.apply(actions);
+    }
+
+    /// Notices a dead postmaster or a lost connection, and retries a failed restart.
+    pub(super) fn check_server(&mut self) {
+        if self.state.is_stopping() {
+            return;
+        }
+        let exited = self
+            .running
+            .as_mut()
+            .and_then(|running| running.poll_exit());
+        if let Some(status) = exited {
+            let tail = self
+                .running
+                .as_ref()
+                .map(|r| r.log_tail(10))
+                .unwrap_or_default();
+            tracing::error!(%status, log_tail = %tail, "postgres exited unexpectedly; restarting it");
+            self.server_lost(format!("postgres exited unexpectedly ({status})"));
+        } else if let Some(error) = self.state.probe_failure() {
+            let reason = format!("the connection to postgres was lost ({error})");
+            tracing::error!(%error, "lost the connection to postgres; reconnecting");
+            self.server_lost(reason);
+        } else if self.monitor.as_ref().is_some_and(|m| m.is_closed()) && self.state.begin_probe() {
+            // A closed connection alone proves little: an external server's
+            // idle_session_timeout or a proxy may end it while postgres runs on. Losing the
+            // server drops every lease, so look once more before declaring it.
+            tracing::warn!("the monitor connection to postgres closed; checking the server");
+            self.spawn_job(move |session| async move {
+                let outcome = match session {
+                    Some(session) => {
+                        match tokio::time::timeout(
+                            PROBE_TIMEOUT,
+                            connect_monitor(&session.admin_config),
+                        )
+                        .await
+                        {
+                            Ok(connected) => connected.map_err(|e| crate::session::pg_message(&e)),
+                            Err(_) => Err("the server did not answer".into()),
+                        }
+                    }
+                    None => Err(NOT_RUNNING.into()),
+                };
+                JobResult::Probed { outcome }
+            });
+        } else if self.state.restart_due(Instant::now()) {
+            self.spawn_bring_up();
+        }
+    }
+
+    /// The second look at the server ended: a new monitor connection, or the server is lost.
+    pub(super) fn probed(&mut self, outcome: Result<tokio_postgres::Client, String>) {
+        match outcome {
+            Ok(monitor) => {
+                tracing::info!("postgres still answers; watching it on a new connection");
+                self.state.probe_ended(Ok(()));
+                self.monitor = Some(monitor);
+            }
+            Err(error) => {
+                // A killed postmaster closes its sockets (so its sessions end and new
+                // connections are refused) a moment before it can be reaped. The next look
+                // tells that exit, the cause, from a postmaster that is there but does not
+                // answer.
+                self.state.probe_ended(Err(error));
+                if self.running.is_none() {
+                    self.check_server();
+                }
+            }
+        }
+    }
+
+    pub(super) fn server_lost(&mut self, reason: String) {
+        self.store = None;
+        let actions = self.state.server_lost(&reason);
+        self.apply(actions);
+        self.fail_client_work(&reason);
+        self.session = None;
+        self.monitor = None;
+        if let Some(running) = self.running.take() {
+            // Already exited in the usual case; if it lingers, stop it before restarting.
+            self.tracker.spawn(running.shutdown(POSTGRES_STOP_TIMEOUT));
+        }
+        self.spawn_bring_up();
+    }
+
+    pub(super) fn spawn_bring_up(&mut self) {
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        // Templates registered at run time survive the sweep of a reconnected server too.
+        self.inputs.templates = self.state.templates();
+        let generation = self.state.generation();
+        let inputs = self.inputs.clone();
+        let jobs = self.jobs_tx.clone();
+        self.tracker.spawn(async move {
+            let (target, outcome) = bring_up(target, inputs).await;
+            let result = JobResult::ServerUp {
+                target: Box::new(target),
+                outcome: Box::new(outcome),
+            };
+            let _ = jobs.send(Report { generation, result });
+        });
+    }
+}

@@ -1,0 +1,366 @@
+//! Bringing the server up: the actor's start (the embedded server prepared, or the
+//! external one's URL checked), each (re)start of postgres and the session opened on it,
+//! and the monitor connection that tells when it goes away.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+use tokio_util::task::TaskTracker;
+
+use super::{Actor, COMMAND_CAPACITY, POSTGRES_STOP_TIMEOUT};
+use crate::child_user::ChildUser;
+use crate::config::{
+    CloneStrategy, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig, ServerConfig,
+    TemplateConfig, TemplateSource,
+};
+use crate::error::StartError;
+use crate::handle::PoolHandle;
+use crate::names::TemplateName;
+use crate::postgres::{Embedded, RunningPostgres};
+use crate::session::{describe_target, pg_message, Session, SessionParams};
+use crate::state::PoolState;
+use crate::template::{self, SourceStamp};
+
+/// Where the server comes from, held by the actor between (re)starts. One per pool: the
+/// variants' difference in size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Target {
+    Embedded(Embedded),
+    External(ExternalTarget),
+}
+
+#[derive(Clone)]
+pub(super) struct ExternalTarget {
+    pub(super) admin_config: tokio_postgres::Config,
+    pub(super) lease_host: String,
+    pub(super) lease_port: u16,
+}
+
+impl ExternalTarget {
+    fn parse(config: &ExternalConfig) -> Result<Self, StartError> {
+        let admin_config = tokio_postgres::Config::from_str(&config.url)
+            .map_err(|e| StartError::BadUrl(e.to_string()))?;
+        let host = admin_config.get_hosts().first().map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        });
+        Ok(ExternalTarget {
+            lease_host: config
+                .advertise_host
+                .clone()
+                .or(host)
+                .unwrap_or_else(|| "localhost".into()),
+            lease_port: admin_config.get_ports().first().copied().unwrap_or(5432),
+            admin_config,
+        })
+    }
+}
+
+/// What a successful (re)start hands the actor.
+pub(super) struct Up {
+    pub(super) running: Option<RunningPostgres>,
+    pub(super) session: Session,
+    /// A connection kept open only to notice when the server goes away.
+    pub(super) monitor: tokio_postgres::Client,
+}
+
+/// What bringing a server up needs besides the target.
+#[derive(Clone)]
+pub(super) struct UpInputs {
+    pub(super) templates: Vec<TemplateConfig>,
+    pub(super) pool_size: usize,
+    pub(super) clone_strategy: CloneStrategy,
+    pub(super) lease_auth: LeaseAuth,
+    pub(super) lease_superuser: bool,
+    pub(super) lease_connections: u32,
+    pub(super) build_timeout: Duration,
+    /// Released clones are proven unchanged (the embedded server's session reads its files).
+    pub(super) reuse_unchanged: bool,
+    /// Who runs the builds' programs and reads template sources.
+    pub(super) child_user: ChildUser,
+    /// The IntegreSQL clients' role, made at each start.
+    pub(super) integresql_role: Option<IntegresqlRole>,
+}
+
+/// Starts postgres (or attaches to the external server), opens a session, and spawns the
+/// actor. Returns once the server accepts connections; templates build in the background.
+pub async fn start(
+    config: PoolConfig,
+) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
+    let mut templates = config.templates.clone();
+    if !templates
+        .iter()
+        .any(|t| t.name == TemplateName::default_name())
+    {
+        templates.insert(
+            0,
+            TemplateConfig {
+                name: TemplateName::default_name(),
+                source: TemplateSource::Empty,
+                postgres_version: None,
+            },
+        );
+    }
+    let inputs = UpInputs {
+        templates: templates.clone(),
+        pool_size: config.limits.clone_concurrency.max(1) * 2 + 2,
+        clone_strategy: config.clone_strategy,
+        lease_auth: config.lease_auth,
+        lease_superuser: config.lease_superuser,
+        lease_connections: config.limits.lease_connections,
+        build_timeout: config.limits.build_timeout,
+        reuse_unchanged: config.limits.reuse_unchanged,
+        child_user: ChildUser::resolve(config.child_user.as_deref())?,
+        integresql_role: config.integresql_role.clone(),
+    };
+    let mut limits = config.limits;
+    let target = match &config.server {
+        ServerConfig::Embedded(embedded) => {
+            // The embedded server's pg_hba rule for lease roles follows the pool's choice.
+            let mut embedded = (**embedded).clone();
+            embedded.lease_auth = config.lease_auth;
+            if let Some(role) = &config.integresql_role {
+                // Its own rule, and room for its connections (the session's budget for
+                // lease holders leaves them out).
+                embedded.integresql_role = Some(role.name.clone());
+                embedded.max_connections = embedded
+                    .max_connections
+                    .saturating_add(config.limits.lease_connections);
+            }
+            let prepared = Embedded::prepare(&embedded, &templates).await?;
+            if limits.max_bytes.is_none() {
+                limits.max_bytes = match prepared.databases_space() {
+                    Some(bytes) => Some(bytes / 4 * 3),
+                    None => default_byte_budget(prepared.instance_dir()),
+                };
+            }
+            Target::Embedded(prepared)
+        }
+        ServerConfig::External(external) => {
+            if limits.reuse_unchanged {
+                // The proof reads the database's files, which are not ours to read there.
+                tracing::info!("reuse of unchanged databases is off on an external server: released databases are dropped and made again");
+                limits.reuse_unchanged = false;
+            }
+            Target::External(ExternalTarget::parse(external)?)
+        }
+    };
+    let (target, outcome) = bring_up(target, inputs.clone()).await;
+    let up = match outcome {
+        Ok(up) => up,
+        Err(error) => {
+            if let Target::Embedded(embedded) = target {
+                tracing::error!(instance_dir = %embedded.instance_dir().display(), "start-up failed; instance directory kept for inspection");
+            }
+            return Err(error);
+        }
+    };
+    let instance = hex::encode(rand::random::<[u8; 3]>());
+    tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
+    let state = PoolState::new(limits, instance.clone(), &templates, config.prebuild)
+        .with_verified_builds(config.verify_templates);
+    let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
+    let (jobs_tx, jobs) = mpsc::unbounded_channel();
+    let mut actor = Actor {
+        state,
+        initializers: HashMap::new(),
+        finalizers: HashMap::new(),
+        unlocks: HashMap::new(),
+        inputs,
+        external: matches!(config.server, ServerConfig::External(_)),
+        server_outlives_us: match &config.server {
+            ServerConfig::External(_) => true,
+            ServerConfig::Embedded(embedded) => embedded.keep_data && embedded.data_dir.is_some(),
+        },
+        target: Some(target),
+        running: None,
+        session: None,
+        monitor: None,
+        waiters: HashMap::new(),
+        next_waiter: 1,
+        store: None,
+        failed_sources_at: Instant::now(),
+        jobs_tx,
+        tracker: TaskTracker::new(),
+    };
+    tracing::info!(instance = %instance, "pool started");
+    // Before the first builds: a template whose sources are not there fails now, with the
+    // reason, instead of at its first lease (and `/readyz` says so).
+    for (template, message, stamp) in unusable_sources(&actor.inputs.child_user, &templates).await {
+        tracing::warn!(template = %template, error = %message, "template sources are missing or unreadable; it cannot be built until they are fixed");
+        actor.state.sources_unusable(&template, message, stamp);
+    }
+    actor.server_came_up(up);
+    let join = tokio::spawn(actor.run(commands, jobs));
+    Ok((PoolHandle::new(commands_tx), join))
+}
+
+/// The configured templates whose sources fail the check a registered source passes
+/// (`template::check_source`, with the child user's rights), with why and their stamp.
+pub(super) async fn unusable_sources(
+    user: &ChildUser,
+    templates: &[TemplateConfig],
+) -> Vec<(TemplateName, String, SourceStamp)> {
+    let mut unusable = Vec::new();
+    for config in templates {
+        if matches!(
+            config.source,
+            TemplateSource::Empty | TemplateSource::Client
+        ) {
+            continue;
+        }
+        let source = config.source.clone();
+        let checked = user
+            .read(move || (template::check_source(&source), template::stamp(&source)))
+            .await;
+        match checked {
+            Ok((Ok(()), _)) => {}
+            Ok((Err(message), stamp)) => {
+                unusable.push((config.name.clone(), user.explain(message), stamp));
+            }
+            // The check could not run at all: the build will say what is wrong.
+            Err(message) => {
+                tracing::warn!(template = %config.name, error = %message, "could not check the template's sources");
+            }
+        }
+    }
+    unusable
+}
+
+/// Three quarters of the filesystem holding the instance directory: the rest is for the
+/// cluster itself (~40 MB), its WAL and what tests write into leased databases.
+pub(super) fn default_byte_budget(instance_dir: &std::path::Path) -> Option<u64> {
+    let stats = nix::sys::statvfs::statvfs(instance_dir).ok()?;
+    let total = stats.blocks().saturating_mul(stats.fragment_size());
+    Some(total / 4 * 3)
+}
+
+/// Starts postgres (embedded) or connects (external), then opens a session.
+pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Result<Up, StartError>) {
+    match target {
+        Target::Embedded(mut embedded) => {
+            let outcome = async {
+                let running = embedded.start().await?;
+                let params = SessionParams {
+                    admin_config: running.admin_config(),
+                    lease_host: running.host.clone(),
+                    lease_port: running.port,
+                    pool_size: inputs.pool_size,
+                    clone_strategy: inputs.clone_strategy,
+                    templates: inputs.templates.clone(),
+                    external: false,
+                    lease_auth: inputs.lease_auth,
+                    lease_superuser: inputs.lease_superuser,
+                    lease_connections: inputs.lease_connections,
+                    build_timeout: inputs.build_timeout,
+                    admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
+                    proof_dir: inputs.reuse_unchanged.then(|| running.data_dir.clone()),
+                    child_user: inputs.child_user.clone(),
+                    integresql_role: inputs.integresql_role.clone(),
+                };
+                match open_session(params).await {
+                    Ok((session, monitor)) => Ok(Up {
+                        running: Some(running),
+                        session,
+                        monitor,
+                    }),
+                    Err(error) => {
+                        running.shutdown(POSTGRES_STOP_TIMEOUT).await;
+                        Err(error)
+                    }
+                }
+            }
+            .await;
+            (Target::Embedded(embedded), outcome)
+        }
+        Target::External(external) => {
+            let params = SessionParams {
+                admin_config: external.admin_config.clone(),
+                lease_host: external.lease_host.clone(),
+                lease_port: external.lease_port,
+                pool_size: inputs.pool_size,
+                clone_strategy: inputs.clone_strategy,
+                templates: inputs.templates.clone(),
+                external: true,
+                lease_auth: inputs.lease_auth,
+                lease_superuser: inputs.lease_superuser,
+                lease_connections: inputs.lease_connections,
+                build_timeout: inputs.build_timeout,
+                admin_timeout: crate::session::DEFAULT_ADMIN_TIMEOUT,
+                proof_dir: None,
+                child_user: inputs.child_user.clone(),
+                integresql_role: inputs.integresql_role.clone(),
+            };
+            let outcome = open_session(params).await.map(|(session, monitor)| Up {
+                running: None,
+                session,
+                monitor,
+            });
+            (Target::External(external), outcome)
+        }
+    }
+}
+
+pub(super) async fn open_session(
+    params: SessionParams,
+) -> Result<(Session, tokio_postgres::Client), StartError> {
+    let target = describe_target(&params.admin_config);
+    let started = Instant::now();
+    let monitor = loop {
+        match connect_monitor(&params.admin_config).await {
+            Ok(monitor) => break monitor,
+            // A server starting up, shutting down or recovering from a crash, or one whose
+            // connection slots are taken for a moment, is waited for; anything else fails.
+            Err(error) if is_transient(&error) && started.elapsed() < TRANSIENT_CONNECT_WAIT => {
+                tracing::warn!(target = %target, error = %pg_message(&error), "postgres does not take connections yet; retrying");
+                tokio::time::sleep(TRANSIENT_CONNECT_RETRY).await;
+            }
+            Err(source) => return Err(StartError::Connect { target, source }),
+        }
+    };
+    let session = Session::open(params).await?;
+    Ok((session, monitor))
+}
+
+/// How long a server that refuses connections for a moment ([`is_transient`]) is waited for.
+pub(super) const TRANSIENT_CONNECT_WAIT: Duration = Duration::from_secs(30);
+
+/// Pause between those attempts.
+pub(super) const TRANSIENT_CONNECT_RETRY: Duration = Duration::from_millis(500);
+
+/// Errors that say "not now" rather than "never": the server is starting, stopping or in
+/// crash recovery (57P03), or all its connection slots are taken (53300).
+pub(super) fn is_transient(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        error.code(),
+        Some(&SqlState::CANNOT_CONNECT_NOW | &SqlState::TOO_MANY_CONNECTIONS)
+    )
+}
+
+/// A connection kept open only to notice when the server goes away (the actor polls
+/// `is_closed`). It opts out of idle timeouts the server may set for everyone.
+pub(super) async fn connect_monitor(
+    admin_config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = admin_config.clone();
+    config.application_name("pglease monitor");
+    let (monitor, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        // Ends when the server goes; the actor sees `is_closed`.
+        let _ = connection.await;
+    });
+    // Set after connecting, not as startup options, which servers before 14 (without
+    // idle_session_timeout) would refuse.
+    monitor
+        .batch_execute(
+            "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
+             WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')",
+        )
+        .await?;
+    Ok(monitor)
+}
