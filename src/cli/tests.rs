@@ -1,7 +1,12 @@
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser;
+use pglease_pool::config::DumpSource;
+use pglease_pool::{CloneStrategy, EmbeddedConfig, ServerConfig, Storage, TemplateSource};
 
+use super::config::parse_size;
+use super::file::{found_file_is_ours, ConfigFrom};
 use super::*;
 
 fn serve_args(args: &[&str]) -> ServeArgs {
