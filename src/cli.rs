@@ -1,12 +1,13 @@
 //! The command line (clap): the subcommands and their options. `serve`'s options are in
-//! `serve.rs`; the config file is read in `file.rs` and merged with the flags in `config.rs`
-//! (`templates.rs` for the templates), which turn both into validated
-//! `pglease_pool::PoolConfig` / `pglease_api::ApiConfig` values. No clap or TOML type leaves
-//! this module.
+//! `serve.rs`; the config file is found and read in `file.rs` and merged with the flags in
+//! `config.rs`, one function per section (`templates.rs` and `server.rs` hold the two
+//! biggest), into validated `pglease_pool::PoolConfig` / `pglease_api::ApiConfig` values.
+//! No clap or TOML type leaves this module.
 
 mod config;
 mod file;
 mod serve;
+mod server;
 mod templates;
 
 use std::path::PathBuf;

@@ -146,6 +146,40 @@ impl ConfigFrom {
         }
     }
 }
+/// The config file as read: which one, its tables, and the directory its relative paths
+/// start from.
+pub(super) struct Loaded {
+    /// Which file was read, if any.
+    pub(super) from: ConfigFrom,
+    /// Its content; all empty when no file was read.
+    pub(super) file: ConfigFile,
+    /// The file's directory (empty when no file was read): template sources are relative
+    /// to it, wherever the daemon was started.
+    pub(super) dir: PathBuf,
+}
+
+/// Reads the config file named by --config (or PGLEASE_CONFIG), else the one found in the
+/// working directory if it may be read, else none.
+pub(super) fn load(named: Option<PathBuf>) -> Result<Loaded, String> {
+    let working_dir = std::env::current_dir().ok();
+    let from = ConfigFrom::resolve(named, working_dir.as_deref());
+    if let ConfigFrom::Found(path) = &from {
+        found_file_is_ours(path)?;
+    }
+    let (file, dir) = match from.path() {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+            let file: ConfigFile = toml::from_str(&text)
+                .map_err(|e| format!("config file {}: {}", path.display(), e.message()))?;
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (file, dir)
+        }
+        None => (ConfigFile::default(), PathBuf::new()),
+    };
+    Ok(Loaded { from, file, dir })
+}
+
 /// A config file found in the working directory (not named) is read only if the user
 /// pglease runs as owns it and nobody else may write it, as git treats a repository it finds:
 /// a daemon started in a shared directory (/tmp, a CI workspace) must not take its command
