@@ -7,8 +7,13 @@ mod tables;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use pglease_api::wire::{
+    ErrorBody, KeptResponse, LeaseBody, LeaseResponse, ReadyResponse, ReleaseQuery, RenewBody,
+    RenewResponse,
+};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::cli::{
     ClientArgs, KeptArgs, LeaseArgs, ReadyArgs, ReleaseArgs, RenewArgs, RunArgs, StatusArgs,
@@ -26,6 +31,12 @@ struct Client {
     token: Option<String>,
 }
 
+/// An answer as it came: its status and its body, not yet read as JSON.
+struct Answer {
+    status: StatusCode,
+    body: String,
+}
+
 impl Client {
     fn new(args: &ClientArgs) -> Result<Self> {
         let http = reqwest::Client::builder()
@@ -38,24 +49,33 @@ impl Client {
         })
     }
 
-    /// Sends a request and returns the JSON body of a 2xx answer (Null when empty).
-    async fn call(&self, request: reqwest::RequestBuilder) -> Result<Value> {
-        let (status, body) = self.send(request).await?;
-        if status.is_success() {
-            return Ok(body);
-        }
-        let message = match &body {
-            Value::Null => String::new(),
-            body => body["error"]["message"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| body.to_string()),
-        };
-        Err(ClientError(refused(status, &message)))
+    /// Sends a request and reads the body of a 2xx answer as `T` (the API's wire type of
+    /// that answer); an error status, or a body that is not a `T`, is an error.
+    async fn call<T: DeserializeOwned>(&self, request: reqwest::RequestBuilder) -> Result<T> {
+        let answer = self.succeeded(request).await?;
+        self.read(&answer)
     }
 
-    /// Sends a request and returns the status and JSON body of any answer.
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
+    /// Sends a request whose 2xx answer carries nothing to read (204 No Content).
+    async fn call_for_nothing(&self, request: reqwest::RequestBuilder) -> Result<()> {
+        self.succeeded(request).await.map(|_| ())
+    }
+
+    /// Sends a request; an answer with an error status becomes an error naming the status
+    /// and the daemon's message.
+    async fn succeeded(&self, request: reqwest::RequestBuilder) -> Result<Answer> {
+        let answer = self.send(request).await?;
+        if answer.status.is_success() {
+            return Ok(answer);
+        }
+        Err(ClientError(refused(
+            answer.status,
+            &error_message(&answer.body),
+        )))
+    }
+
+    /// Sends a request and returns any answer, whatever its status.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Answer> {
         let request = match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -71,53 +91,40 @@ impl Client {
             }
         })?;
         let status = response.status();
-        let text = response
+        let body = response
             .text()
             .await
             .map_err(|e| ClientError(format!("reading the answer from {}: {e}", self.base)))?;
-        let body: Value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
-        };
-        Ok((status, body))
+        Ok(Answer { status, body })
     }
 
-    async fn lease(&self, template: &str, options: LeaseOptions<'_>) -> Result<Value> {
-        let mut body = json!({ "template": template });
-        if let Some(version) = options.postgres_version {
-            body["postgres_version"] = json!(version.to_string());
-        }
-        if let Some(label) = options.label {
-            body["label"] = json!(label);
-        }
-        if let Some(ttl) = options.ttl {
-            body["ttl_secs"] = json!(ttl);
-        }
-        if let Some(wait_ms) = options.wait_ms {
-            body["wait_ms"] = json!(wait_ms);
-        }
+    /// The body of `answer` as `T`, or an error that says what came instead (something
+    /// else listening at --server, a proxy's page, a daemon of another version).
+    fn read<T: DeserializeOwned>(&self, answer: &Answer) -> Result<T> {
+        serde_json::from_str(&answer.body).map_err(|e| {
+            ClientError(format!(
+                "unexpected answer from {} ({}): {e}; it read: {}",
+                self.base,
+                answer.status,
+                shown(&answer.body)
+            ))
+        })
+    }
+
+    async fn lease(&self, template: &str, options: LeaseOptions<'_>) -> Result<LeaseResponse> {
+        let body = lease_body(template, options);
         self.call(self.http.post(format!("{}/lease", self.base)).json(&body))
             .await
     }
 
     async fn release(&self, id: &str, ending: Ending) -> Result<()> {
-        let query = match ending {
-            Ending::Drop => "reuse=false".to_owned(),
-            Ending::Reuse => "reuse=true".to_owned(),
-            Ending::Keep(secs) => format!("keep={secs}"),
-        };
-        let url = format!("{}/leases/{id}?{query}", self.base);
-        self.call(self.http.delete(url)).await.map(|_| ())
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        self.call(self.http.get(format!("{}{path}", self.base)))
+        let url = format!("{}/leases/{id}", self.base);
+        self.call_for_nothing(self.http.delete(url).query(&ending.query()))
             .await
     }
 
-    async fn renew(&self, id: &str, ttl: Option<u64>) -> Result<Value> {
-        let body = ttl.map_or_else(|| json!({}), |ttl| json!({ "ttl_secs": ttl }));
+    async fn renew(&self, id: &str, ttl: Option<u64>) -> Result<RenewResponse> {
+        let body = RenewBody { ttl_secs: ttl };
         self.call(
             self.http
                 .post(format!("{}/leases/{id}/renew", self.base))
@@ -125,6 +132,55 @@ impl Client {
         )
         .await
     }
+}
+
+/// The `POST /lease` body: the template, and of the options those given.
+fn lease_body(template: &str, options: LeaseOptions<'_>) -> LeaseBody {
+    LeaseBody {
+        template: Some(template.to_owned()),
+        ttl_secs: options.ttl,
+        wait_ms: options.wait_ms,
+        postgres_version: options.postgres_version.map(|v| v.to_string()),
+        label: options.label.map(str::to_owned),
+        ..LeaseBody::default()
+    }
+}
+
+/// The daemon's own message in an error answer (`{"error": {"code", "message"}}`); an
+/// answer of another shape (a proxy's page) as it came, cut short; empty for none (the
+/// status then says it all).
+fn error_message(body: &str) -> String {
+    match serde_json::from_str::<ErrorBody>(body) {
+        Ok(error) => error.error.message,
+        Err(_) => excerpt(body),
+    }
+}
+
+/// At most the first 200 characters of a body, for an error message (empty for none).
+fn excerpt(body: &str) -> String {
+    const MAX: usize = 200;
+    let body = body.trim();
+    if body.chars().count() <= MAX {
+        return body.to_owned();
+    }
+    let kept: String = body.chars().take(MAX).collect();
+    format!("{kept}…")
+}
+
+/// A body that should have been something else, as an error message shows it.
+fn shown(body: &str) -> String {
+    match excerpt(body) {
+        body if body.is_empty() => "nothing".to_owned(),
+        body => body,
+    }
+}
+
+/// A wire type as this command has always printed it: compact JSON with its keys sorted
+/// (through `serde_json::Value`, whose maps are sorted).
+fn printable(value: &impl Serialize) -> Result<String> {
+    serde_json::to_value(value)
+        .map(|value| value.to_string())
+        .map_err(|e| ClientError(format!("cannot print the answer as JSON: {e}")))
 }
 
 /// `pglease lease`: prints the URL, or the whole lease with --json.
@@ -142,12 +198,13 @@ pub async fn lease(args: LeaseArgs) -> Result<()> {
         )
         .await?;
     if args.json {
-        println!("{lease}");
+        println!("{}", printable(&lease)?);
     } else {
-        println!("{}", lease["url"].as_str().unwrap_or_default());
-        if let Some(id) = lease["id"].as_str() {
-            eprintln!("lease {id}; release it with: pglease release {id}");
-        }
+        println!("{}", lease.url);
+        eprintln!(
+            "lease {}; release it with: pglease release {}",
+            lease.id, lease.id
+        );
     }
     Ok(())
 }
@@ -179,10 +236,30 @@ enum Ending {
     Keep(u64),
 }
 
+impl Ending {
+    /// The `DELETE /leases/{id}` query that asks for it.
+    fn query(self) -> ReleaseQuery {
+        match self {
+            Ending::Drop => ReleaseQuery {
+                reuse: Some(false),
+                keep: None,
+            },
+            Ending::Reuse => ReleaseQuery {
+                reuse: Some(true),
+                keep: None,
+            },
+            Ending::Keep(secs) => ReleaseQuery {
+                reuse: None,
+                keep: Some(secs),
+            },
+        }
+    }
+}
+
 /// `pglease renew`: prints the new expiry.
 pub async fn renew(args: RenewArgs) -> Result<()> {
     let answer = Client::new(&args.client)?.renew(&args.id, args.ttl).await?;
-    println!("{}", answer["expires_at"].as_str().unwrap_or_default());
+    println!("{}", answer.expires_at);
     Ok(())
 }
 
@@ -204,22 +281,24 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
                     .max(Duration::from_millis(200)),
             );
         let not_yet = match client.send(request).await {
-            Ok((status, _)) if status.is_success() => return Ok(()),
-            Ok((status, body)) => {
-                let reason = body["reason"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| body.to_string());
-                let failed = body["failed_templates"]
-                    .as_array()
-                    .is_some_and(|failed| !failed.is_empty());
+            Ok(answer) if answer.status.is_success() => return Ok(()),
+            Ok(answer) => {
+                // The daemon's readiness; another answer (a proxy's page) says no more
+                // than itself, and cannot say that a template failed.
+                let (reason, failed) = match serde_json::from_str::<ReadyResponse>(&answer.body) {
+                    Ok(ready) => (
+                        ready.reason.unwrap_or_else(|| "no reason given".into()),
+                        !ready.failed_templates.is_empty(),
+                    ),
+                    Err(_) => (shown(&answer.body), false),
+                };
                 if failed {
                     return Err(ClientError(format!(
                         "pglease at {} is not ready: {reason}",
                         client.base
                     )));
                 }
-                format!("it answers {status}: {reason}")
+                format!("it answers {}: {reason}", answer.status)
             }
             Err(ClientError(message)) => message,
         };
@@ -233,15 +312,18 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
     }
 }
 
-/// `pglease status`: prints the daemon's status JSON, pretty.
-/// `pglease status`: a table on a terminal, JSON when piped or with --json.
+/// `pglease status`: a table on a terminal, JSON when piped or with --json. The status is
+/// kept as the daemon sent it (`serde_json::Value`): `--json` passes on every field, and
+/// the tables show what they find.
 pub async fn status(args: StatusArgs) -> Result<()> {
-    let status = Client::new(&args.client)?.get("/status").await?;
+    let client = Client::new(&args.client)?;
+    let status: serde_json::Value = client
+        .call(client.http.get(format!("{}/status", client.base)))
+        .await?;
     if args.json || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&status).unwrap_or_default()
-        );
+        let pretty = serde_json::to_string_pretty(&status)
+            .map_err(|e| ClientError(format!("cannot print the status as JSON: {e}")))?;
+        println!("{pretty}");
     } else {
         print!("{}", tables::status(&status));
     }
@@ -254,14 +336,16 @@ pub async fn kept(args: KeptArgs) -> Result<()> {
     let client = Client::new(&args.client)?;
     if let Some(id) = &args.drop {
         client
-            .call(client.http.delete(format!("{}/kept/{id}", client.base)))
+            .call_for_nothing(client.http.delete(format!("{}/kept/{id}", client.base)))
             .await?;
         eprintln!("kept database {id} dropped");
         return Ok(());
     }
-    let kept = client.get("/kept").await?;
+    let kept: KeptResponse = client
+        .call(client.http.get(format!("{}/kept", client.base)))
+        .await?;
     if args.json {
-        println!("{kept}");
+        println!("{}", printable(&kept)?);
     } else {
         print!("{}", tables::kept(&kept));
     }
@@ -300,17 +384,16 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         // has gone.
         signal = signals.next() => return Ok(exit_code(128 + signal as i32)),
     };
-    let field = |name: &str| lease[name].as_str().unwrap_or_default().to_owned();
-    let id = field("id");
+    let id = lease.id.clone();
     let mut command = tokio::process::Command::new(program);
     command
         .args(rest)
-        .env("DATABASE_URL", field("url"))
-        .env("PGHOST", field("host"))
-        .env("PGPORT", lease["port"].to_string())
-        .env("PGUSER", field("user"))
-        .env("PGPASSWORD", field("password"))
-        .env("PGDATABASE", field("database"));
+        .env("DATABASE_URL", &lease.url)
+        .env("PGHOST", &lease.host)
+        .env("PGPORT", lease.port.to_string())
+        .env("PGUSER", &lease.user)
+        .env("PGPASSWORD", &lease.password)
+        .env("PGDATABASE", &lease.database);
     let outcome = match command.spawn() {
         Ok(child) => {
             let renewer = tokio::spawn(keep_renewing(client.clone(), id.clone()));
@@ -330,7 +413,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
             if let Ending::Keep(secs) = ending {
                 eprintln!(
                     "pglease: the command failed; its database is kept for up to {secs} s: {}",
-                    field("url")
+                    lease.url
                 );
             }
         }
@@ -449,7 +532,91 @@ struct LeaseOptions<'a> {
 
 #[cfg(test)]
 mod tests {
+    use pglease_api::wire::{LeaseResponse, RenewBody};
     use reqwest::StatusCode;
+    use serde_json::json;
+
+    use super::{Client, ClientError, Ending, LeaseOptions};
+    use crate::cli::ClientArgs;
+
+    #[test]
+    fn requests_carry_the_fields_given_and_no_others() {
+        let body = |options| serde_json::to_value(super::lease_body("app", options)).ok();
+        assert_eq!(
+            body(LeaseOptions::default()),
+            Some(json!({"template": "app"}))
+        );
+        assert_eq!(
+            body(LeaseOptions {
+                ttl: Some(60),
+                wait_ms: Some(500),
+                postgres_version: "17.6".parse().ok(),
+                label: Some("suite/test"),
+            }),
+            Some(json!({
+                "template": "app",
+                "ttl_secs": 60,
+                "wait_ms": 500,
+                "postgres_version": "17.6",
+                "label": "suite/test",
+            }))
+        );
+        assert_eq!(
+            serde_json::to_value(RenewBody { ttl_secs: None }).ok(),
+            Some(json!({}))
+        );
+        let query = |ending: Ending| {
+            reqwest::Client::new()
+                .delete("http://127.0.0.1:9/leases/abc")
+                .query(&ending.query())
+                .build()
+                .ok()
+                .and_then(|request| request.url().query().map(str::to_owned))
+        };
+        assert_eq!(query(Ending::Drop).as_deref(), Some("reuse=false"));
+        assert_eq!(query(Ending::Reuse).as_deref(), Some("reuse=true"));
+        assert_eq!(query(Ending::Keep(600)).as_deref(), Some("keep=600"));
+    }
+
+    #[test]
+    fn an_answer_of_another_shape_is_an_error_that_shows_it() {
+        let Ok(client) = Client::new(&ClientArgs {
+            server: "http://127.0.0.1:9/".into(),
+            token: None,
+        }) else {
+            panic!("no HTTP client");
+        };
+        let answer = |body: &str| super::Answer {
+            status: StatusCode::OK,
+            body: body.into(),
+        };
+        for body in ["", "<html>proxy</html>", r#"{"id": "abc"}"#] {
+            match client.read::<LeaseResponse>(&answer(body)) {
+                Ok(lease) => panic!("{body:?} read as {lease:?}"),
+                Err(ClientError(message)) => assert!(
+                    message.starts_with("unexpected answer from http://127.0.0.1:9 (200 OK): ")
+                        && message.ends_with(if body.is_empty() { "nothing" } else { body }),
+                    "{message}"
+                ),
+            }
+        }
+        // An error answer: the daemon's message, else what came, cut short.
+        assert_eq!(
+            super::error_message(
+                r#"{"error": {"code": "unknown_template", "message": "no template \"x\""}}"#
+            ),
+            "no template \"x\""
+        );
+        assert_eq!(
+            super::error_message("<html>bad gateway</html>"),
+            "<html>bad gateway</html>"
+        );
+        assert_eq!(super::error_message(""), "");
+        assert_eq!(
+            super::error_message(&"x".repeat(500)),
+            format!("{}…", "x".repeat(200))
+        );
+    }
 
     #[test]
     fn a_refusal_reads_as_a_sentence_with_the_daemons_message() {

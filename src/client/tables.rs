@@ -1,6 +1,7 @@
 //! What `pglease status` and `pglease kept` show a person on a terminal: the daemon's JSON
 //! laid out as aligned tables. Scripts get the JSON itself (`--json`, or any pipe).
 
+use pglease_api::wire::{KeptJson, KeptResponse};
 use serde_json::Value;
 
 /// `GET /status` as tables: servers, templates, leases, then one line of limits.
@@ -99,39 +100,41 @@ pub(super) fn status(status: &Value) -> String {
 
 /// `GET /kept` as a table, with each database's URL on a line of its own (it is long, and
 /// it is what one copies) where the daemon shows them: only with a token.
-pub(super) fn kept(kept: &Value) -> String {
-    let entries: Vec<&Value> = list(&kept["kept"]).collect();
-    if entries.is_empty() {
+pub(super) fn kept(kept: &KeptResponse) -> String {
+    if kept.kept.is_empty() {
         return "no kept databases (release with --keep SECS, or run --keep-on-failure)\n".into();
     }
     let mut out = table(
         &["DATABASE", "TEMPLATE", "KEPT UNTIL", "SIZE", "LABEL"],
-        entries
+        kept.kept
             .iter()
             .map(|k| {
                 vec![
-                    text(&k["database"]),
-                    text(&k["template"]),
-                    text(&k["expires_at"]),
-                    k["size_bytes"].as_u64().map(bytes).unwrap_or_default(),
-                    shorten(&text(&k["label"]), 60),
+                    k.database.clone(),
+                    k.template.clone().unwrap_or_default(),
+                    k.expires_at.clone(),
+                    bytes(k.size_bytes),
+                    shorten(k.label.as_deref().unwrap_or_default(), 60),
                 ]
             })
             .collect(),
     );
-    let with_urls: Vec<&&Value> = entries.iter().filter(|k| k["url"].is_string()).collect();
+    let with_urls: Vec<(&KeptJson, &str)> = kept
+        .kept
+        .iter()
+        .filter_map(|k| Some((k, k.url.as_deref()?)))
+        .collect();
     if with_urls.is_empty() {
         out.push_str(
             "\nURLs and ids are shown to token holders only; the lease answer (or the test's log) has yours\n",
         );
     } else {
         out.push('\n');
-        for k in with_urls {
+        for (k, url) in with_urls {
             out.push_str(&format!(
-                "{}  {}  {}\n",
-                text(&k["database"]),
-                text(&k["id"]),
-                text(&k["url"])
+                "{}  {}  {url}\n",
+                k.database,
+                k.id.as_deref().unwrap_or_default(),
             ));
         }
     }
@@ -268,6 +271,7 @@ fn state_cell(template: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use pglease_api::wire::{KeptJson, KeptResponse};
     use serde_json::json;
 
     #[test]
@@ -362,7 +366,23 @@ mod tests {
 
     #[test]
     fn kept_lists_each_url_on_its_own_line() {
-        let kept = json!({"kept": [{"id": "abc", "database": "pglease_d", "template": "app", "expires_at": "2026-11-23T07:00:00Z", "size_bytes": 20_000_000, "label": "x".repeat(100), "url": "postgres://u:p@h:1/d"}]});
+        let entry = |label: Option<String>, size_bytes: u64, token: bool| KeptJson {
+            id: token.then(|| "abc".to_owned()),
+            template: Some("app".into()),
+            database: "pglease_d".into(),
+            label,
+            host: "h".into(),
+            port: 1,
+            user: "u".into(),
+            password: token.then(|| "p".to_owned()),
+            url: token.then(|| "postgres://u:p@h:1/d".to_owned()),
+            kept_at: "2026-11-23T06:00:00Z".into(),
+            expires_at: "2026-11-23T07:00:00Z".into(),
+            size_bytes,
+        };
+        let kept = KeptResponse {
+            kept: vec![entry(Some("x".repeat(100)), 20_000_000, true)],
+        };
         let out = super::kept(&kept);
         assert!(
             out.contains("pglease_d  abc  postgres://u:p@h:1/d"),
@@ -370,9 +390,11 @@ mod tests {
         );
         assert!(out.contains("19 MB"), "{out}");
         assert!(out.contains(&format!("…{}", "x".repeat(59))), "{out}");
-        assert!(super::kept(&json!({"kept": []})).starts_with("no kept databases"));
+        assert!(super::kept(&KeptResponse { kept: vec![] }).starts_with("no kept databases"));
         // Without a token the daemon shows neither ids nor URLs: the table says why.
-        let bare = json!({"kept": [{"database": "pglease_d", "template": "app", "expires_at": "2026-11-23T07:00:00Z", "size_bytes": 1}]});
+        let bare = KeptResponse {
+            kept: vec![entry(None, 1, false)],
+        };
         let out = super::kept(&bare);
         assert!(
             out.contains("pglease_d") && out.contains("token holders only"),

@@ -219,7 +219,7 @@ impl IntoResponse for ApiError {
         }
         let body = ErrorBody {
             error: ErrorDetail {
-                code: self.code,
+                code: self.code.into(),
                 message,
             },
         };

@@ -1,32 +1,43 @@
 //! The JSON bodies of the API: requests as clients send them, responses as they receive
-//! them. Pool types are converted here; they are never serialized directly.
+//! them. Pool types are converted here; they are never serialized directly. The bodies
+//! `pglease`'s own client commands send and read derive both directions, so that the
+//! client and the daemon share one declaration of each; an absent optional field of a
+//! request is left out, not sent as null.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// `POST /lease` body; every field is optional.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {
     /// Template name; `default` when absent.
     #[schema(pattern = "^[a-z0-9_-]{1,64}$")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
     /// Time to live in seconds.
     #[schema(minimum = 1, maximum = 86400)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
     /// How long to wait for a ready database, in milliseconds.
     #[schema(maximum = 600000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
     /// The lease's connection limit (`CONNECTION LIMIT` of its role).
     #[schema(minimum = 1, maximum = 10000)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
     /// The PostgreSQL version the caller needs: a major ("17") or a minor ("17.6"); a
     /// daemon serving another answers 422 at once.
     #[schema(pattern = "^[0-9]{1,2}(\\.[0-9]{1,3})?$")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<String>,
     /// What the holder calls the lease (e.g. the test's name), shown in `/status` and the
     /// log: at most 256 characters, no control characters.
     #[schema(max_length = 256)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
 }
 
@@ -65,22 +76,25 @@ pub struct TemplateBody {
 }
 
 /// `POST /leases/{id}/renew` body.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
     /// New time to live from now, in seconds.
     #[schema(minimum = 1, maximum = 86400)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
 }
 
 /// `DELETE /leases/{id}` query.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseQuery {
     /// The database was left unchanged: recycle it as is.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reuse: Option<bool>,
     /// Keep the database as it is for this many seconds (a failed test's, to look at),
     /// shortened to the daemon's `--max-keep`; listed by `GET /kept`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub keep: Option<u64>,
 }
 
@@ -164,17 +178,18 @@ pub struct RenewResponse {
 }
 
 /// `{"error": {...}}`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }
 
 /// A machine-readable code and a sentence for people.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// e.g. `unknown_template`, `timeout`.
-    pub code: &'static str,
+    // Borrowed where the daemon answers, owned where a client reads it.
+    pub code: Cow<'static, str>,
     /// What went wrong.
     pub message: String,
 }
@@ -430,7 +445,7 @@ pub struct HealthResponse {
 }
 
 /// `GET /readyz`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ReadyResponse {
     /// Postgres is up, the default template built, `failed_templates` and
     /// `building_templates` empty, and the daemon not stopping.
@@ -452,7 +467,7 @@ pub struct ReadyResponse {
 }
 
 /// A template that cannot be built, in `/readyz`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FailedTemplateJson {
     /// Its name.
     pub name: String,
