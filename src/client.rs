@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use pglease_api::wire::{
     ErrorBody, KeptResponse, LeaseBody, LeaseResponse, ReadyResponse, ReleaseQuery, RenewBody,
-    RenewResponse,
+    RenewResponse, StatusResponse,
 };
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -312,19 +312,21 @@ pub async fn ready(args: ReadyArgs) -> Result<()> {
     }
 }
 
-/// `pglease status`: a table on a terminal, JSON when piped or with --json. The status is
-/// kept as the daemon sent it (`serde_json::Value`): `--json` passes on every field, and
-/// the tables show what they find.
+/// `pglease status`: a table on a terminal, JSON when piped or with --json. The JSON is
+/// the daemon's as it came (every field, pretty); the tables read it as the API's
+/// `StatusResponse`.
 pub async fn status(args: StatusArgs) -> Result<()> {
     let client = Client::new(&args.client)?;
-    let status: serde_json::Value = client
-        .call(client.http.get(format!("{}/status", client.base)))
+    let answer = client
+        .succeeded(client.http.get(format!("{}/status", client.base)))
         .await?;
     if args.json || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        let status: serde_json::Value = client.read(&answer)?;
         let pretty = serde_json::to_string_pretty(&status)
             .map_err(|e| ClientError(format!("cannot print the status as JSON: {e}")))?;
         println!("{pretty}");
     } else {
+        let status: StatusResponse = client.read(&answer)?;
         print!("{}", tables::status(&status));
     }
     Ok(())

@@ -1,30 +1,30 @@
 //! What `pglease status` and `pglease kept` show a person on a terminal: the daemon's JSON
 //! laid out as aligned tables. Scripts get the JSON itself (`--json`, or any pipe).
 
-use pglease_api::wire::{KeptJson, KeptResponse};
-use serde_json::Value;
+use pglease_api::wire::{
+    KeptJson, KeptResponse, PostgresJson, RefusedJson, StatusResponse, TemplateJson,
+};
 
 /// `GET /status` as tables: servers, templates, leases, then one line of limits.
-pub(super) fn status(status: &Value) -> String {
+pub(super) fn status(status: &StatusResponse) -> String {
     let mut out = String::new();
-    let servers: Vec<Value> = match status["servers"].as_array() {
-        Some(servers) if !servers.is_empty() => servers.clone(),
-        // A daemon from before several servers: its one server.
-        _ => vec![serde_json::json!({ "postgres": status["postgres"] })],
+    let servers: Vec<&PostgresJson> = match status.servers.as_slice() {
+        // Never empty from a daemon (the primary is always there); the primary then.
+        [] => vec![&status.postgres],
+        servers => servers.iter().map(|s| &s.postgres).collect(),
     };
     out.push_str("PostgreSQL servers\n");
     out.push_str(&table(
         &["VERSION", "STATE", "PORT", "RESTARTS", "DATA DIR"],
         servers
             .iter()
-            .map(|s| {
-                let pg = &s["postgres"];
+            .map(|pg| {
                 vec![
-                    text(&pg["version"]),
-                    text(&pg["state"]),
-                    text(&pg["port"]),
-                    text(&pg["restarts"]),
-                    text(&pg["data_dir"]),
+                    cell(pg.version.as_ref()),
+                    pg.state.to_string(),
+                    cell(pg.port),
+                    pg.restarts.to_string(),
+                    cell(pg.data_dir.as_ref()),
                 ]
             })
             .collect(),
@@ -42,60 +42,75 @@ pub(super) fn status(status: &Value) -> String {
             "SIZE",
             "LAST ERROR",
         ],
-        list(&status["templates"])
+        status
+            .templates
+            .iter()
             .map(|t| {
                 vec![
-                    text(&t["name"]),
-                    major(&t["postgres_version"]),
+                    t.name.clone(),
+                    major(t.postgres_version.as_deref().unwrap_or_default()),
                     state_cell(t),
-                    text(&t["ready"]),
-                    text(&t["leased"]),
-                    text(&t["in_progress"]),
-                    text(&t["waiting"]),
-                    t["size_bytes"].as_u64().map(bytes).unwrap_or_default(),
-                    first_line(&text(&t["last_error"]), ERROR_CHARS),
+                    t.ready.to_string(),
+                    t.leased.to_string(),
+                    t.in_progress.to_string(),
+                    t.waiting.to_string(),
+                    t.size_bytes
+                        .and_then(|n| u64::try_from(n).ok())
+                        .map(bytes)
+                        .unwrap_or_default(),
+                    first_line(t.last_error.as_deref().unwrap_or_default(), ERROR_CHARS),
                 ]
             })
             .collect(),
     ));
-    if list(&status["templates"])
-        .any(|t| first_line(&text(&t["last_error"]), ERROR_CHARS).ends_with('…'))
-    {
+    if status.templates.iter().any(|t| {
+        first_line(t.last_error.as_deref().unwrap_or_default(), ERROR_CHARS).ends_with('…')
+    }) {
         out.push_str("  (… an error cut short: `pglease status --json` has all of it)\n");
     }
-    let leases: Vec<&Value> = list(&status["leases"]).collect();
-    out.push_str(&format!("\nLeases ({})\n", leases.len()));
-    if !leases.is_empty() {
+    out.push_str(&format!("\nLeases ({})\n", status.leases.len()));
+    if !status.leases.is_empty() {
         out.push_str(&table(
             &["ID", "TEMPLATE", "DATABASE", "EXPIRES", "LABEL"],
-            leases
+            status
+                .leases
                 .iter()
                 .map(|l| {
                     vec![
-                        text(&l["id"]),
-                        text(&l["template"]),
-                        text(&l["database"]),
-                        text(&l["expires_at"]),
-                        shorten(&text(&l["label"]), 60),
+                        cell(l.id.as_ref()),
+                        l.template.clone(),
+                        l.database.clone(),
+                        l.expires_at.clone(),
+                        shorten(l.label.as_deref().unwrap_or_default(), 60),
                     ]
                 })
                 .collect(),
         ));
     }
-    let limits = &status["limits"];
+    let limits = &status.limits;
     out.push_str(&format!(
         "\nConnections {} of {} · drops pending {} · kept {} · expired {} · refused {}\n",
-        text(&limits["connections_in_use"]),
-        text(&limits["connection_budget"]),
-        text(&status["drops"]["pending"]),
-        text(&limits["kept"]),
-        text(&limits["expired"]),
-        limits["refused"]
-            .as_object()
-            .map(|r| r.values().filter_map(Value::as_u64).sum::<u64>())
-            .unwrap_or_default(),
+        limits.connections_in_use,
+        limits.connection_budget,
+        status.drops.pending,
+        limits.kept,
+        limits.expired,
+        refused(&limits.refused),
     ));
     out
+}
+
+/// Requests refused or timed out, whatever the limit.
+fn refused(refused: &RefusedJson) -> u64 {
+    // Taken apart field by field, so that a new limit cannot be left out of the sum.
+    let RefusedJson {
+        connection_budget,
+        max_total,
+        byte_budget,
+        max_waiting,
+        making,
+    } = refused;
+    connection_budget + max_total + byte_budget + max_waiting + making
 }
 
 /// `GET /kept` as a table, with each database's URL on a line of its own (it is long, and
@@ -141,22 +156,13 @@ pub(super) fn kept(kept: &KeptResponse) -> String {
     out
 }
 
-fn list(value: &Value) -> impl Iterator<Item = &Value> {
-    value.as_array().into_iter().flatten()
-}
-
-/// A JSON scalar as a cell: strings bare, null empty.
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => String::new(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// An optional value as a cell: empty when absent.
+fn cell(value: Option<impl ToString>) -> String {
+    value.map(|value| value.to_string()).unwrap_or_default()
 }
 
 /// "15" of "15.14 (Debian 15.14-0+deb12u1)".
-fn major(version: &Value) -> String {
-    let version = text(version);
+fn major(version: &str) -> String {
     version
         .split(|c: char| !c.is_ascii_digit())
         .next()
@@ -244,35 +250,88 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 
 /// A template's state; while a build reports progress, a bar with the share done and the
 /// estimated time left (`building ███░░░░░░░ 31% 12s left`).
-fn state_cell(template: &Value) -> String {
-    let mut state = text(&template["state"]);
+fn state_cell(template: &TemplateJson) -> String {
+    let mut state = template.state.to_string();
     // A command template that watches no file: its edits go unseen (docs/configuration.md).
-    if template["unwatched"] == true {
+    if template.unwatched {
         state.push_str(" (unwatched)");
     }
-    let progress = &template["progress"];
-    if progress.is_null() {
+    let Some(progress) = &template.progress else {
         return state;
-    }
-    match progress["percent"].as_u64() {
+    };
+    match progress.percent {
         Some(percent) => {
             const WIDTH: u64 = 10;
             let full = (percent.min(100) * WIDTH / 100) as usize;
             let bar = format!("{}{}", "█".repeat(full), "░".repeat(WIDTH as usize - full));
-            let left = progress["eta_secs"]
-                .as_u64()
+            let left = progress
+                .eta_secs
                 .map(|s| format!(" {s}s left"))
                 .unwrap_or_default();
             format!("{state} {bar} {percent}%{left}")
         }
-        None => format!("{state} ({}s)", text(&progress["elapsed_secs"])),
+        None => format!("{state} ({}s)", progress.elapsed_secs),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use pglease_api::wire::{KeptJson, KeptResponse};
-    use serde_json::json;
+    use pglease_api::wire::{KeptJson, KeptResponse, StatusResponse};
+    use serde_json::{json, Value};
+
+    /// `partial` over `defaults`, key by key.
+    fn over(defaults: Value, partial: &Value) -> Value {
+        let mut merged = defaults;
+        if let (Some(merged), Some(partial)) = (merged.as_object_mut(), partial.as_object()) {
+            for (key, value) in partial {
+                merged.insert(key.clone(), value.clone());
+            }
+        }
+        merged
+    }
+
+    /// A `/status` answer: what a test writes, every other field zero, empty or absent.
+    fn status_of(partial: Value) -> StatusResponse {
+        let postgres = |partial: &Value| {
+            over(
+                json!({"state": "running", "external": false, "settings": {}, "restarts": 0, "admin_timeouts": 0}),
+                partial,
+            )
+        };
+        let drops = |partial: &Value| over(json!({"pending": 0, "failed": 0}), partial);
+        let limits = |partial: &Value| {
+            let mut limits = over(
+                json!({"connection_budget": 0, "connections_in_use": 0, "kept": 0, "reclaimed": 0,
+                       "abandoned": 0, "expired": 0, "reused_unchanged": 0, "replaced_changed": 0,
+                       "logical_bytes": 0}),
+                partial,
+            );
+            limits["refused"] = over(
+                json!({"connection_budget": 0, "max_total": 0, "byte_budget": 0, "max_waiting": 0, "making": 0}),
+                &partial["refused"],
+            );
+            limits
+        };
+        let mut status = partial;
+        status["postgres"] = postgres(&status["postgres"]);
+        status["drops"] = drops(&status["drops"]);
+        status["limits"] = limits(&status["limits"]);
+        for key in ["templates", "leases", "servers"] {
+            if status[key].is_null() {
+                status[key] = json!([]);
+            }
+        }
+        for server in status["servers"].as_array_mut().into_iter().flatten() {
+            *server = over(json!({"major": 0, "templates": []}), server);
+            server["postgres"] = postgres(&server["postgres"]);
+            server["drops"] = drops(&server["drops"]);
+            server["limits"] = limits(&server["limits"]);
+        }
+        for template in status["templates"].as_array_mut().into_iter().flatten() {
+            *template = over(json!({"version": 1, "unwatched": false}), template);
+        }
+        serde_json::from_value(status).expect("a status answer")
+    }
 
     #[test]
     fn status_lays_out_servers_templates_and_leases() {
@@ -293,7 +352,7 @@ mod tests {
             "drops": {"pending": 2},
             "limits": {"connections_in_use": 10, "connection_budget": 350, "kept": 1, "expired": 3, "refused": {"max_total": 2, "making": 1}},
         });
-        let out = super::status(&status);
+        let out = super::status(&status_of(status));
         assert!(
             out.lines().any(|l| l.trim_start().starts_with("18.6")
                 && l.contains("running")
@@ -337,7 +396,7 @@ mod tests {
             "leases": [{"id": "abc", "template": "app", "database": "d", "expires_at": "x", "label": "a\tb"}],
             "limits": {},
         });
-        let out = super::status(&status);
+        let out = super::status(&status_of(status));
         let row = out
             .lines()
             .find(|l| l.trim_start().starts_with("app "))

@@ -188,14 +188,14 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// e.g. `unknown_template`, `timeout`.
-    // Borrowed where the daemon answers, owned where a client reads it.
+    // Like every `Cow` here: borrowed where the daemon answers, owned where a client reads.
     pub code: Cow<'static, str>,
     /// What went wrong.
     pub message: String,
 }
 
 /// `GET /status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct StatusResponse {
     /// The server.
     pub postgres: PostgresJson,
@@ -213,7 +213,7 @@ pub struct StatusResponse {
 }
 
 /// One PostgreSQL server of the daemon, in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ServerJson {
     /// Its major version.
     pub major: u32,
@@ -228,7 +228,7 @@ pub struct ServerJson {
 }
 
 /// The limits requests meet, in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LimitsJson {
     /// Connections postgres has for lease holders in all.
     pub connection_budget: u32,
@@ -261,7 +261,7 @@ pub struct LimitsJson {
 }
 
 /// Requests refused or timed out, by limit.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct RefusedJson {
     /// The connections of open leases filled the budget.
     pub connection_budget: u64,
@@ -277,7 +277,7 @@ pub struct RefusedJson {
 
 /// Databases being dropped, in `/status`. A failed drop is retried with back-off and
 /// still counts in the byte budget until it succeeds.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DropsJson {
     /// Queued or being dropped.
     pub pending: usize,
@@ -288,10 +288,10 @@ pub struct DropsJson {
 }
 
 /// The server in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct PostgresJson {
     /// running, restarting, stopping.
-    pub state: &'static str,
+    pub state: Cow<'static, str>,
     /// Attached to an external server.
     pub external: bool,
     /// server_version.
@@ -322,7 +322,7 @@ pub struct PostgresJson {
 }
 
 /// The databases' own tmpfs, in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DatabasesSpaceJson {
     /// Its mount point, the cluster's `base/`.
     pub path: String,
@@ -338,7 +338,7 @@ pub struct DatabasesSpaceJson {
 }
 
 /// What filled the databases' tmpfs, in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FilledByJson {
     /// The database.
     pub database: String,
@@ -351,18 +351,18 @@ pub struct FilledByJson {
 }
 
 /// What an embedded server's clusters live on, in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct StorageJson {
     /// `tmpfs` (clones copy), `disk` (a data directory on a disk, `--allow-unsafe-on-disk`,
     /// that cannot clone: clones copy), `cow` (a copy-on-write store pglease made) or `data_dir`
     /// (the data directory's file system clones).
-    pub kind: &'static str,
+    pub kind: Cow<'static, str>,
     /// Why: what was asked, or what `--storage auto` weighed.
     pub reason: String,
 }
 
 /// A template in `/status`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TemplateJson {
     /// Name.
     pub name: String,
@@ -371,7 +371,7 @@ pub struct TemplateJson {
     /// Versions built in this run (the current one's number).
     pub version: u32,
     /// idle, building, ready, failed.
-    pub state: &'static str,
+    pub state: Cow<'static, str>,
     /// How long the last build took.
     pub build_ms: Option<u64>,
     /// Size of the template database.
@@ -388,7 +388,7 @@ pub struct TemplateJson {
     pub waiting: usize,
     /// What the first waiting request waits for: `connection_budget`, `max_total` or
     /// `making`; null when nobody waits.
-    pub blocked_by: Option<&'static str>,
+    pub blocked_by: Option<Cow<'static, str>>,
     /// Last build or clone error.
     pub last_error: Option<String>,
     /// True for a migration command that watches no file: its fingerprint is the command
@@ -403,7 +403,7 @@ pub struct TemplateJson {
 }
 
 /// Where a running build is.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ProgressJson {
     /// What runs, e.g. `restoring /data/prod.dump`.
     pub step: String,
@@ -420,7 +420,7 @@ pub struct ProgressJson {
 }
 
 /// A lease in `/status` (no credentials).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LeaseJson {
     /// Lease id — only where a token guards the API: without one anybody on loopback reads
     /// `/status`, and a lease id releases its lease.

@@ -62,13 +62,13 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
 
 fn postgres_json(postgres: PostgresStatus) -> PostgresJson {
     PostgresJson {
-        state: postgres.state,
+        state: postgres.state.into(),
         external: postgres.external,
         version: postgres.version,
         pid: postgres.pid,
         data_dir: postgres.data_dir.map(|d| d.display().to_string()),
         storage: postgres.storage.map(|s| StorageJson {
-            kind: s.kind,
+            kind: s.kind.into(),
             reason: s.reason,
         }),
         host: postgres.host,
