@@ -16,72 +16,127 @@ use crate::types::{
 /// How long past a request's own wait the handle gives the actor before giving up on it.
 const ACTOR_MARGIN: Duration = Duration::from_secs(10);
 
-/// Commands the actor serves.
+/// Commands the actor serves: one per [`PoolHandle`] method, with the reply sender its
+/// caller waits on. Public only so that the `testing` feature's fake actor can hand them
+/// to tests as they are (`testing::FakeCommand`); nothing outside the crate sends them.
+///
+/// A `send` on `reply` fails (and hands the value back) when the caller has gone, e.g.
+/// because an HTTP client disconnected and its handler was dropped; the actor relies on
+/// that to take a granted database back. `reply.is_closed()` shows it without sending.
 #[derive(Debug)]
-pub(crate) enum Command {
+pub enum Command {
+    /// [`PoolHandle::lease`].
     Lease {
+        /// The request as the caller built it.
         request: LeaseRequest,
+        /// Where the lease or the error goes.
         reply: oneshot::Sender<Result<Lease, LeaseError>>,
     },
+    /// [`PoolHandle::release`].
     Release {
+        /// The lease to end.
         id: LeaseId,
+        /// The caller vouches the database is unchanged.
         reuse: bool,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), LeaseOpError>>,
     },
+    /// [`PoolHandle::renew`].
     Renew {
+        /// The lease to extend.
         id: LeaseId,
+        /// The new time to live, or None for the pool's default.
         ttl: Option<Duration>,
+        /// Where the new expiry or the error goes.
         reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
     },
+    /// [`PoolHandle::keep`].
     Keep {
+        /// The lease to end.
         id: LeaseId,
+        /// How long to keep its database.
         keep: Duration,
+        /// Where the drop time or the error goes.
         reply: oneshot::Sender<Result<SystemTime, LeaseOpError>>,
     },
+    /// [`PoolHandle::kept`].
     Kept {
+        /// Where the list goes.
         reply: oneshot::Sender<Vec<KeptDatabase>>,
     },
+    /// [`PoolHandle::drop_kept`].
     DropKept {
+        /// The kept database's id.
         id: LeaseId,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), LeaseOpError>>,
     },
+    /// [`PoolHandle::status`].
     Status {
+        /// Where the report goes; dropping it makes `status()` return None.
         reply: oneshot::Sender<StatusReport>,
     },
+    /// [`PoolHandle::rebuild`].
     Rebuild {
+        /// The template to rebuild.
         template: TemplateName,
+        /// Where its status or the error goes.
         reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
     },
+    /// [`PoolHandle::register`].
     Register {
+        /// The template's name.
         name: TemplateName,
+        /// Its new source.
         source: TemplateSource,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(Registered, TemplateStatus), LeaseError>>,
     },
+    /// [`PoolHandle::readiness`].
     Readiness {
+        /// Where the answer goes; dropping it reads as "not ready".
         reply: oneshot::Sender<Readiness>,
     },
+    /// [`PoolHandle::initialize`].
     Initialize {
+        /// The template (the client's hash).
         template: TemplateName,
+        /// Where the template database's connection details or the error go.
         reply: oneshot::Sender<Result<ConnectInfo, TemplateOpError>>,
     },
+    /// [`PoolHandle::finalize`].
     Finalize {
+        /// The template.
         template: TemplateName,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), TemplateOpError>>,
     },
+    /// [`PoolHandle::discard`].
     Discard {
+        /// The template.
         template: TemplateName,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), TemplateOpError>>,
     },
+    /// [`PoolHandle::discard_all_client_built`].
     DiscardAllClientBuilt {
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), TemplateOpError>>,
     },
+    /// [`PoolHandle::give_back`].
     GiveBack {
+        /// The template.
         template: TemplateName,
+        /// The lease's number.
         number: u32,
+        /// Drop and replace it rather than put it back as it is.
         recreate: bool,
+        /// Where the outcome goes.
         reply: oneshot::Sender<Result<(), TemplateOpError>>,
     },
+    /// [`PoolHandle::shutdown`].
     Shutdown {
+        /// Send (or drop) to let `shutdown()` resolve.
         reply: oneshot::Sender<()>,
     },
 }
