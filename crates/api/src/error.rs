@@ -148,7 +148,7 @@ impl From<LeaseError> for ApiError {
                 Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout", message)
             }
             LeaseError::ShuttingDown => Self::shutting_down(),
-            LeaseError::PostgresDown(_) => Self::new(
+            LeaseError::PostgresDown(_) | LeaseError::ServerStart { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "postgres_unavailable",
                 message,

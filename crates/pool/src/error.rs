@@ -318,6 +318,15 @@ pub enum LeaseError {
     /// Postgres is down or restarting.
     #[error("postgres is unavailable: {0}")]
     PostgresDown(String),
+    /// The server of another major could not start (`crate::Servers`); it is not tried
+    /// again for a few seconds, and its requests get this answer meanwhile.
+    #[error("postgres is unavailable: the PostgreSQL {major} server cannot start: {source}")]
+    ServerStart {
+        /// The major of the server.
+        major: u32,
+        /// Why its start failed; shared by every request that asked for it.
+        source: std::sync::Arc<StartError>,
+    },
     /// The lease asks for more connections than the server can ever give lease holders.
     #[error("a lease of {requested} connections can never fit: the server has room for {budget} lease connections in all")]
     TooManyConnections {

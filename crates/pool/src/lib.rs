@@ -18,7 +18,7 @@ mod session;
 pub mod sql_error;
 mod state;
 mod template;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod types;
 

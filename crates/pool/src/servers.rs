@@ -5,22 +5,36 @@
 //! own, started when first needed and supervised, restarted and budgeted like the primary.
 //!
 //! Each server is an ordinary pool ([`crate::start`], a [`PoolHandle`]); this router only
-//! decides which pool a request goes to. It owns two things: which servers exist
-//! (`slots`, by major) and which templates live on a server other than the primary
-//! (`placed`). Lease ids are random, so a release or renew is simply offered to each
-//! server until one knows the id. The IntegreSQL API is the primary's alone.
+//! decides which pool a request goes to, from two facts kept once, in one [`Registry`]
+//! behind one `tokio::sync::Mutex`: which further servers exist (by major) and which
+//! templates live on one of them (every other template is the primary's).
+//!
+//! * A registration holds that lock from its check to its act — where the template lives
+//!   now, whether the primary has it, placing it, the pool's own register — so two
+//!   registrations of one name are one after the other by construction: the second sees
+//!   where the first put it. A server start is never under the lock (it can take minutes
+//!   to download): a registration first decides without the lock and starts the server it
+//!   needs, then takes the lock and decides again, now for good; templates are placed only
+//!   on running servers.
+//! * Leases, status and shutdown take the lock only to look things up.
+//! * Lease ids are random, so a release or renew is simply offered to each server until
+//!   one knows the id.
+//!
+//! The IntegreSQL API, readiness and systemd speak for the primary.
 
-use crate::child_user::ChildUser;
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+mod further;
+mod registry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use pglease_binaries::VersionSpec;
-use tokio::sync::watch;
+use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::child_user::ChildUser;
 use crate::config::{PoolConfig, ServerConfig, TemplateConfig, TemplateSource};
 use crate::error::{LeaseError, LeaseOpError, StartError};
 use crate::handle::PoolHandle;
@@ -29,10 +43,12 @@ use crate::state::Registered;
 use crate::types::{
     KeptDatabase, Lease, LeaseRequest, Readiness, ServerStatus, StatusReport, TemplateStatus,
 };
+use further::{server_version, START_WAIT};
+use registry::{home, needs_primary, Ask, Registry, Server};
 
-/// A server whose start failed is not tried again for this long: requests meanwhile get
-/// the same error at once instead of each starting (or downloading) anew.
-const START_RETRY_AFTER: Duration = Duration::from_secs(10);
+/// How often a registration decides again when its template's place changed while the
+/// server it needed was starting; more means something keeps moving it.
+const REGISTER_ATTEMPTS: usize = 3;
 
 /// The pools of every PostgreSQL server this daemon runs. Cloneable; all clones share one
 /// router.
@@ -47,42 +63,14 @@ struct Inner {
     /// What further servers are started from: the primary's configuration, embedded only.
     /// None when the primary is an external server (it serves only its own major).
     base: Option<PoolConfig>,
-    /// Further servers, by major.
-    slots: Mutex<BTreeMap<u32, Slot>>,
-    /// Templates that live on a further server, and its major. Every other template is the
-    /// primary's.
-    placed: Mutex<HashMap<TemplateName, u32>>,
-    /// The further servers' pool tasks, awaited at shutdown.
-    tasks: Mutex<Vec<JoinHandle<()>>>,
-    stopping: std::sync::atomic::AtomicBool,
+    /// The further servers and the templates placed on them: see the module's doc.
+    registry: Mutex<Registry>,
     /// The majors the operator made available: the primary's and those configured templates
     /// name. Without `PoolConfig::majors_on_request` no request starts another.
     configured_majors: std::collections::BTreeSet<u32>,
     /// Whose rights a registered source is checked with (the builds read it as that user);
     /// None over a fake pool, which reads no files.
     child_user: Option<ChildUser>,
-}
-
-/// One running server: its major, what it reports as its version, and its pool.
-#[derive(Debug, Clone)]
-struct Server {
-    major: u32,
-    /// `server_version`, e.g. "18.6" or "15.14 (Debian 15.14-0+deb12u1)".
-    version: String,
-    handle: PoolHandle,
-}
-
-/// A further server's life.
-#[derive(Debug)]
-enum Slot {
-    /// Being started; the receiver sees the outcome.
-    Starting(watch::Receiver<Option<Result<Server, String>>>),
-    Running(Server),
-    /// The last start failed; not retried before `START_RETRY_AFTER`.
-    Failed {
-        at: Instant,
-        error: String,
-    },
 }
 
 impl Servers {
@@ -138,6 +126,9 @@ impl Servers {
                     serving: primary.version.clone(),
                 });
             } else {
+                // Placed before its server runs: the one exception to "placed only on a
+                // running server", made before anyone can ask. Its server starts with it
+                // in its configuration.
                 placed.insert(template.name.clone(), wanted.major());
             }
         }
@@ -150,53 +141,49 @@ impl Servers {
                     .filter_map(|t| t.postgres_version.map(VersionSpec::major)),
             )
             .collect();
-        let servers = Servers {
-            inner: Arc::new(Inner {
-                child_user: Some(child_user),
-                configured_majors,
-                primary,
-                base: (!external).then_some(config),
-                slots: Mutex::new(BTreeMap::new()),
-                placed: Mutex::new(placed),
-                tasks: Mutex::new(Vec::new()),
-                stopping: std::sync::atomic::AtomicBool::new(false),
-            }),
+        let prebuild: Vec<u32> = if config.prebuild && !external {
+            placed.values().copied().collect()
+        } else {
+            Vec::new()
         };
-        if servers
-            .inner
-            .base
-            .as_ref()
-            .is_some_and(|base| base.prebuild)
-        {
-            let majors: Vec<u32> = lock(&servers.inner.placed).values().copied().collect();
-            for major in majors {
-                let servers = servers.clone();
-                tokio::spawn(async move {
-                    // Failures are logged by the start itself and retried on demand.
-                    let _ = servers.server(major, None, Duration::from_secs(3600)).await;
-                });
-            }
+        let servers = Servers::new(Inner {
+            child_user: Some(child_user),
+            configured_majors,
+            primary,
+            base: (!external).then_some(config),
+            registry: Mutex::new(Registry {
+                placed,
+                ..Registry::default()
+            }),
+        });
+        for major in prebuild {
+            let servers = servers.clone();
+            tokio::spawn(async move {
+                // Failures are logged by the start itself and retried on demand.
+                let _ = servers.server(major, None, Duration::from_secs(3600)).await;
+            });
         }
         Ok((servers, task))
     }
 
     /// A router over one pool: for tests of the HTTP API with a fake pool.
     pub fn single(handle: PoolHandle, major: u32, version: impl Into<String>) -> Servers {
+        Servers::new(Inner {
+            primary: Server {
+                major,
+                version: version.into(),
+                handle,
+            },
+            base: None,
+            registry: Mutex::new(Registry::default()),
+            child_user: None,
+            configured_majors: std::iter::once(major).collect(),
+        })
+    }
+
+    fn new(inner: Inner) -> Servers {
         Servers {
-            inner: Arc::new(Inner {
-                primary: Server {
-                    major,
-                    version: version.into(),
-                    handle,
-                },
-                base: None,
-                slots: Mutex::new(BTreeMap::new()),
-                placed: Mutex::new(HashMap::new()),
-                tasks: Mutex::new(Vec::new()),
-                stopping: std::sync::atomic::AtomicBool::new(false),
-                child_user: None,
-                configured_majors: std::iter::once(major).collect(),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -211,7 +198,7 @@ impl Servers {
     /// (started now if need be). Every server checks the request's version against its own.
     pub async fn lease(&self, request: LeaseRequest) -> Result<Lease, LeaseError> {
         let started = Instant::now();
-        let major = match self.placement(&request.template) {
+        let major = match self.placement(&request.template).await {
             Some(major) => Some(major),
             None if request.template == TemplateName::default_name() => request
                 .postgres_version
@@ -226,7 +213,7 @@ impl Servers {
                     template,
                     mut known,
                 }) => {
-                    known.extend(lock(&self.inner.placed).keys().cloned());
+                    known.extend(self.inner.registry.lock().await.placed.keys().cloned());
                     known.sort();
                     known.dedup();
                     Err(LeaseError::UnknownTemplate { template, known })
@@ -244,8 +231,8 @@ impl Servers {
 
     /// Ends a lease, on whichever server holds it.
     pub async fn release(&self, id: LeaseId, reuse: bool) -> Result<(), LeaseOpError> {
-        for handle in self.handles() {
-            match handle.release(id.clone(), reuse).await {
+        for server in self.servers().await {
+            match server.handle.release(id.clone(), reuse).await {
                 Err(LeaseOpError::NotFound(_)) => continue,
                 outcome => return outcome,
             }
@@ -259,8 +246,8 @@ impl Servers {
         id: LeaseId,
         ttl: Option<Duration>,
     ) -> Result<SystemTime, LeaseOpError> {
-        for handle in self.handles() {
-            match handle.renew(id.clone(), ttl).await {
+        for server in self.servers().await {
+            match server.handle.renew(id.clone(), ttl).await {
                 Err(LeaseOpError::NotFound(_)) => continue,
                 outcome => return outcome,
             }
@@ -270,8 +257,8 @@ impl Servers {
 
     /// Ends a lease but keeps its database, on whichever server holds it.
     pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
-        for handle in self.handles() {
-            match handle.keep(id.clone(), keep).await {
+        for server in self.servers().await {
+            match server.handle.keep(id.clone(), keep).await {
                 Err(LeaseOpError::NotFound(_)) => continue,
                 outcome => return outcome,
             }
@@ -282,8 +269,8 @@ impl Servers {
     /// Every server's kept databases, oldest first.
     pub async fn kept(&self) -> Vec<KeptDatabase> {
         let mut kept = Vec::new();
-        for handle in self.handles() {
-            kept.extend(handle.kept().await);
+        for server in self.servers().await {
+            kept.extend(server.handle.kept().await);
         }
         kept.sort_by_key(|k| k.kept_at);
         kept
@@ -291,8 +278,8 @@ impl Servers {
 
     /// Drops a kept database now, on whichever server has it.
     pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
-        for handle in self.handles() {
-            match handle.drop_kept(id.clone()).await {
+        for server in self.servers().await {
+            match server.handle.drop_kept(id.clone()).await {
                 Err(LeaseOpError::NotKept(_)) => continue,
                 outcome => return outcome,
             }
@@ -302,7 +289,7 @@ impl Servers {
 
     /// Builds a new version of a template, on its server.
     pub async fn rebuild(&self, template: TemplateName) -> Result<TemplateStatus, LeaseError> {
-        let server = match self.placement(&template) {
+        let server = match self.placement(&template).await {
             Some(major) => self.server(major, None, START_WAIT).await?,
             None => self.inner.primary.clone(),
         };
@@ -331,57 +318,41 @@ impl Servers {
                     message: user.explain(message),
                 })?;
         }
-        let current = self.placement(&name);
-        let wanted = postgres_version.map(VersionSpec::major);
-        let exists_on_primary = current.is_none() && self.primary_has(&name).await;
-        let major = match (current, wanted) {
-            (Some(now), Some(wanted)) if now != wanted => {
-                return Err(LeaseError::OnOtherServer {
-                    template: name,
-                    serving: now.to_string(),
-                })
+        for _ in 0..REGISTER_ATTEMPTS {
+            // First without the lock, to start the server the template needs outside it.
+            let current = self.placement(&name).await;
+            if let Some(major) = self.home(&name, postgres_version, current).await? {
+                self.server(major, postgres_version, START_WAIT).await?;
             }
-            (Some(now), _) => Some(now),
-            (None, Some(wanted)) if wanted == self.inner.primary.major => None,
-            (None, Some(_)) if exists_on_primary => {
-                return Err(LeaseError::OnOtherServer {
-                    template: name,
-                    serving: self.inner.primary.version.clone(),
-                })
+            // Then for good, under the lock until the template is placed and registered:
+            // no other registration decides in between, and a lease for it sees both the
+            // placement and the pool's template, or neither.
+            let mut registry = self.inner.registry.lock().await;
+            let current = registry.placement(&name);
+            let home = self.home(&name, postgres_version, current).await?;
+            let server = match home {
+                None => self.inner.primary.clone(),
+                Some(major) => match registry.running_server(major) {
+                    Some(server) => server,
+                    // Its place changed while the server it needed was starting.
+                    None => continue,
+                },
+            };
+            let newly_placed =
+                home.is_some_and(|major| registry.placed.insert(name.clone(), major).is_none());
+            let registered = server.handle.register(name.clone(), source).await;
+            if registered.is_err() && newly_placed {
+                registry.placed.remove(&name);
             }
-            (None, Some(wanted)) if self.inner.base.is_some() => Some(wanted),
-            (None, Some(_)) => {
-                return Err(LeaseError::VersionNotServed {
-                    template: name,
-                    asked: postgres_version.map(|v| v.to_string()).unwrap_or_default(),
-                    serving: self.inner.primary.version.clone(),
-                })
-            }
-            (None, None) => None,
-        };
-        let server = match major {
-            Some(major) => self.server(major, postgres_version, START_WAIT).await?,
-            None => self.inner.primary.clone(),
-        };
-        // Placed before it exists there, so that a lease arriving meanwhile goes to its
-        // server (and waits for its build) instead of finding no such template.
-        let newly_placed = major.is_some_and(|major| {
-            lock(&self.inner.placed)
-                .insert(name.clone(), major)
-                .is_none()
-        });
-        match server.handle.register(name.clone(), source).await {
-            Ok((registered, mut status)) => {
+            drop(registry);
+            return registered.map(|(registered, mut status)| {
                 status.postgres_version = Some(server.version.clone());
-                Ok((registered, status))
-            }
-            Err(error) => {
-                if newly_placed {
-                    lock(&self.inner.placed).remove(&name);
-                }
-                Err(error)
-            }
+                (registered, status)
+            });
         }
+        Err(LeaseError::Internal(format!(
+            "template \"{name}\" kept moving between servers while it was being registered"
+        )))
     }
 
     /// Every server's status: the primary's report, with the templates and leases of the
@@ -391,7 +362,8 @@ impl Servers {
         let mut report = primary.handle.status().await?;
         mark(&mut report, primary);
         report.servers = vec![server_status(primary.major, &report)];
-        for server in self.running() {
+        let running = self.inner.registry.lock().await.running();
+        for server in running {
             let Some(mut further) = server.handle.status().await else {
                 continue;
             };
@@ -411,20 +383,21 @@ impl Servers {
     /// Stops every server: waiting requests fail, each postgres is stopped and its data
     /// directory removed. The primary's task is the caller's to await.
     pub async fn shutdown(&self) {
-        self.inner
-            .stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (running, tasks) = {
+            let mut registry = self.inner.registry.lock().await;
+            registry.stopping = true;
+            (registry.running(), std::mem::take(&mut registry.tasks))
+        };
         let mut stops = vec![self.inner.primary.handle.clone()];
-        stops.extend(self.running().into_iter().map(|s| s.handle));
-        let tasks: Vec<_> = stops
+        stops.extend(running.into_iter().map(|s| s.handle));
+        let stopping: Vec<_> = stops
             .into_iter()
             .map(|handle| tokio::spawn(async move { handle.shutdown().await }))
             .collect();
-        for task in tasks {
-            let _ = task.await;
+        for stop in stopping {
+            let _ = stop.await;
         }
-        let further = std::mem::take(&mut *lock(&self.inner.tasks));
-        for task in further {
+        for task in tasks {
             let _ = task.await;
         }
     }
@@ -446,8 +419,32 @@ impl Servers {
         }
     }
 
-    fn placement(&self, template: &TemplateName) -> Option<u32> {
-        lock(&self.inner.placed).get(template).copied()
+    /// Where a registration of `template` goes (see [`registry::home`]), given where it
+    /// lives now; asks the primary whether it has the template when that matters.
+    async fn home(
+        &self,
+        template: &TemplateName,
+        version: Option<VersionSpec>,
+        current: Option<u32>,
+    ) -> Result<Option<u32>, LeaseError> {
+        let primary = &self.inner.primary;
+        let wanted = version.map(VersionSpec::major);
+        let on_primary =
+            needs_primary(current, wanted, primary.major) && self.primary_has(template).await;
+        home(&Ask {
+            template,
+            version,
+            current,
+            on_primary,
+            primary_major: primary.major,
+            primary_version: &primary.version,
+            further_allowed: self.inner.base.is_some(),
+        })
+    }
+
+    /// The major of the further server `template` lives on; None for the primary's.
+    async fn placement(&self, template: &TemplateName) -> Option<u32> {
+        self.inner.registry.lock().await.placement(template)
     }
 
     async fn primary_has(&self, template: &TemplateName) -> bool {
@@ -457,170 +454,13 @@ impl Servers {
         }
     }
 
-    fn running(&self) -> Vec<Server> {
-        lock(&self.inner.slots)
-            .values()
-            .filter_map(|slot| match slot {
-                Slot::Running(server) => Some(server.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn handles(&self) -> Vec<PoolHandle> {
-        let mut handles = vec![self.inner.primary.handle.clone()];
-        handles.extend(self.running().into_iter().map(|s| s.handle));
-        handles
-    }
-
-    /// The server of `major`, started now if it is not running: the first caller starts it
-    /// (in a task of its own, so a caller that gives up does not cancel it), later callers
-    /// wait for the same start, up to `wait`.
-    async fn server(
-        &self,
-        major: u32,
-        asked: Option<VersionSpec>,
-        wait: Duration,
-    ) -> Result<Server, LeaseError> {
-        let Some(base) = &self.inner.base else {
-            return Err(LeaseError::VersionNotServed {
-                template: TemplateName::default_name(),
-                asked: asked.map_or_else(|| major.to_string(), |v| v.to_string()),
-                serving: self.inner.primary.version.clone(),
-            });
-        };
-        let mut outcome = {
-            let mut slots = lock(&self.inner.slots);
-            match slots.get(&major) {
-                Some(Slot::Running(server)) => return Ok(server.clone()),
-                Some(Slot::Failed { at, error }) if at.elapsed() < START_RETRY_AFTER => {
-                    return Err(start_failed(major, error));
-                }
-                Some(Slot::Starting(outcome)) => outcome.clone(),
-                Some(Slot::Failed { .. }) | None => {
-                    if self
-                        .inner
-                        .stopping
-                        .load(std::sync::atomic::Ordering::SeqCst)
-                    {
-                        return Err(LeaseError::ShuttingDown);
-                    }
-                    if !base.majors_on_request && !self.inner.configured_majors.contains(&major) {
-                        return Err(LeaseError::VersionNotOffered {
-                            asked: asked.map_or_else(|| major.to_string(), |v| v.to_string()),
-                            offered: self.offered(),
-                        });
-                    }
-                    let (send, outcome) = watch::channel(None);
-                    slots.insert(major, Slot::Starting(outcome.clone()));
-                    let config = self.further_config(base, major, asked);
-                    let servers = self.clone();
-                    tokio::spawn(async move { servers.start_further(major, config, send).await });
-                    outcome
-                }
-            }
-        };
-        let waited = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)).await;
-        match waited {
-            Err(_) => Err(LeaseError::PostgresDown(format!(
-                "the PostgreSQL {major} server is still starting (a first start may download \
-                 its binaries); try again shortly"
-            ))),
-            Ok(Err(_)) => Err(LeaseError::ShuttingDown),
-            Ok(Ok(result)) => match result.as_ref() {
-                Some(Ok(server)) => Ok(server.clone()),
-                Some(Err(error)) => Err(start_failed(major, error)),
-                None => Err(LeaseError::Internal("a server start ended unseen".into())),
-            },
-        }
-    }
-
-    /// The configuration of the `major` server: the primary's, with that version, its
-    /// templates, a free port and a data directory of its own.
-    fn further_config(
-        &self,
-        base: &PoolConfig,
-        major: u32,
-        asked: Option<VersionSpec>,
-    ) -> PoolConfig {
-        let mut config = base.clone();
-        let placed = lock(&self.inner.placed);
-        config.templates = base
-            .templates
-            .iter()
-            .filter(|t| placed.get(&t.name) == Some(&major))
-            .cloned()
-            .map(|mut t| {
-                t.postgres_version = None;
-                t
-            })
-            .collect();
-        if let ServerConfig::Embedded(embedded) = &mut config.server {
-            embedded.postgres_version = Some(match asked {
-                Some(spec) if spec.major() == major => spec,
-                _ => VersionSpec::Major(major),
-            });
-            embedded.bin_dir = None;
-            embedded.port = None;
-            embedded.data_dir = embedded.data_dir.as_ref().map(|dir| sibling(dir, major));
-        }
-        config
-    }
-
-    async fn start_further(
-        self,
-        major: u32,
-        config: PoolConfig,
-        send: watch::Sender<Option<Result<Server, String>>>,
-    ) {
-        tracing::info!(
-            major,
-            "starting a PostgreSQL {major} server (first needed now)"
-        );
-        let outcome = async {
-            let (handle, task) = crate::start(config).await.map_err(|e| e.to_string())?;
-            let Some((_, version)) = server_version(&handle).await else {
-                return Err("the pool stopped before it answered".to_owned());
-            };
-            lock(&self.inner.tasks).push(task);
-            Ok(Server {
-                major,
-                version,
-                handle,
-            })
-        }
-        .await;
-        match &outcome {
-            Ok(server) => {
-                tracing::info!(major, version = %server.version, "PostgreSQL {major} server started");
-                if self
-                    .inner
-                    .stopping
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                {
-                    server.handle.shutdown().await;
-                }
-            }
-            Err(error) => {
-                tracing::error!(major, %error, "cannot start the PostgreSQL {major} server")
-            }
-        }
-        lock(&self.inner.slots).insert(
-            major,
-            match &outcome {
-                Ok(server) => Slot::Running(server.clone()),
-                Err(error) => Slot::Failed {
-                    at: Instant::now(),
-                    error: error.clone(),
-                },
-            },
-        );
-        let _ = send.send(Some(outcome));
+    /// Every running server, the primary first.
+    async fn servers(&self) -> Vec<Server> {
+        let mut servers = vec![self.inner.primary.clone()];
+        servers.extend(self.inner.registry.lock().await.running());
+        servers
     }
 }
-
-/// How long a template operation waits for its server to start.
-const START_WAIT: Duration = Duration::from_secs(600);
 
 /// Says at start which migration commands watch nothing: their fingerprint is the command
 /// string alone, so an edited migration would silently be missing from later leases.
@@ -653,26 +493,6 @@ fn warn_of_unwatched(config: &PoolConfig) {
     }
 }
 
-fn start_failed(major: u32, error: &str) -> LeaseError {
-    LeaseError::PostgresDown(format!(
-        "the PostgreSQL {major} server cannot start: {error}"
-    ))
-}
-
-/// `<dir>-pg<major>` beside the primary's data directory.
-fn sibling(dir: &std::path::Path, major: u32) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(format!("-pg{major}"));
-    dir.with_file_name(name)
-}
-
-/// The server's major and `server_version`, from its pool's status.
-async fn server_version(handle: &PoolHandle) -> Option<(u32, String)> {
-    let version = handle.status().await?.postgres.version?;
-    let (major, _) = pglease_binaries::parse_version_number(&version)?;
-    Some((major, version))
-}
-
 /// Names the server on each template of its report (its live version, which a restart
 /// onto new binaries may have changed, else the one it started with).
 fn mark(report: &mut StatusReport, server: &Server) {
@@ -696,8 +516,5 @@ fn server_status(major: u32, report: &StatusReport) -> ServerStatus {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+#[cfg(test)]
+mod tests;
