@@ -98,14 +98,20 @@ impl fmt::Display for TemplateName {
     }
 }
 
-/// A lease's id: 32 lowercase hex characters from the OS random source.
+/// A lease's id: 32 lowercase hex characters, 16 bytes. The first byte names the server
+/// that holds the lease (`crate::Servers` stamps it: 00 for the primary, else the major of
+/// a further server); the other 15 come from the OS random source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(String);
 
 impl LeaseId {
-    /// A fresh random id.
+    /// A fresh id as a pool mints it: a zero first byte, then 15 random ones (120 bits,
+    /// as unguessable as ever). The zero byte is what lets `Servers` stamp the server on
+    /// the ids of a further server's pool and take it off again, with no table.
     pub fn random() -> Self {
-        LeaseId(hex::encode(rand::random::<[u8; 16]>()))
+        let mut bytes = rand::random::<[u8; 16]>();
+        bytes[0] = 0;
+        LeaseId(hex::encode(bytes))
     }
 
     /// Parses an id a client sent; `None` when it cannot be one of ours.
@@ -120,6 +126,19 @@ impl LeaseId {
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The first byte, which names the server that holds the lease (see [`LeaseId`]).
+    pub(crate) fn first_byte(&self) -> u8 {
+        self.0
+            .get(..2)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .unwrap_or(0)
+    }
+
+    /// The same id with another first byte.
+    pub(crate) fn with_first_byte(&self, byte: u8) -> LeaseId {
+        LeaseId(format!("{byte:02x}{}", self.0.get(2..).unwrap_or_default()))
     }
 }
 

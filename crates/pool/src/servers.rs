@@ -17,12 +17,13 @@
 //!   needs, then takes the lock and decides again, now for good; templates are placed only
 //!   on running servers.
 //! * Leases, status and shutdown take the lock only to look things up.
-//! * Lease ids are random, so a release or renew is simply offered to each server until
-//!   one knows the id.
+//! * A lease id names its server (`ids.rs`), so a release, renew, keep or drop goes to one
+//!   pool, without asking the others.
 //!
 //! The IntegreSQL API, readiness and systemd speak for the primary.
 
 mod further;
+mod ids;
 mod registry;
 
 use std::collections::HashMap;
@@ -95,6 +96,7 @@ impl Servers {
             major,
             version,
             handle,
+            stamp: ids::PRIMARY,
         };
         let external = matches!(config.server, ServerConfig::External(_));
         let mut placed = HashMap::new();
@@ -173,6 +175,7 @@ impl Servers {
                 major,
                 version: version.into(),
                 handle,
+                stamp: ids::PRIMARY,
             },
             base: None,
             registry: Mutex::new(Registry::default()),
@@ -226,65 +229,66 @@ impl Servers {
             .await?;
         let mut request = request;
         request.wait = request.wait.saturating_sub(started.elapsed());
-        server.handle.lease(request).await
+        let mut lease = server.handle.lease(request).await?;
+        lease.id = ids::outward(lease.id, server.stamp);
+        Ok(lease)
     }
 
-    /// Ends a lease, on whichever server holds it.
+    /// Ends a lease, on the server its id names.
     pub async fn release(&self, id: LeaseId, reuse: bool) -> Result<(), LeaseOpError> {
-        for server in self.servers().await {
-            match server.handle.release(id.clone(), reuse).await {
-                Err(LeaseOpError::NotFound(_)) => continue,
-                outcome => return outcome,
-            }
-        }
-        Err(LeaseOpError::NotFound(id.as_str().to_owned()))
+        let (server, minted) = self.holder(&id).await;
+        server
+            .handle
+            .release(minted, reuse)
+            .await
+            .map_err(|error| ids::outward_error(error, &id))
     }
 
-    /// Extends a lease, on whichever server holds it.
+    /// Extends a lease, on the server its id names.
     pub async fn renew(
         &self,
         id: LeaseId,
         ttl: Option<Duration>,
     ) -> Result<SystemTime, LeaseOpError> {
-        for server in self.servers().await {
-            match server.handle.renew(id.clone(), ttl).await {
-                Err(LeaseOpError::NotFound(_)) => continue,
-                outcome => return outcome,
-            }
-        }
-        Err(LeaseOpError::NotFound(id.as_str().to_owned()))
+        let (server, minted) = self.holder(&id).await;
+        server
+            .handle
+            .renew(minted, ttl)
+            .await
+            .map_err(|error| ids::outward_error(error, &id))
     }
 
-    /// Ends a lease but keeps its database, on whichever server holds it.
+    /// Ends a lease but keeps its database, on the server its id names.
     pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
-        for server in self.servers().await {
-            match server.handle.keep(id.clone(), keep).await {
-                Err(LeaseOpError::NotFound(_)) => continue,
-                outcome => return outcome,
-            }
-        }
-        Err(LeaseOpError::NotFound(id.as_str().to_owned()))
+        let (server, minted) = self.holder(&id).await;
+        server
+            .handle
+            .keep(minted, keep)
+            .await
+            .map_err(|error| ids::outward_error(error, &id))
     }
 
     /// Every server's kept databases, oldest first.
     pub async fn kept(&self) -> Vec<KeptDatabase> {
         let mut kept = Vec::new();
         for server in self.servers().await {
-            kept.extend(server.handle.kept().await);
+            kept.extend(server.handle.kept().await.into_iter().map(|mut k| {
+                k.id = ids::outward(k.id, server.stamp);
+                k
+            }));
         }
         kept.sort_by_key(|k| k.kept_at);
         kept
     }
 
-    /// Drops a kept database now, on whichever server has it.
+    /// Drops a kept database now, on the server its id names.
     pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
-        for server in self.servers().await {
-            match server.handle.drop_kept(id.clone()).await {
-                Err(LeaseOpError::NotKept(_)) => continue,
-                outcome => return outcome,
-            }
-        }
-        Err(LeaseOpError::NotKept(id.as_str().to_owned()))
+        let (server, minted) = self.holder(&id).await;
+        server
+            .handle
+            .drop_kept(minted)
+            .await
+            .map_err(|error| ids::outward_error(error, &id))
     }
 
     /// Builds a new version of a template, on its server.
@@ -368,6 +372,9 @@ impl Servers {
                 continue;
             };
             mark(&mut further, &server);
+            for lease in &mut further.leases {
+                lease.id = ids::outward(lease.id.clone(), server.stamp);
+            }
             report.servers.push(server_status(server.major, &further));
             report.templates.append(&mut further.templates);
             report.leases.append(&mut further.leases);
@@ -459,6 +466,24 @@ impl Servers {
         let mut servers = vec![self.inner.primary.clone()];
         servers.extend(self.inner.registry.lock().await.running());
         servers
+    }
+
+    /// The server a client's lease id names, and the id its pool minted. An id that names
+    /// no running further server is the primary's to answer, as it is.
+    async fn holder(&self, id: &LeaseId) -> (Server, LeaseId) {
+        let stamp = ids::stamp(id);
+        let further = if stamp == ids::PRIMARY {
+            None
+        } else {
+            self.inner.registry.lock().await.stamped(stamp)
+        };
+        match further {
+            Some(server) => {
+                let minted = ids::minted(id, server.stamp);
+                (server, minted)
+            }
+            None => (self.inner.primary.clone(), id.clone()),
+        }
     }
 }
 

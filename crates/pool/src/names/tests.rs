@@ -42,6 +42,20 @@ fn lease_ids_round_trip_and_reject_garbage() {
 }
 
 #[test]
+fn a_minted_lease_id_leaves_its_first_byte_for_the_server() {
+    let id = LeaseId::random();
+    assert_eq!(id.first_byte(), 0);
+    assert!(id.as_str().starts_with("00"), "{id}");
+    assert_ne!(LeaseId::random(), id, "the rest is random");
+    let stamped = id.with_first_byte(18);
+    assert_eq!(stamped.first_byte(), 18);
+    assert_eq!(&stamped.as_str()[..2], "12");
+    assert_eq!(&stamped.as_str()[2..], &id.as_str()[2..]);
+    assert_eq!(LeaseId::parse(stamped.as_str()), Some(stamped.clone()));
+    assert_eq!(stamped.with_first_byte(0), id);
+}
+
+#[test]
 fn quoting_doubles_quotes() {
     assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     assert_eq!(quote_literal("it's"), "'it''s'");

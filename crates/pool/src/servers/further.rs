@@ -10,6 +10,7 @@ use pglease_binaries::VersionSpec;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::ids;
 use super::registry::{Server, Slot, StartOutcome};
 use super::Servers;
 use crate::config::{PoolConfig, ServerConfig};
@@ -53,19 +54,24 @@ impl Servers {
                     if registry.stopping {
                         return Err(LeaseError::ShuttingDown);
                     }
-                    if !base.majors_on_request && !self.inner.configured_majors.contains(&major) {
+                    let offered =
+                        base.majors_on_request || self.inner.configured_majors.contains(&major);
+                    let stamp = ids::stamp_of(major).filter(|_| offered);
+                    let Some(stamp) = stamp else {
                         return Err(LeaseError::VersionNotOffered {
                             asked: asked.map_or_else(|| major.to_string(), |v| v.to_string()),
                             offered: self.offered(),
                         });
-                    }
+                    };
                     let (send, outcome) = watch::channel(None);
                     registry
                         .slots
                         .insert(major, Slot::Starting(outcome.clone()));
                     let config = further_config(base, &registry.placed, major, asked);
                     let servers = self.clone();
-                    tokio::spawn(async move { servers.start_further(major, config, send).await });
+                    tokio::spawn(
+                        async move { servers.start_further(major, stamp, config, send).await },
+                    );
                     outcome
                 }
             }
@@ -89,6 +95,7 @@ impl Servers {
     async fn start_further(
         self,
         major: u32,
+        stamp: u8,
         config: PoolConfig,
         send: watch::Sender<Option<StartOutcome>>,
     ) {
@@ -105,6 +112,7 @@ impl Servers {
                 major,
                 version,
                 handle,
+                stamp,
             };
             Ok((server, task))
         }

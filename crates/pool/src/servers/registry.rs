@@ -16,13 +16,15 @@ use crate::error::{LeaseError, StartError};
 use crate::handle::PoolHandle;
 use crate::names::TemplateName;
 
-/// One running server: its major, what it reports as its version, and its pool.
+/// One running server: its major, what it reports as its version, its pool, and the
+/// stamp its lease ids carry (`ids.rs`).
 #[derive(Debug, Clone)]
 pub(super) struct Server {
     pub(super) major: u32,
     /// `server_version`, e.g. "18.6" or "15.14 (Debian 15.14-0+deb12u1)".
     pub(super) version: String,
     pub(super) handle: PoolHandle,
+    pub(super) stamp: u8,
 }
 
 /// How a further server's start ended, as its waiters see it.
@@ -79,6 +81,11 @@ impl Registry {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The running further server whose lease ids carry `stamp`.
+    pub(super) fn stamped(&self, stamp: u8) -> Option<Server> {
+        self.running().into_iter().find(|s| s.stamp == stamp)
     }
 }
 

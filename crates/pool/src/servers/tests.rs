@@ -1,5 +1,5 @@
-//! The router over fake pools (`crate::testing`): start failures, and registrations racing
-//! each other. No postgres: each fake plays one pool.
+//! The router over fake pools (`crate::testing`): routing by lease id, unknown ids, start
+//! failures, and registrations racing each other. No postgres: each fake plays one pool.
 
 use std::collections::HashSet;
 
@@ -9,7 +9,19 @@ use super::registry::Slot;
 use super::*;
 use crate::config::{CloneStrategy, EmbeddedConfig, LeaseAuth, PoolLimits};
 use crate::testing::{fake_pool, FakeActor, FakeCommand};
-use crate::types::{DropStatus, LimitStatus, PostgresStatus};
+use crate::types::{ConnectInfo, DropStatus, LeaseSummary, LimitStatus, PostgresStatus};
+
+/// A minted id, as a pool makes them (first byte zero).
+const MINTED: &str = "00112233445566778899aabbccddeeff";
+/// The same lease as the client of the PostgreSQL 16 server holds it.
+const ON_16: &str = "10112233445566778899aabbccddeeff";
+
+/// How long a test waits for a fake to be asked before it fails instead of hanging.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn id(text: &str) -> LeaseId {
+    LeaseId::parse(text).expect("a valid lease id")
+}
 
 fn name(text: &str) -> TemplateName {
     TemplateName::new(text).expect("a valid template name")
@@ -46,6 +58,7 @@ fn servers_with(
                 major,
                 version: format!("{major}.1"),
                 handle,
+                stamp: ids::stamp_of(major).expect("a major that fits a byte"),
             };
             (major, Slot::Running(server))
         })
@@ -59,6 +72,7 @@ fn servers_with(
             major: 15,
             version: "15.4".into(),
             handle: primary,
+            stamp: ids::PRIMARY,
         },
         base: Some(base_config()),
         registry: Mutex::new(Registry {
@@ -71,6 +85,14 @@ fn servers_with(
     })
 }
 
+/// The next command `actor` gets.
+async fn next(actor: &mut FakeActor) -> FakeCommand {
+    tokio::time::timeout(COMMAND_TIMEOUT, actor.recv())
+        .await
+        .expect("no command in time")
+        .expect("every handle was dropped")
+}
+
 fn lease_request(template: &str) -> LeaseRequest {
     LeaseRequest {
         template: name(template),
@@ -81,6 +103,21 @@ fn lease_request(template: &str) -> LeaseRequest {
         postgres_version: None,
         label: None,
     }
+}
+
+fn connect() -> ConnectInfo {
+    ConnectInfo {
+        host: "127.0.0.1".into(),
+        port: 54321,
+        user: "pglease_user".into(),
+        password: "pw".into(),
+        database: crate::names::DbName::from_server("pglease_abc_1".into()),
+        ssl: false,
+    }
+}
+
+fn expiry() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
 }
 
 fn template_status(name: TemplateName) -> TemplateStatus {
@@ -127,6 +164,207 @@ fn report(version: &str, templates: &HashSet<TemplateName>) -> StatusReport {
         limits: LimitStatus::default(),
         servers: Vec::new(),
     }
+}
+
+#[tokio::test]
+async fn a_lease_of_a_further_server_carries_its_stamp_and_goes_back_there_alone() {
+    let (primary, mut primary_actor) = fake_pool();
+    let (pg16, mut actor16) = fake_pool();
+    let servers = servers_with(primary, vec![(16, pg16)], &[("app", 16)]);
+
+    let granting = async {
+        match next(&mut actor16).await {
+            FakeCommand::Lease { request, reply } => {
+                assert_eq!(request.template, name("app"));
+                let lease = Lease {
+                    id: id(MINTED),
+                    template: request.template,
+                    fingerprint: "f00d".repeat(16),
+                    connect: connect(),
+                    expires_at: expiry(),
+                    number: 0,
+                };
+                let _ = reply.send(Ok(lease));
+            }
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    };
+    let (lease, ()) = tokio::join!(servers.lease(lease_request("app")), granting);
+    let lease = lease.expect("leased");
+    assert_eq!(lease.id, id(ON_16), "the client's id names the 16 server");
+
+    // Release, renew, keep and drop: each reaches the 16 pool with the id it minted.
+    let answering = async {
+        for _ in 0..4 {
+            match next(&mut actor16).await {
+                FakeCommand::Release { id: got, reply, .. } => {
+                    assert_eq!(got, id(MINTED));
+                    let _ = reply.send(Ok(()));
+                }
+                FakeCommand::Renew { id: got, reply, .. } => {
+                    assert_eq!(got, id(MINTED));
+                    let _ = reply.send(Ok(expiry()));
+                }
+                FakeCommand::Keep { id: got, reply, .. } => {
+                    assert_eq!(got, id(MINTED));
+                    let _ = reply.send(Ok(expiry()));
+                }
+                FakeCommand::DropKept { id: got, reply } => {
+                    assert_eq!(got, id(MINTED));
+                    let _ = reply.send(Ok(()));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    };
+    let asking = async {
+        servers.renew(id(ON_16), None).await.expect("renewed");
+        servers
+            .keep(id(ON_16), Duration::from_secs(60))
+            .await
+            .expect("kept");
+        servers.drop_kept(id(ON_16)).await.expect("dropped");
+        servers.release(id(ON_16), false).await.expect("released");
+    };
+    tokio::join!(asking, answering);
+    assert!(primary_actor.try_recv().is_none(), "the primary was asked");
+}
+
+#[tokio::test]
+async fn a_primary_id_goes_to_the_primary_alone_as_it_is() {
+    let (primary, mut primary_actor) = fake_pool();
+    let (pg16, mut actor16) = fake_pool();
+    let servers = servers_with(primary, vec![(16, pg16)], &[]);
+    let answering = async {
+        match next(&mut primary_actor).await {
+            FakeCommand::Release {
+                id: got,
+                reuse,
+                reply,
+            } => {
+                assert_eq!(got, id(MINTED));
+                assert!(reuse);
+                let _ = reply.send(Ok(()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (released, ()) = tokio::join!(servers.release(id(MINTED), true), answering);
+    released.expect("released");
+    assert!(actor16.try_recv().is_none(), "the 16 server was asked");
+}
+
+#[tokio::test]
+async fn unknown_and_lost_ids_are_answered_with_the_id_the_client_sent() {
+    let (primary, mut primary_actor) = fake_pool();
+    let (pg16, mut actor16) = fake_pool();
+    let servers = servers_with(primary, vec![(16, pg16)], &[]);
+
+    // The 16 pool knows no such lease: 404 naming the client's id.
+    let answering = async {
+        match next(&mut actor16).await {
+            FakeCommand::Renew { id: got, reply, .. } => {
+                let _ = reply.send(Err(LeaseOpError::NotFound(got.to_string())));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (renewed, ()) = tokio::join!(servers.renew(id(ON_16), None), answering);
+    match renewed {
+        Err(LeaseOpError::NotFound(text)) => assert_eq!(text, ON_16),
+        other => panic!("expected not found, got {other:?}"),
+    }
+
+    // Lost with its server: 410, naming the client's id.
+    let answering = async {
+        match next(&mut actor16).await {
+            FakeCommand::Release { id: got, reply, .. } => {
+                let _ = reply.send(Err(LeaseOpError::Lost(got.to_string())));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (released, ()) = tokio::join!(servers.release(id(ON_16), false), answering);
+    let error = released.expect_err("lost");
+    assert!(matches!(&error, LeaseOpError::Lost(text) if text == ON_16));
+    assert!(error.to_string().contains(ON_16), "{error}");
+
+    // An id stamped for a server that does not run (17) is the primary's to answer, as
+    // any id it does not know.
+    let on_17 = "11112233445566778899aabbccddeeff";
+    let answering = async {
+        match next(&mut primary_actor).await {
+            FakeCommand::DropKept { id: got, reply } => {
+                assert_eq!(got, id(on_17));
+                let _ = reply.send(Err(LeaseOpError::NotKept(got.to_string())));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (dropped, ()) = tokio::join!(servers.drop_kept(id(on_17)), answering);
+    assert!(matches!(dropped, Err(LeaseOpError::NotKept(text)) if text == on_17));
+    assert!(actor16.try_recv().is_none(), "the 16 server was asked");
+}
+
+#[tokio::test]
+async fn kept_databases_and_status_show_the_ids_clients_hold() {
+    let (primary, mut primary_actor) = fake_pool();
+    let (pg16, mut actor16) = fake_pool();
+    let servers = servers_with(primary, vec![(16, pg16)], &[]);
+    let kept = |lease: &str| KeptDatabase {
+        id: id(lease),
+        template: None,
+        connect: connect(),
+        label: None,
+        kept_at: expiry(),
+        expires_at: expiry(),
+        size_bytes: 0,
+    };
+    let answering = async {
+        match next(&mut primary_actor).await {
+            FakeCommand::Kept { reply } => {
+                let _ = reply.send(vec![kept("00aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match next(&mut actor16).await {
+            FakeCommand::Kept { reply } => {
+                let _ = reply.send(vec![kept(MINTED)]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (listed, ()) = tokio::join!(servers.kept(), answering);
+    let ids: Vec<&str> = listed.iter().map(|k| k.id.as_str()).collect();
+    assert_eq!(ids, ["00aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", ON_16]);
+
+    let answering = async {
+        match next(&mut primary_actor).await {
+            FakeCommand::Status { reply } => {
+                let _ = reply.send(report("15.4", &HashSet::new()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match next(&mut actor16).await {
+            FakeCommand::Status { reply } => {
+                let mut report = report("16.1", &HashSet::new());
+                report.leases.push(LeaseSummary {
+                    id: id(MINTED),
+                    template: TemplateName::default_name(),
+                    database: crate::names::DbName::from_server("pglease_abc_1".into()),
+                    expires_at: expiry(),
+                    label: None,
+                });
+                let _ = reply.send(report);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    let (status, ()) = tokio::join!(servers.status(), answering);
+    let status = status.expect("a report");
+    let ids: Vec<&str> = status.leases.iter().map(|l| l.id.as_str()).collect();
+    assert_eq!(ids, [ON_16]);
+    assert_eq!(status.servers.len(), 2);
 }
 
 #[tokio::test]
