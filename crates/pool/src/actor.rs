@@ -85,6 +85,8 @@ struct Actor {
     monitor: Option<tokio_postgres::Client>,
     waiters: HashMap<WaiterId, LeaseReply>,
     next_waiter: WaiterId,
+    /// The first byte of the lease ids this pool mints: it names its server among several.
+    server: u8,
     /// When the sources of failed templates are looked at next (a pace for file I/O).
     failed_sources_at: Instant,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server

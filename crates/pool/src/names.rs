@@ -99,18 +99,17 @@ impl fmt::Display for TemplateName {
 }
 
 /// A lease's id: 32 lowercase hex characters, 16 bytes. The first byte names the server
-/// that holds the lease (`crate::Servers` stamps it: 00 for the primary, else the major of
-/// a further server); the other 15 come from the OS random source.
+/// that holds the lease (00 for the primary, else the major of a further server: see
+/// `crate::Servers`); the other 15 come from the OS random source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(String);
 
 impl LeaseId {
-    /// A fresh id as a pool mints it: a zero first byte, then 15 random ones (120 bits,
-    /// as unguessable as ever). The zero byte is what lets `Servers` stamp the server on
-    /// the ids of a further server's pool and take it off again, with no table.
-    pub fn random() -> Self {
+    /// A fresh id of a lease on `server` (the id's first byte), then 15 random bytes
+    /// (120 bits: as unguessable as ever).
+    pub fn random(server: u8) -> Self {
         let mut bytes = rand::random::<[u8; 16]>();
-        bytes[0] = 0;
+        bytes[0] = server;
         LeaseId(hex::encode(bytes))
     }
 
@@ -134,11 +133,6 @@ impl LeaseId {
             .get(..2)
             .and_then(|hex| u8::from_str_radix(hex, 16).ok())
             .unwrap_or(0)
-    }
-
-    /// The same id with another first byte.
-    pub(crate) fn with_first_byte(&self, byte: u8) -> LeaseId {
-        LeaseId(format!("{byte:02x}{}", self.0.get(2..).unwrap_or_default()))
     }
 }
 

@@ -87,7 +87,7 @@ impl Servers {
             .partition(|t| t.postgres_version.is_none());
         let mut primary_config = config.clone();
         primary_config.templates = own;
-        let (handle, task) = crate::start(primary_config).await?;
+        let (handle, task) = crate::start(primary_config, ids::PRIMARY).await?;
         let Some((major, version)) = server_version(&handle).await else {
             handle.shutdown().await;
             return Err(StartError::StoppedDuringStart);
@@ -229,19 +229,12 @@ impl Servers {
             .await?;
         let mut request = request;
         request.wait = request.wait.saturating_sub(started.elapsed());
-        let mut lease = server.handle.lease(request).await?;
-        lease.id = ids::outward(lease.id, server.stamp);
-        Ok(lease)
+        server.handle.lease(request).await
     }
 
     /// Ends a lease, on the server its id names.
     pub async fn release(&self, id: LeaseId, reuse: bool) -> Result<(), LeaseOpError> {
-        let (server, minted) = self.holder(&id).await;
-        server
-            .handle
-            .release(minted, reuse)
-            .await
-            .map_err(|error| ids::outward_error(error, &id))
+        self.holder(&id).await.handle.release(id, reuse).await
     }
 
     /// Extends a lease, on the server its id names.
@@ -250,32 +243,19 @@ impl Servers {
         id: LeaseId,
         ttl: Option<Duration>,
     ) -> Result<SystemTime, LeaseOpError> {
-        let (server, minted) = self.holder(&id).await;
-        server
-            .handle
-            .renew(minted, ttl)
-            .await
-            .map_err(|error| ids::outward_error(error, &id))
+        self.holder(&id).await.handle.renew(id, ttl).await
     }
 
     /// Ends a lease but keeps its database, on the server its id names.
     pub async fn keep(&self, id: LeaseId, keep: Duration) -> Result<SystemTime, LeaseOpError> {
-        let (server, minted) = self.holder(&id).await;
-        server
-            .handle
-            .keep(minted, keep)
-            .await
-            .map_err(|error| ids::outward_error(error, &id))
+        self.holder(&id).await.handle.keep(id, keep).await
     }
 
     /// Every server's kept databases, oldest first.
     pub async fn kept(&self) -> Vec<KeptDatabase> {
         let mut kept = Vec::new();
         for server in self.servers().await {
-            kept.extend(server.handle.kept().await.into_iter().map(|mut k| {
-                k.id = ids::outward(k.id, server.stamp);
-                k
-            }));
+            kept.extend(server.handle.kept().await);
         }
         kept.sort_by_key(|k| k.kept_at);
         kept
@@ -283,12 +263,7 @@ impl Servers {
 
     /// Drops a kept database now, on the server its id names.
     pub async fn drop_kept(&self, id: LeaseId) -> Result<(), LeaseOpError> {
-        let (server, minted) = self.holder(&id).await;
-        server
-            .handle
-            .drop_kept(minted)
-            .await
-            .map_err(|error| ids::outward_error(error, &id))
+        self.holder(&id).await.handle.drop_kept(id).await
     }
 
     /// Builds a new version of a template, on its server.
@@ -372,9 +347,6 @@ impl Servers {
                 continue;
             };
             mark(&mut further, &server);
-            for lease in &mut further.leases {
-                lease.id = ids::outward(lease.id.clone(), server.stamp);
-            }
             report.servers.push(server_status(server.major, &further));
             report.templates.append(&mut further.templates);
             report.leases.append(&mut further.leases);
@@ -468,22 +440,16 @@ impl Servers {
         servers
     }
 
-    /// The server a client's lease id names, and the id its pool minted. An id that names
-    /// no running further server is the primary's to answer, as it is.
-    async fn holder(&self, id: &LeaseId) -> (Server, LeaseId) {
+    /// The server a lease id names. An id that names no running further server is the
+    /// primary's to answer.
+    async fn holder(&self, id: &LeaseId) -> Server {
         let stamp = ids::stamp(id);
         let further = if stamp == ids::PRIMARY {
             None
         } else {
             self.inner.registry.lock().await.stamped(stamp)
         };
-        match further {
-            Some(server) => {
-                let minted = ids::minted(id, server.stamp);
-                (server, minted)
-            }
-            None => (self.inner.primary.clone(), id.clone()),
-        }
+        further.unwrap_or_else(|| self.inner.primary.clone())
     }
 }
 

@@ -194,9 +194,12 @@ impl Actor {
         let waiter = self.next_waiter;
         self.next_waiter += 1;
         self.waiters.insert(waiter, reply);
-        let actions = self
-            .state
-            .request_lease(waiter, LeaseId::random(), &request, Instant::now());
+        let actions = self.state.request_lease(
+            waiter,
+            LeaseId::random(self.server),
+            &request,
+            Instant::now(),
+        );
         self.apply(actions);
     }
 

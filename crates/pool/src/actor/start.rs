@@ -88,8 +88,12 @@ pub(super) struct UpInputs {
 
 /// Starts postgres (or attaches to the external server), opens a session, and spawns the
 /// actor. Returns once the server accepts connections; templates build in the background.
+///
+/// `server` is the first byte of every lease id the pool mints, which names its server
+/// among several (`crate::Servers`; 0 for the primary).
 pub async fn start(
     config: PoolConfig,
+    server: u8,
 ) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
     let mut templates = config.templates.clone();
     if !templates
@@ -182,6 +186,7 @@ pub async fn start(
         monitor: None,
         waiters: HashMap::new(),
         next_waiter: 1,
+        server,
         store: None,
         failed_sources_at: Instant::now(),
         jobs_tx,

@@ -104,7 +104,7 @@ impl Servers {
             "starting a PostgreSQL {major} server (first needed now)"
         );
         let started = async {
-            let (handle, task) = crate::start(config).await?;
+            let (handle, task) = crate::start(config, stamp).await?;
             let Some((_, version)) = server_version(&handle).await else {
                 return Err(StartError::StoppedDuringStart);
             };

@@ -11,9 +11,9 @@ use crate::config::{CloneStrategy, EmbeddedConfig, LeaseAuth, PoolLimits};
 use crate::testing::{fake_pool, FakeActor, FakeCommand};
 use crate::types::{ConnectInfo, DropStatus, LeaseSummary, LimitStatus, PostgresStatus};
 
-/// A minted id, as a pool makes them (first byte zero).
-const MINTED: &str = "00112233445566778899aabbccddeeff";
-/// The same lease as the client of the PostgreSQL 16 server holds it.
+/// An id the primary minted (first byte zero).
+const ON_PRIMARY: &str = "00112233445566778899aabbccddeeff";
+/// An id the PostgreSQL 16 server's pool minted (first byte 16).
 const ON_16: &str = "10112233445566778899aabbccddeeff";
 
 /// How long a test waits for a fake to be asked before it fails instead of hanging.
@@ -177,7 +177,7 @@ async fn a_lease_of_a_further_server_carries_its_stamp_and_goes_back_there_alone
             FakeCommand::Lease { request, reply } => {
                 assert_eq!(request.template, name("app"));
                 let lease = Lease {
-                    id: id(MINTED),
+                    id: id(ON_16),
                     template: request.template,
                     fingerprint: "f00d".repeat(16),
                     connect: connect(),
@@ -193,24 +193,24 @@ async fn a_lease_of_a_further_server_carries_its_stamp_and_goes_back_there_alone
     let lease = lease.expect("leased");
     assert_eq!(lease.id, id(ON_16), "the client's id names the 16 server");
 
-    // Release, renew, keep and drop: each reaches the 16 pool with the id it minted.
+    // Release, renew, keep and drop: each reaches the 16 pool alone.
     let answering = async {
         for _ in 0..4 {
             match next(&mut actor16).await {
                 FakeCommand::Release { id: got, reply, .. } => {
-                    assert_eq!(got, id(MINTED));
+                    assert_eq!(got, id(ON_16));
                     let _ = reply.send(Ok(()));
                 }
                 FakeCommand::Renew { id: got, reply, .. } => {
-                    assert_eq!(got, id(MINTED));
+                    assert_eq!(got, id(ON_16));
                     let _ = reply.send(Ok(expiry()));
                 }
                 FakeCommand::Keep { id: got, reply, .. } => {
-                    assert_eq!(got, id(MINTED));
+                    assert_eq!(got, id(ON_16));
                     let _ = reply.send(Ok(expiry()));
                 }
                 FakeCommand::DropKept { id: got, reply } => {
-                    assert_eq!(got, id(MINTED));
+                    assert_eq!(got, id(ON_16));
                     let _ = reply.send(Ok(()));
                 }
                 other => panic!("unexpected {other:?}"),
@@ -242,14 +242,14 @@ async fn a_primary_id_goes_to_the_primary_alone_as_it_is() {
                 reuse,
                 reply,
             } => {
-                assert_eq!(got, id(MINTED));
+                assert_eq!(got, id(ON_PRIMARY));
                 assert!(reuse);
                 let _ = reply.send(Ok(()));
             }
             other => panic!("unexpected {other:?}"),
         }
     };
-    let (released, ()) = tokio::join!(servers.release(id(MINTED), true), answering);
+    let (released, ()) = tokio::join!(servers.release(id(ON_PRIMARY), true), answering);
     released.expect("released");
     assert!(actor16.try_recv().is_none(), "the 16 server was asked");
 }
@@ -307,13 +307,13 @@ async fn unknown_and_lost_ids_are_answered_with_the_id_the_client_sent() {
 }
 
 #[tokio::test]
-async fn kept_databases_and_status_show_the_ids_clients_hold() {
+async fn kept_databases_and_status_gather_every_servers() {
     let (primary, mut primary_actor) = fake_pool();
     let (pg16, mut actor16) = fake_pool();
     let servers = servers_with(primary, vec![(16, pg16)], &[]);
     let kept = |lease: &str| KeptDatabase {
         id: id(lease),
-        template: None,
+        template: TemplateName::default_name(),
         connect: connect(),
         label: None,
         kept_at: expiry(),
@@ -329,7 +329,7 @@ async fn kept_databases_and_status_show_the_ids_clients_hold() {
         }
         match next(&mut actor16).await {
             FakeCommand::Kept { reply } => {
-                let _ = reply.send(vec![kept(MINTED)]);
+                let _ = reply.send(vec![kept(ON_16)]);
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -349,7 +349,7 @@ async fn kept_databases_and_status_show_the_ids_clients_hold() {
             FakeCommand::Status { reply } => {
                 let mut report = report("16.1", &HashSet::new());
                 report.leases.push(LeaseSummary {
-                    id: id(MINTED),
+                    id: id(ON_16),
                     template: TemplateName::default_name(),
                     database: crate::names::DbName::from_server("pglease_abc_1".into()),
                     expires_at: expiry(),

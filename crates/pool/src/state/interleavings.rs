@@ -512,7 +512,7 @@ impl World {
                 };
                 let actions = self
                     .state
-                    .request_lease(waiter, LeaseId::random(), &request, now);
+                    .request_lease(waiter, LeaseId::random(0), &request, now);
                 self.apply(actions);
             }
             Event::Deliver { index, hung_up } => self.deliver(index, hung_up),

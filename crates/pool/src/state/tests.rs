@@ -191,7 +191,7 @@ impl Driver {
         self.next_waiter += 1;
         let actions = self
             .state
-            .request_lease(waiter, LeaseId::random(), request, self.now);
+            .request_lease(waiter, LeaseId::random(0), request, self.now);
         self.pending.extend(actions);
         waiter
     }
@@ -381,7 +381,7 @@ fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
     let mut state = pool(1, 4);
     let _ = state.server_up(1000);
     let now = Instant::now();
-    let actions = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
+    let actions = state.request_lease(1, LeaseId::random(0), &request("app", 1000), now);
     assert!(actions.iter().any(|a| matches!(a, Action::Build { .. })));
     let actions = state.build_finished(
         &name("app"),
@@ -396,7 +396,7 @@ fn a_failed_build_fails_its_waiters_and_is_retried_on_the_next_request() {
             error: LeaseError::BuildFailed { .. }
         }]
     ));
-    let actions = state.request_lease(2, LeaseId::random(), &request("app", 1000), now);
+    let actions = state.request_lease(2, LeaseId::random(0), &request("app", 1000), now);
     assert!(
         actions.iter().any(|a| matches!(a, Action::Build { .. })),
         "retried"
@@ -409,7 +409,7 @@ fn a_build_that_lost_its_connection_fails_waiters_as_the_servers_trouble_and_is_
     let mut state = pool(1, 4);
     let _ = state.server_up(1000);
     let now = Instant::now();
-    let _ = state.request_lease(1, LeaseId::random(), &request("app", 1000), now);
+    let _ = state.request_lease(1, LeaseId::random(0), &request("app", 1000), now);
     let actions = state.build_finished(
         &name("app"),
         SourceStamp::default(),
@@ -434,7 +434,7 @@ fn a_build_that_lost_its_connection_fails_waiters_as_the_servers_trouble_and_is_
         !state.has_failed(&name("app")),
         "its sources are not to blame"
     );
-    let actions = state.request_lease(2, LeaseId::random(), &request("app", 1000), now);
+    let actions = state.request_lease(2, LeaseId::random(0), &request("app", 1000), now);
     assert!(
         actions.iter().any(|a| matches!(a, Action::Build { .. })),
         "built again"
@@ -511,7 +511,7 @@ fn clone_failures_fail_waiters_and_pause_that_template() {
         Ok(built(&default, "ff")),
         now,
     );
-    actions.extend(state.request_lease(7, LeaseId::random(), &request("default", 1000), now));
+    actions.extend(state.request_lease(7, LeaseId::random(0), &request("default", 1000), now));
     // min_ready 1 + one waiter: two clones in flight, at most clone_concurrency.
     let clones: Vec<DbName> = actions
         .iter()
@@ -652,7 +652,7 @@ fn a_clone_of_a_replaced_version_is_never_leased() {
     assert!(actions
         .iter()
         .any(|a| matches!(a, Action::Drop { db } if *db == clone)));
-    let waiter = state.request_lease(9, LeaseId::random(), &request("default", 1000), now);
+    let waiter = state.request_lease(9, LeaseId::random(0), &request("default", 1000), now);
     assert!(
         !waiter
             .iter()
@@ -686,7 +686,7 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
     }
     assert!(state.begin_sources_check(&default));
     assert!(!state.begin_sources_check(&default), "one look at a time");
-    let actions = state.request_lease(1, LeaseId::random(), &request("default", 1000), now);
+    let actions = state.request_lease(1, LeaseId::random(0), &request("default", 1000), now);
     assert!(
         !actions.iter().any(|a| matches!(a, Action::Grant { .. })),
         "no grant while the look runs: {actions:?}"
@@ -787,7 +787,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
             .any(|a| matches!(a, Action::Grant { waiter: w, .. } if *w == waiter))
     };
     // A lease of its own connection limit goes out once that limit is set.
-    let first = state.request_lease(1, LeaseId::random(), &ask(20), now);
+    let first = state.request_lease(1, LeaseId::random(0), &ask(20), now);
     let first_id = first
         .iter()
         .find_map(|a| match a {
@@ -798,11 +798,11 @@ fn leases_wait_while_their_connections_do_not_fit() {
     assert!(!granted(&first, 1));
     assert!(granted(&state.limit_set(&first_id, Ok(()), now), 1));
     // 20 + 10 > 25: the second waits although a clone is ready.
-    let second = state.request_lease(2, LeaseId::random(), &ask(10), now);
+    let second = state.request_lease(2, LeaseId::random(0), &ask(10), now);
     assert!(!granted(&second, 2));
     assert_eq!(default_status(&state).waiting, 1);
     // More than the whole budget can never fit: refused at once.
-    let huge = state.request_lease(3, LeaseId::random(), &ask(26), now);
+    let huge = state.request_lease(3, LeaseId::random(0), &ask(26), now);
     assert!(huge.iter().any(|a| matches!(
         a,
         Action::Fail {
@@ -936,7 +936,7 @@ fn a_failed_clone_of_a_replaced_version_does_not_fail_todays_waiters() {
         Ok(built(&default, "bb")),
         now,
     );
-    let parked = state.request_lease(8, LeaseId::random(), &request("default", 1000), now);
+    let parked = state.request_lease(8, LeaseId::random(0), &request("default", 1000), now);
     assert!(!parked.iter().any(|a| matches!(a, Action::Fail { .. })));
     // A clone of the old version fails because its template was dropped under it.
     let failed = state.clone_finished(
@@ -1315,7 +1315,7 @@ fn a_grant_held_for_its_limit_is_answered_after_its_template_is_discarded_and_re
     };
     let actions = driver
         .state
-        .request_lease(waiter, LeaseId::random(), &request, driver.now);
+        .request_lease(waiter, LeaseId::random(0), &request, driver.now);
     let lease_id = actions
         .iter()
         .find_map(|a| match a {
@@ -1462,7 +1462,7 @@ fn a_lease_held_back_for_its_connection_limit_lives_its_whole_ttl_from_handover(
     };
     let actions = driver
         .state
-        .request_lease(1, LeaseId::random(), &request, driver.now);
+        .request_lease(1, LeaseId::random(0), &request, driver.now);
     let lease_id = actions
         .iter()
         .find_map(|a| match a {
@@ -1911,7 +1911,7 @@ fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_
     // A template registered over HTTP does not hold readiness, failed or not.
     let source = TemplateSource::Migrations(PathBuf::from("other"));
     let _ = state.register(name("adhoc"), source, now);
-    let _ = state.request_lease(1, LeaseId::random(), &request("adhoc", 1000), now);
+    let _ = state.request_lease(1, LeaseId::random(0), &request("adhoc", 1000), now);
     let _ = state.build_finished(
         &name("adhoc"),
         SourceStamp::default(),
