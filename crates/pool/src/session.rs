@@ -479,10 +479,15 @@ impl Session {
     }
 
     /// Runs one statement outside a transaction (CREATE/DROP DATABASE need that).
-    pub async fn execute(&self, sql: &str) -> Result<(), String> {
+    pub async fn execute(&self, sql: &str) -> Result<(), SqlError> {
         self.bounded(
             || format!("`{sql}`"),
-            async |client| client.batch_execute(sql).await.map_err(|e| pg_message(&e)),
+            async |client| {
+                client
+                    .batch_execute(sql)
+                    .await
+                    .map_err(|e| SqlError::from_pg(&e))
+            },
         )
         .await
     }
@@ -495,14 +500,14 @@ impl Session {
     }
 
     /// `pg_database_size(db)` in bytes.
-    pub async fn database_size(&self, db: &DbName) -> Result<i64, String> {
+    pub async fn database_size(&self, db: &DbName) -> Result<i64, SqlError> {
         self.bounded(
             || format!("sizing {db}"),
             async |client| {
                 let row = client
                     .query_one("SELECT pg_database_size($1::text::name)", &[&db.as_str()])
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(row.get(0))
             },
         )
@@ -528,7 +533,7 @@ impl Session {
     }
 
     /// True when `db` exists, is marked a template and refuses connections: a finished build.
-    pub async fn is_complete_template(&self, db: &DbName) -> Result<bool, String> {
+    pub async fn is_complete_template(&self, db: &DbName) -> Result<bool, SqlError> {
         self.bounded(
             || format!("looking up {db}"),
             async |client| {
@@ -538,7 +543,7 @@ impl Session {
                         &[&db.as_str()],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
             },
         )
@@ -596,7 +601,7 @@ impl Session {
     }
 
     /// Ends every session connected to `db`.
-    pub async fn terminate_sessions(&self, db: &DbName) -> Result<(), String> {
+    pub async fn terminate_sessions(&self, db: &DbName) -> Result<(), SqlError> {
         self.bounded(
             || format!("ending the sessions on {db}"),
             async |client| {
@@ -606,7 +611,7 @@ impl Session {
                         &[&db.as_str()],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(())
             },
         )
@@ -735,14 +740,19 @@ impl Session {
     }
 
     /// Sets the connection limit of a clone's role (for a lease that asked for its own).
-    pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), String> {
+    pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), SqlError> {
         let sql = format!(
             "ALTER ROLE {} CONNECTION LIMIT {limit}",
             quote_ident(clone.as_str())
         );
         self.bounded(
             || format!("setting the connection limit of {clone}"),
-            async |client| client.batch_execute(&sql).await.map_err(|e| pg_message(&e)),
+            async |client| {
+                client
+                    .batch_execute(&sql)
+                    .await
+                    .map_err(|e| SqlError::from_pg(&e))
+            },
         )
         .await
     }
@@ -763,7 +773,7 @@ impl Session {
 
     /// Drops `db` if it exists, ending its sessions, and the role named like it; a template
     /// is unmarked first. A clone takes two statements and no look-ups (the hot path).
-    pub async fn drop_database(&self, db: &DbName) -> Result<(), String> {
+    pub async fn drop_database(&self, db: &DbName) -> Result<(), SqlError> {
         self.bounded(
             || format!("dropping {db}"),
             async |client| Self::drop_with(client, db).await,
@@ -771,7 +781,7 @@ impl Session {
         .await
     }
 
-    async fn drop_with(client: &tokio_postgres::Client, db: &DbName) -> Result<(), String> {
+    async fn drop_with(client: &tokio_postgres::Client, db: &DbName) -> Result<(), SqlError> {
         if !db.is_template() {
             let dropped = client
                 .batch_execute(&format!(
@@ -785,7 +795,7 @@ impl Session {
             return client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(db.as_str())))
                 .await
-                .map_err(|e| pg_message(&e));
+                .map_err(|e| SqlError::from_pg(&e));
         }
         let row = client
             .query_opt(
@@ -793,7 +803,7 @@ impl Session {
                 &[&db.as_str()],
             )
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         let Some(row) = row else {
             // A clone whose CREATE DATABASE failed may still have its role.
             return Self::drop_role(client, db).await;
@@ -805,7 +815,7 @@ impl Session {
                     db.quoted()
                 ))
                 .await
-                .map_err(|e| pg_message(&e))?;
+                .map_err(|e| SqlError::from_pg(&e))?;
         }
         client
             .batch_execute(&format!(
@@ -813,7 +823,7 @@ impl Session {
                 db.quoted()
             ))
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         Self::drop_role(client, db).await
     }
 
@@ -827,7 +837,7 @@ impl Session {
         client: &tokio_postgres::Client,
         db: &DbName,
         first: &tokio_postgres::Error,
-    ) -> Result<(), String> {
+    ) -> Result<(), SqlError> {
         let first = pg_message(first);
         tracing::warn!(database = %db, error = %first, "a released database did not drop; undoing what its holder may have done to it");
         let role = quote_ident(db.as_str());
@@ -877,21 +887,24 @@ impl Session {
                 .await
         };
         careful.await.map_err(|e: tokio_postgres::Error| {
-            format!("{} (the first attempt: {first})", pg_message(&e))
+            SqlError::described(
+                &e,
+                format!("{} (the first attempt: {first})", pg_message(&e)),
+            )
         })
     }
 
     /// Drops the lease role named like `db`, if there is one (templates have none).
-    async fn drop_role(client: &tokio_postgres::Client, db: &DbName) -> Result<(), String> {
+    async fn drop_role(client: &tokio_postgres::Client, db: &DbName) -> Result<(), SqlError> {
         let exists = client
             .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&db.as_str()])
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         if exists.is_some() {
             client
                 .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(db.as_str())))
                 .await
-                .map_err(|e| pg_message(&e))?;
+                .map_err(|e| SqlError::from_pg(&e))?;
         }
         Ok(())
     }
@@ -956,7 +969,8 @@ pub(crate) async fn mark_ready(
             clone.quoted(),
             quote_literal(&ready_marker(template, fingerprint))
         ))
-        .await
+        .await?;
+    Ok(())
 }
 
 /// Connections left for lease holders: `max_connections` less `superuser_reserved_connections`,

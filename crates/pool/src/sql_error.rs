@@ -1,9 +1,9 @@
 //! What went wrong with SQL the pool ran, kept as postgres said it: the message, the
 //! SQLSTATE, and the kind of failure the state and the API decide by (a full disk is the
 //! server's room running out, 507; anything else a clone meets is the server's trouble,
-//! 503; a connection lost is no fault of the user's SQL). The job outcomes that carry it
-//! instead of a string are the build's, the clone's and the recycle's; the others follow
-//! (issue 27).
+//! 503; a connection lost is no fault of the user's SQL). Every SQL job's outcome carries
+//! it: builds, clones, recycles, drops, connection limits, and the opening and finalizing
+//! of templates clients build.
 
 use tokio_postgres::error::SqlState;
 

@@ -159,7 +159,8 @@ async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
             "ALTER DATABASE {} WITH ALLOW_CONNECTIONS false IS_TEMPLATE true",
             db.quoted()
         ))
-        .await
+        .await?;
+    Ok(())
 }
 
 /// Gives the sealed template `db` a relation cache init file (`pg_internal.init`) by opening
@@ -181,7 +182,7 @@ pub(crate) async fn write_relcache_init(session: &Session, db: &DbName) {
             "ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}",
             db.quoted()
         );
-        session.execute(&sql).await
+        session.execute(&sql).await.map_err(String::from)
     };
     let written = match allow(true).await {
         Ok(()) => {
@@ -294,7 +295,8 @@ async fn retire_build_role(session: &Session, db: &DbName, superuser: bool) -> R
     .map_err(|e| format!("handing the objects of {db} to {whose}: {e}"))?;
     session
         .execute(&format!("DROP ROLE IF EXISTS {role}"))
-        .await
+        .await?;
+    Ok(())
 }
 
 /// Creates the empty database `db` of the client-built template `name` and a login role
@@ -305,7 +307,31 @@ pub async fn open_client_template(
     session: &Session,
     name: &TemplateName,
     db: &DbName,
-) -> Result<String, String> {
+) -> Result<String, SqlError> {
+    let opened = open_client_template_steps(session, name, db).await;
+    blame_a_lost_server(session, opened).await
+}
+
+/// A step that reports in words has no kind of its own: if the server no longer answers,
+/// that is why it failed, not the client's template.
+async fn blame_a_lost_server<T>(
+    session: &Session,
+    outcome: Result<T, SqlError>,
+) -> Result<T, SqlError> {
+    match outcome {
+        Err(mut error) if error.kind == SqlErrorKind::Other && !session.answers().await => {
+            error.kind = SqlErrorKind::ConnectionLost;
+            Err(error)
+        }
+        outcome => outcome,
+    }
+}
+
+async fn open_client_template_steps(
+    session: &Session,
+    name: &TemplateName,
+    db: &DbName,
+) -> Result<String, SqlError> {
     create_template_database(session, db, &client_template_marker(name)).await?;
     let password = create_build_role(session, db, false).await?;
     // Its client holds these credentials until it finalizes: without a limit it could take
@@ -339,7 +365,17 @@ pub async fn finalize_client_template(
     name: &TemplateName,
     db: &DbName,
     migrating_since: std::time::Instant,
-) -> Result<Built, String> {
+) -> Result<Built, SqlError> {
+    let finalized = finalize_client_template_steps(session, name, db, migrating_since).await;
+    blame_a_lost_server(session, finalized).await
+}
+
+async fn finalize_client_template_steps(
+    session: &Session,
+    name: &TemplateName,
+    db: &DbName,
+    migrating_since: std::time::Instant,
+) -> Result<Built, SqlError> {
     let role = quote_ident(db.as_str());
     session
         .execute(&format!("ALTER ROLE {role} NOLOGIN"))

@@ -8,9 +8,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Actor, JobResult, NOT_RUNNING};
+use super::{not_running, Actor, JobResult, NOT_RUNNING};
 use crate::error::TemplateOpError;
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::sql_error::SqlError;
 use crate::state::{Action, Built, Finalize};
 use crate::template;
 use crate::types::ConnectInfo;
@@ -178,7 +179,7 @@ impl Actor {
         self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => template::open_client_template(&session, &template, &db).await,
-                None => Err(NOT_RUNNING.into()),
+                None => Err(not_running()),
             };
             JobResult::Opened {
                 template,
@@ -192,7 +193,7 @@ impl Actor {
         &mut self,
         template: TemplateName,
         db: DbName,
-        outcome: Result<String, String>,
+        outcome: Result<String, SqlError>,
     ) {
         let password = outcome.as_ref().ok().cloned();
         if let Err(message) = &outcome {
@@ -242,7 +243,7 @@ impl Actor {
                     template::finalize_client_template(&session, &template, &db, since.into_std())
                         .await
                 }
-                None => Err(NOT_RUNNING.into()),
+                None => Err(not_running()),
             };
             JobResult::Finalized {
                 template,
@@ -256,7 +257,7 @@ impl Actor {
         &mut self,
         template: TemplateName,
         db: DbName,
-        outcome: Result<Built, String>,
+        outcome: Result<Built, SqlError>,
     ) {
         if let Err(message) = &outcome {
             tracing::warn!(template = %template, error = %message, "could not finalize a client-built template");

@@ -48,12 +48,12 @@ pub(super) enum JobResult {
     },
     Dropped {
         db: DbName,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
     },
     /// A lease's own connection limit was set (or not); the lease can go out.
     LimitSet {
         lease_id: LeaseId,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
     },
     ServerUp {
         target: Box<Target>,
@@ -63,13 +63,13 @@ pub(super) enum JobResult {
     Opened {
         template: TemplateName,
         db: DbName,
-        outcome: Result<String, String>,
+        outcome: Result<String, SqlError>,
     },
     /// A client-built template finalized.
     Finalized {
         template: TemplateName,
         db: DbName,
-        outcome: Result<Built, String>,
+        outcome: Result<Built, SqlError>,
     },
     /// Sessions counted on a test database a client gives back.
     SessionsCounted {
@@ -279,7 +279,7 @@ impl Actor {
         self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => session.set_connection_limit(&database, connections).await,
-                None => Err(NOT_RUNNING.into()),
+                None => Err(not_running()),
             };
             JobResult::LimitSet { lease_id, outcome }
         });
@@ -442,7 +442,7 @@ impl Actor {
             let started = std::time::Instant::now();
             let outcome = match session {
                 Some(session) => session.drop_database(&db).await,
-                None => Err(NOT_RUNNING.into()),
+                None => Err(not_running()),
             };
             tracing::debug!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "drop finished");
             JobResult::Dropped {

@@ -10,7 +10,7 @@ use super::lifecycle::{ClientBuild, Lifecycle, TemplateEntry, Version};
 use super::{Action, Built, PoolState, Server};
 use crate::error::{LeaseError, TemplateOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::sql_error::SqlErrorKind;
+use crate::sql_error::{SqlError, SqlErrorKind};
 
 /// What `finalize` found.
 #[derive(Debug)]
@@ -133,7 +133,7 @@ impl PoolState {
         &mut self,
         template: &TemplateName,
         db: DbName,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
         now: Instant,
     ) -> (Result<(), TemplateOpError>, Vec<Action>) {
         let mut actions = Vec::new();
@@ -148,18 +148,16 @@ impl PoolState {
                 }
                 Ok(())
             }
-            (true, Err(message)) => {
+            (true, Err(error)) => {
                 self.dbs.queue_drop(db, template, 0);
                 // Free for the client (or another) to initialize again.
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
                 }
-                self.build_failed(template, message.clone(), SqlErrorKind::Other, &mut actions);
+                let answer = client_failure(template, &error);
+                self.build_failed(template, error.message, error.kind, &mut actions);
                 self.forget_if_unused(template);
-                Err(TemplateOpError::Failed {
-                    template: template.clone(),
-                    message,
-                })
+                Err(answer)
             }
             (false, _) => {
                 // Whatever the job left of it.
@@ -221,7 +219,7 @@ impl PoolState {
         &mut self,
         template: &TemplateName,
         db: DbName,
-        outcome: Result<Built, String>,
+        outcome: Result<Built, SqlError>,
         now: Instant,
     ) -> (Result<(), TemplateOpError>, Vec<Action>) {
         let mut actions = Vec::new();
@@ -245,7 +243,7 @@ impl PoolState {
                 self.version_ready(template, built, &mut actions);
                 Ok(())
             }
-            Err(message) => {
+            Err(error) => {
                 // The half-made template is of no use to anyone.
                 self.dbs.queue_drop(db, template, 0);
                 if let Ok(build) = self.client_build(template) {
@@ -257,11 +255,9 @@ impl PoolState {
                 {
                     self.dbs.queue_drop(clone, template, 0);
                 }
-                self.build_failed(template, message.clone(), SqlErrorKind::Other, &mut actions);
-                Err(TemplateOpError::Failed {
-                    template: template.clone(),
-                    message,
-                })
+                let answer = client_failure(template, &error);
+                self.build_failed(template, error.message, error.kind, &mut actions);
+                Err(answer)
             }
         };
         self.dispatch(now, &mut actions);
@@ -443,6 +439,20 @@ impl PoolState {
             tracing::info!(template = %name, lease_id = %id, database = %database, "template full: recreating its longest-held test database");
             // Only handed-over leases are reclaimed: no request to fail.
             self.end_lease(database, || LeaseError::Discarded(name.clone()), actions);
+        }
+    }
+}
+
+/// What a client hears when making or finalizing its template failed: the server lost
+/// (503, try again) is not the template's failure.
+fn client_failure(template: &TemplateName, error: &SqlError) -> TemplateOpError {
+    match error.kind {
+        SqlErrorKind::ConnectionLost => TemplateOpError::PostgresDown(error.message.clone()),
+        SqlErrorKind::DiskFull | SqlErrorKind::Timeout | SqlErrorKind::Other => {
+            TemplateOpError::Failed {
+                template: template.clone(),
+                message: error.message.clone(),
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use super::lifecycle::{Build, ClientBuild, Lifecycle, Waiter};
 use super::{Action, Grant, PoolState, Server, WaiterId};
 use crate::error::{Blocked, LeaseError, LeaseOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::sql_error::SqlErrorKind;
+use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::types::LeaseRequest;
 
 impl PoolState {
@@ -251,7 +251,7 @@ impl PoolState {
     pub fn limit_set(
         &mut self,
         lease_id: &LeaseId,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
@@ -319,13 +319,14 @@ impl PoolState {
                     grant,
                 });
             }
-            Err(message) => {
+            // A full disk is still a full disk (507), a lost connection a server away (503).
+            Err(error) => {
                 actions.push(Action::Fail {
                     waiter: waiter.id,
                     error: LeaseError::CloneFailed {
                         template: template.clone(),
-                        message,
-                        cause: SqlErrorKind::Other,
+                        message: error.message,
+                        cause: error.kind,
                     },
                 });
                 self.dbs.queue_drop(database, &template, 0);

@@ -455,12 +455,27 @@ impl World {
                     );
                     self.dropped.insert(db.clone());
                 }
-                self.state.drop_finished(&db, outcome(), now)
+                self.state
+                    .drop_finished(&db, outcome().map_err(SqlError::other), now)
             }
-            Action::SetLimit { lease_id, .. } => self.state.limit_set(&lease_id, outcome(), now),
+            Action::SetLimit { lease_id, .. } => {
+                // A full disk, for a change: its kind must reach the caller.
+                let outcome = outcome().map_err(|message| SqlError {
+                    kind: crate::sql_error::SqlErrorKind::DiskFull,
+                    sqlstate: Some("53100".into()),
+                    message,
+                });
+                self.state.limit_set(&lease_id, outcome, now)
+            }
             Action::OpenTemplate { template, db } => {
                 self.created.insert(db.clone());
-                self.state.template_opened(&template, db, outcome(), now).1
+                // A lost connection: the client hears 503, and may initialize again.
+                let outcome = outcome().map_err(|message| SqlError {
+                    kind: crate::sql_error::SqlErrorKind::ConnectionLost,
+                    sqlstate: None,
+                    message,
+                });
+                self.state.template_opened(&template, db, outcome, now).1
             }
             Action::FinalizeTemplate { template, db, .. } => {
                 let built = Built {

@@ -186,10 +186,11 @@ impl PoolState {
     pub fn drop_finished(
         &mut self,
         db: &DbName,
-        outcome: Result<(), String>,
+        outcome: Result<(), SqlError>,
         now: Instant,
     ) -> Vec<Action> {
-        self.dbs.drop_ended(db, outcome, now);
+        self.dbs
+            .drop_ended(db, outcome.map_err(|error| error.message), now);
         let mut actions = Vec::new();
         self.dispatch(now, &mut actions);
         actions

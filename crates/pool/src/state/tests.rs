@@ -2008,3 +2008,57 @@ fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
     let _ = state.server_lost("postgres exited");
     assert!(state.space_status().is_none(), "gone with its server");
 }
+
+#[test]
+fn a_connection_limit_that_fails_for_a_full_disk_tells_the_caller_so() {
+    let mut state = pool(1, 10);
+    let now = Instant::now();
+    let default = TemplateName::default_name();
+    let _ = state.server_up(100);
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
+    for action in actions {
+        if let Action::Clone {
+            template,
+            template_db,
+            clone,
+        } = action
+        {
+            let _ = state.clone_finished(&template, &template_db, clone, Ok(made()), now);
+        }
+    }
+    let own_limit = LeaseRequest {
+        connections: Some(3),
+        ..request("default", 1000)
+    };
+    let set = state.request_lease(1, LeaseId::random(0), &own_limit, now);
+    let lease_id = set
+        .iter()
+        .find_map(|a| match a {
+            Action::SetLimit { lease_id, .. } => Some(lease_id.clone()),
+            _ => None,
+        })
+        .expect("a limit to set");
+    let full = crate::sql_error::SqlError {
+        kind: crate::sql_error::SqlErrorKind::DiskFull,
+        sqlstate: Some("53100".into()),
+        message: "could not extend file: No space left on device".into(),
+    };
+    let failed = state.limit_set(&lease_id, Err(full), now);
+    let cause = failed.iter().find_map(|a| match a {
+        Action::Fail {
+            waiter: 1,
+            error: LeaseError::CloneFailed { cause, .. },
+        } => Some(*cause),
+        _ => None,
+    });
+    assert_eq!(
+        cause,
+        Some(crate::sql_error::SqlErrorKind::DiskFull),
+        "{failed:?}"
+    );
+}
