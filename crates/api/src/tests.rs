@@ -208,6 +208,19 @@ async fn lease_converts_ttl_and_wait_to_durations() {
     assert_eq!(body["template"], "app");
 }
 
+#[test]
+fn a_lease_body_leaves_unset_fields_out() {
+    let body = crate::wire::LeaseBody {
+        template: Some("app".into()),
+        wait_ms: Some(1500),
+        ..Default::default()
+    };
+    assert_eq!(
+        serde_json::to_value(&body).expect("serializes"),
+        json!({ "template": "app", "wait_ms": 1500 })
+    );
+}
+
 #[tokio::test]
 async fn lease_errors_map_to_status_and_code() {
     struct Case {
@@ -776,6 +789,11 @@ async fn status_renders_the_report_without_credentials() {
         !body.to_string().contains("password"),
         "credentials in /status: {body}"
     );
+    // A client (the benchmark) reads the answer back into the same wire types, losing
+    // nothing.
+    let typed: crate::wire::StatusResponse =
+        serde_json::from_value(body.clone()).expect("/status reads back");
+    assert_eq!(serde_json::to_value(&typed).expect("serializes"), body);
 }
 
 #[tokio::test]

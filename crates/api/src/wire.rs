@@ -1,8 +1,8 @@
 //! The JSON bodies of the API: requests as clients send them, responses as they receive
 //! them. Pool types are converted here; they are never serialized directly. The bodies
-//! `pglease`'s own client commands send and read derive both directions, so that the
-//! client and the daemon share one declaration of each; an absent optional field of a
-//! request is left out, not sent as null.
+//! `pglease`'s own client commands and the benchmark send and read derive both
+//! directions, so that clients and the daemon share one declaration of each; an absent
+//! optional field of a request is left out, not sent as null.
 
 use std::borrow::Cow;
 
@@ -139,7 +139,7 @@ pub struct KeptJson {
 }
 
 /// A granted lease.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LeaseResponse {
     /// Lease id, for release and renew.
     pub id: String,

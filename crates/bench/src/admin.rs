@@ -133,7 +133,7 @@ pub async fn wait_idle(
             .templates
             .iter()
             .any(|t| t.leased > 0 || t.in_progress > 0 || t.waiting > 0);
-        let ready_here = status.template(template).map_or(0, |t| t.ready);
+        let ready_here = crate::api::template(&status, template).map_or(0, |t| t.ready);
         let ready_all: usize = status.templates.iter().map(|t| t.ready).sum();
         if !busy && ready_here >= min_ready && clone_count(admin).await? == ready_all {
             return Ok(started.elapsed());
@@ -142,7 +142,7 @@ pub async fn wait_idle(
             return Err(BenchError::Other(format!(
                 "the pool did not become idle within {}s (template {template}: {:?})",
                 limit.as_secs(),
-                status.template(template)
+                crate::api::template(&status, template)
             )));
         }
         tokio::time::sleep(IDLE_POLL).await;

@@ -21,7 +21,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::api::{Api, Status};
+use crate::api::Api;
 use crate::error::{BenchError, Result};
 
 /// How long a daemon may take to log its address: generous, a cold start runs initdb.
@@ -254,7 +254,7 @@ impl Daemon {
     /// Reads `/status` and works out where postgres is; records the instance directory
     /// in the pid file.
     pub async fn server_info(&self) -> Result<ServerInfo> {
-        let status: Status = self.api()?.status().await?;
+        let status = self.api()?.status().await?;
         let data_dir = status
             .postgres
             .data_dir

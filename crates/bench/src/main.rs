@@ -466,11 +466,9 @@ async fn shared_scenarios(
     };
     let s3 = if wanted(3) {
         let fingerprint = match daemon.api() {
-            Ok(api) => api
-                .status()
-                .await
-                .ok()
-                .and_then(|s| s.template(FIXTURE).and_then(|t| t.fingerprint.clone())),
+            Ok(api) => api.status().await.ok().and_then(|s| {
+                crate::api::template(&s, FIXTURE).and_then(|t| t.fingerprint.clone())
+            }),
             Err(_) => None,
         };
         match fingerprint {

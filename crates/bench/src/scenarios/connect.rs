@@ -14,12 +14,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pglease_api::wire::LeaseResponse;
 use serde::Serialize;
 
 use super::seeds::{parse_pgbench, run_pgbench, Db};
 use super::{Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, Conn};
-use crate::api::Lease;
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::stats::{median, round3, Summary};
@@ -150,7 +150,7 @@ pub async fn run(
                 "[bench] 5 connection cost: lease, scram and trust, through libpq (pgbench -C)"
             );
             // libpq compares the first two, scram (the default) and trust.
-            let leases: Vec<&Lease> = daemons.iter().take(2).map(|d| &d.4).collect();
+            let leases: Vec<&LeaseResponse> = daemons.iter().take(2).map(|d| &d.4).collect();
             libpq = Some(libpq_cost(ctx, pgbench, &leases).await);
         }
         for ((_, _, _, auth_admin, lease), kind) in daemons.iter().zip(measured.iter_mut()) {
@@ -225,7 +225,7 @@ pub async fn run(
 }
 
 /// Runs [`LibpqCost`]'s measurement on `[scram lease, trust lease]`.
-async fn libpq_cost(ctx: &Ctx, pgbench: &Path, leases: &[&Lease]) -> LibpqCost {
+async fn libpq_cost(ctx: &Ctx, pgbench: &Path, leases: &[&LeaseResponse]) -> LibpqCost {
     let secs = ctx.plan.connect_libpq_secs;
     let runs = ctx.plan.connect_libpq_runs;
     let mut cost = LibpqCost {

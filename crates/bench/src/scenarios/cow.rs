@@ -235,8 +235,7 @@ async fn sizes_on(
     let mut live = None;
     for &mb in &ctx.plan.cow_template_mb {
         let name = format!("size{mb}");
-        let fingerprint = status
-            .template(&name)
+        let fingerprint = crate::api::template(&status, &name)
             .and_then(|t| t.fingerprint.clone())
             .ok_or_else(|| BenchError::Other(format!("template {name} was not built")))?;
         let template = admin::template_database(&admin_conn.client, &fingerprint).await?;
@@ -275,7 +274,7 @@ async fn sizes_on(
 }
 
 /// Waits until every sized template is built (a 4 GB one takes a minute or more).
-async fn built(daemon: &Daemon, sizes: &[u64]) -> Result<crate::api::Status> {
+async fn built(daemon: &Daemon, sizes: &[u64]) -> Result<pglease_api::wire::StatusResponse> {
     let started = Instant::now();
     loop {
         let status = daemon.api()?.status().await?;
@@ -283,9 +282,8 @@ async fn built(daemon: &Daemon, sizes: &[u64]) -> Result<crate::api::Status> {
             .iter()
             .map(|mb| format!("size{mb}"))
             .filter(|name| {
-                status
-                    .template(name)
-                    .is_none_or(|t| t.fingerprint.is_none() || t.state.as_deref() != Some("ready"))
+                crate::api::template(&status, name)
+                    .is_none_or(|t| t.fingerprint.is_none() || t.state != "ready")
             })
             .collect();
         if pending.is_empty() {
@@ -293,7 +291,7 @@ async fn built(daemon: &Daemon, sizes: &[u64]) -> Result<crate::api::Status> {
         }
         if let Some(error) = pending
             .iter()
-            .find_map(|name| status.template(name).and_then(|t| t.last_error.clone()))
+            .find_map(|name| crate::api::template(&status, name).and_then(|t| t.last_error.clone()))
         {
             return Err(BenchError::Other(format!(
                 "a sized template failed: {error}"

@@ -149,11 +149,13 @@ pub async fn run(ctx: &Ctx) -> Result<DumpsResult> {
         let template = loop {
             let status = api.status().await?;
             let big = status
-                .template("big")
+                .templates
+                .into_iter()
+                .find(|t| t.name == "big")
                 .ok_or_else(|| BenchError::Other("no template big".into()))?;
-            match big.state.as_deref() {
-                Some("ready") => break big.clone(),
-                Some("failed") => {
+            match big.state.as_ref() {
+                "ready" => break big,
+                "failed" => {
                     return Err(BenchError::Other(format!(
                         "the dump template failed: {}",
                         big.last_error.clone().unwrap_or_default()

@@ -81,8 +81,7 @@ pub async fn run(ctx: &Ctx) -> Result<std::result::Result<SuiteResult, String>> 
         .status()
         .await
         .ok()
-        .and_then(|s| s.limits)
-        .map_or(0, |l| l.reclaimed);
+        .map_or(0, |s| s.limits.reclaimed);
     daemon.stop().await?;
     let median_of = |server: &str| {
         let secs: Vec<f64> = runs

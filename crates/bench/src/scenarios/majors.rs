@@ -114,10 +114,7 @@ async fn one_major(ctx: &Ctx, major: u32) -> Result<MajorFigures> {
         // Built and warm before anything is timed.
         admin::wait_idle(&api, &admin_conn.client, FIXTURE, 4, IDLE_LIMIT).await?;
         let start_secs = round3(started.elapsed().as_secs_f64());
-        let fingerprint = api
-            .status()
-            .await?
-            .template(FIXTURE)
+        let fingerprint = crate::api::template(&api.status().await?, FIXTURE)
             .and_then(|t| t.fingerprint.clone())
             .ok_or_else(|| BenchError::Other("the fixture has no fingerprint".into()))?;
         let template = admin::template_database(&admin_conn.client, &fingerprint).await?;

@@ -155,12 +155,7 @@ pub async fn run(ctx: &Ctx) -> Result<ReuseResult> {
 }
 
 async fn counts(api: &Api) -> Result<(u64, u64)> {
-    let status = api.status().await?;
-    let limits = status.limits.unwrap_or(crate::api::LimitStatus {
-        reclaimed: 0,
-        reused_unchanged: 0,
-        replaced_changed: 0,
-    });
+    let limits = api.status().await?.limits;
     Ok((limits.reused_unchanged, limits.replaced_changed))
 }
 

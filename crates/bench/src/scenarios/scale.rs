@@ -146,10 +146,7 @@ async fn queue_and_sizes(ctx: &Ctx) -> Result<(QueueResult, CloneSizeResult)> {
         runs.push(queue_run(&api, ctx.plan.scale_clients, release, reuse, rounds).await);
     }
     admin::wait_idle(&api, &admin_conn.client, FIXTURE, 1, IDLE_LIMIT).await?;
-    let fingerprint = api
-        .status()
-        .await?
-        .template(FIXTURE)
+    let fingerprint = crate::api::template(&api.status().await?, FIXTURE)
         .and_then(|t| t.fingerprint.clone())
         .unwrap_or_default();
     let sizes = clone_sizes(ctx, &server, &admin_conn.client, &fingerprint).await;

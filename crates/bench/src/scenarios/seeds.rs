@@ -32,11 +32,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use pglease_api::wire::LeaseResponse;
 use serde::Serialize;
 
 use super::{Ctx, IDLE_LIMIT, WAIT_MS};
 use crate::admin;
-use crate::api::{Api, Lease};
+use crate::api::Api;
 use crate::cluster::{self, Cluster};
 use crate::error::{BenchError, Result};
 use crate::shim::{self, ProbeResult};
@@ -602,8 +603,8 @@ pub(super) struct Db {
     pub(super) lease_id: Option<String>,
 }
 
-impl From<Lease> for Db {
-    fn from(lease: Lease) -> Self {
+impl From<LeaseResponse> for Db {
+    fn from(lease: LeaseResponse) -> Self {
         Db {
             host: lease.host,
             port: lease.port,

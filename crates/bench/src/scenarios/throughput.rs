@@ -12,11 +12,12 @@
 
 use std::time::{Duration, Instant};
 
+use pglease_api::wire::LeaseResponse;
 use serde::Serialize;
 
 use super::{Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, sqlstate};
-use crate::api::{Api, Lease};
+use crate::api::Api;
 use crate::cpu::{CpuClock, CpuUse};
 use crate::daemon::Daemon;
 use crate::error::{BenchError, Result};
@@ -265,7 +266,7 @@ async fn one_test(api: &Api, customer: i32) -> Outcome {
 }
 
 /// Sorts a failure into double lease, missing database, or other.
-fn classify(lease: &Lease, error: BenchError) -> Outcome {
+fn classify(lease: &LeaseResponse, error: BenchError) -> Outcome {
     let code = match &error {
         BenchError::Postgres { source, .. } => sqlstate(source).map(str::to_string),
         _ => None,
