@@ -33,20 +33,6 @@ const READY_POLL: Duration = Duration::from_millis(50);
 const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long to wait after SIGQUIT before SIGKILL.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Environment variables that would leak into initdb, postgres or libpq.
-pub(crate) const SCRUBBED_ENV: &[&str] = &[
-    "PGDATA",
-    "PGHOST",
-    "PGHOSTADDR",
-    "PGPORT",
-    "PGUSER",
-    "PGDATABASE",
-    "PGOPTIONS",
-    "PGPASSWORD",
-    "PGSERVICE",
-    "PGSYSCONFDIR",
-    "LD_PRELOAD",
-];
 /// `statfs` magic of ramfs (not among nix's constants).
 const RAMFS_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x8584_58f6);
 
@@ -94,6 +80,21 @@ impl OsUser {
                 .map_err(|e| BenchError::io(format!("cannot chown {}", path.display()), e)),
             None => Ok(()),
         }
+    }
+}
+
+/// Removes from `command`'s environment what pglease removes before it starts initdb or
+/// postgres (`pglease_pool::postgres::SCRUBBED_ENV`: libpq's and the server's defaults,
+/// systemd's), so the baselines start as pglease's server does, and pgbench goes where
+/// it is told. Also `LD_PRELOAD`, which pglease leaves alone: a preload inherited from
+/// the caller would slow one baseline and not another; the stock server gets the fsync
+/// shim only where the benchmark sets it.
+pub(crate) fn scrub_env(command: &mut Command) {
+    for name in pglease_pool::postgres::SCRUBBED_ENV
+        .iter()
+        .chain(&["LD_PRELOAD"])
+    {
+        command.env_remove(name);
     }
 }
 
@@ -227,9 +228,7 @@ impl Cluster {
             .current_dir(&self.base_dir)
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        for name in SCRUBBED_ENV {
-            command.env_remove(name);
-        }
+        scrub_env(&mut command);
         if let Some((uid, gid)) = self.user.switch {
             command.uid(uid).gid(gid);
         }

@@ -75,24 +75,16 @@ impl BenchError {
     }
 }
 
-/// A postgres error with the server's message and SQLSTATE, or the client-side causes
-/// (the driver's own `Display` says only "db error").
+/// A postgres error as pglease words it (`pglease_pool::pg_message`: the server's
+/// message with its detail and hint, or the client-side causes; the driver's own
+/// `Display` says only "db error"), followed by the SQLSTATE, which pglease keeps apart
+/// (`SqlError::sqlstate`) but a benchmark report has only this text to show.
 pub fn postgres_text(error: &tokio_postgres::Error) -> String {
-    if let Some(db) = error.as_db_error() {
-        return format!(
-            "{}: {} (SQLSTATE {})",
-            db.severity(),
-            db.message(),
-            db.code().code()
-        );
+    let text = pglease_pool::pg_message(error);
+    match error.code() {
+        Some(code) => format!("{text} (SQLSTATE {})", code.code()),
+        None => text,
     }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// The benchmark's result type.

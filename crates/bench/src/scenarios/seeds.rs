@@ -64,22 +64,13 @@ const RUN_MARGIN: Duration = Duration::from_secs(180);
 /// How long a finished backend may take to leave `pg_stat_activity`.
 const BACKEND_EXIT_LIMIT: Duration = Duration::from_secs(10);
 
-/// pglease's server settings (crates/pool/src/postgres/mod.rs, `server_args`, for an
-/// instance in memory), for the hand-tuned postgres. The ones the daemon reports in
-/// `/status` are taken from there at run time.
-const TUNED_SETTINGS: &[(&str, &str)] = &[
-    ("fsync", "off"),
-    ("synchronous_commit", "off"),
-    ("full_page_writes", "off"),
-    ("wal_level", "minimal"),
-    ("max_wal_senders", "0"),
-    ("jit", "off"),
+/// The settings pglease sizes for each daemon (from its options and the instance
+/// directory) rather than fixing them, with the values of a daemon started as the
+/// benchmark starts it; the values the daemon reports in `/status` replace these.
+const SIZED_SETTINGS: &[(&str, &str)] = &[
     ("max_wal_size", "8GB"),
-    ("checkpoint_timeout", "1d"),
-    ("logging_collector", "off"),
     ("shared_buffers", "128MB"),
     ("max_connections", "100"),
-    ("dynamic_shared_memory_type", "mmap"),
 ];
 
 /// Scenario 6's figures.
@@ -374,10 +365,16 @@ fn mode_note(ctx: &Ctx) -> String {
     }
 }
 
-/// pglease's settings, with the values the daemon reported for those it shows.
+/// pglease's own server settings for the hand-tuned postgres, so that the lease is
+/// compared with the same server minus pglease: those every embedded server runs with,
+/// those of one in memory (the tuned cluster is in /dev/shm, as pglease's instance is),
+/// and the sized ones; any the daemon reports take the value it reported.
 fn tuned_settings(reported: &serde_json::Map<String, serde_json::Value>) -> Vec<(String, String)> {
+    use pglease_pool::postgres::{IN_MEMORY_SETTINGS, TUNED_SETTINGS};
     TUNED_SETTINGS
         .iter()
+        .chain(IN_MEMORY_SETTINGS)
+        .chain(SIZED_SETTINGS)
         .map(|(key, value)| {
             let value = reported.get(*key).and_then(|v| v.as_str()).unwrap_or(value);
             (key.to_string(), value.to_string())
@@ -973,9 +970,7 @@ pub(super) async fn run_pgbench(
         .stdin(Stdio::null())
         .kill_on_drop(true);
     // The caller's PG* variables must not redirect it (PGHOSTADDR beats -h, for one).
-    for name in cluster::SCRUBBED_ENV {
-        command.env_remove(name);
-    }
+    cluster::scrub_env(&mut command);
     if let Some(password) = &db.password {
         // Through the environment, not the command line (ps would show it).
         command.env("PGPASSWORD", password);
@@ -1360,5 +1355,11 @@ tps = 400.200000 (excluding connections establishing)
         assert_eq!(get("max_connections"), Some("350"));
         assert_eq!(get("wal_level"), Some("minimal"));
         assert_eq!(get("max_wal_senders"), Some("0"));
+        assert_eq!(get("dynamic_shared_memory_type"), Some("mmap"));
+        assert_eq!(get("shared_buffers"), Some("128MB"));
+        let mut keys: Vec<&str> = settings.iter().map(|(k, _)| k.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), settings.len(), "a setting given twice");
     }
 }

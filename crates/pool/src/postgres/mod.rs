@@ -20,6 +20,8 @@ mod storage;
 #[cfg(test)]
 mod tests;
 
+pub use spawn::SCRUBBED_ENV;
+
 use std::ffi::OsString;
 use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
 use std::net::TcpListener;
@@ -648,6 +650,35 @@ struct Place {
     rest: Option<u64>,
 }
 
+/// The settings every embedded server runs with, first on its command line (sizes, the
+/// address and what depends on the file system follow; the user's settings come last and
+/// override them): unsafe on purpose, tuned for throw-away data. Public so that the
+/// benchmark's hand-tuned baseline runs exactly these.
+pub const TUNED_SETTINGS: &[(&str, &str)] = &[
+    // The data is thrown away: crash safety buys nothing.
+    ("fsync", "off"),
+    ("synchronous_commit", "off"),
+    ("full_page_writes", "off"),
+    ("wal_level", "minimal"),
+    // Required by wal_level=minimal.
+    ("max_wal_senders", "0"),
+    // JIT compilation slows the short queries tests run.
+    ("jit", "off"),
+    ("checkpoint_timeout", "1d"),
+    ("password_encryption", "scram-sha-256"),
+    // stderr goes to our log file; a collector would write elsewhere.
+    ("logging_collector", "off"),
+];
+
+/// Added to [`TUNED_SETTINGS`] when the cluster is in memory (tmpfs or ramfs).
+pub const IN_MEMORY_SETTINGS: &[(&str, &str)] = &[
+    // Dynamic shared memory as files in the data directory's pg_dynshmem instead of
+    // /dev/shm/PostgreSQL.*: just as fast on tmpfs, counted against a dedicated tmpfs'
+    // size, and removed with the instance even when postgres was killed (a killed
+    // postmaster leaves its /dev/shm segments behind for good).
+    ("dynamic_shared_memory_type", "mmap"),
+];
+
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.
 fn server_args(
     config: &EmbeddedConfig,
@@ -656,24 +687,10 @@ fn server_args(
     port: u16,
     place: &Place,
 ) -> Vec<OsString> {
-    let mut settings: Vec<(String, String)> = [
-        // The data is thrown away: crash safety buys nothing.
-        ("fsync", "off"),
-        ("synchronous_commit", "off"),
-        ("full_page_writes", "off"),
-        ("wal_level", "minimal"),
-        // Required by wal_level=minimal.
-        ("max_wal_senders", "0"),
-        // JIT compilation slows the short queries tests run.
-        ("jit", "off"),
-        ("checkpoint_timeout", "1d"),
-        ("password_encryption", "scram-sha-256"),
-        // stderr goes to our log file; a collector would write elsewhere.
-        ("logging_collector", "off"),
-    ]
-    .iter()
-    .map(|(key, value)| (key.to_string(), value.to_string()))
-    .collect();
+    let mut settings: Vec<(String, String)> = TUNED_SETTINGS
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
     settings.extend([
         ("shared_buffers".to_string(), config.shared_buffers.clone()),
         (
@@ -701,11 +718,11 @@ fn server_args(
         ],
     });
     if place.in_memory {
-        // Dynamic shared memory as files in the data directory's pg_dynshmem instead of
-        // /dev/shm/PostgreSQL.*: just as fast on tmpfs, counted against a dedicated
-        // tmpfs' size, and removed with the instance even when postgres was killed
-        // (a killed postmaster leaves its /dev/shm segments behind for good).
-        settings.push(("dynamic_shared_memory_type".to_string(), "mmap".to_string()));
+        settings.extend(
+            IN_MEMORY_SETTINGS
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string())),
+        );
     }
     if place.clones && place.major >= 18 {
         // On a file system that clones, a FILE_COPY clone shares its template's blocks.

@@ -20,8 +20,9 @@ use std::sync::OnceLock;
 use nix::sys::signal::Signal;
 
 /// Environment variables removed from every child: libpq and server defaults that would
-/// otherwise leak from the daemon's environment into initdb or postgres.
-const SCRUBBED_ENV: &[&str] = &[
+/// otherwise leak from the daemon's environment into initdb or postgres. Public so that
+/// the benchmark starts its own baseline servers the same way.
+pub const SCRUBBED_ENV: &[&str] = &[
     "PGDATA",
     "PGHOST",
     "PGHOSTADDR",
