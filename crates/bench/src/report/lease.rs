@@ -1,0 +1,243 @@
+//! The tables of scenarios 1 to 3: warm lease latency, end-to-end tests, and the
+//! physical limit (raw CREATE/DROP DATABASE) with what bound it.
+
+use super::table::{busy_cores, first_errors, mib, num, Table};
+use super::{not_done, Report};
+use crate::cpu::CpuUse;
+use crate::scenarios::ceiling::CeilingResult;
+
+impl Report {
+    pub(super) fn render_latency(&self, out: &mut String) {
+        out.push_str(
+            "\n1. Warm lease latency: POST /lease, pool ahead of demand, release reuse=true (ms)\n",
+        );
+        let outcome = &self.scenarios.warm_lease_latency;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "workers",
+            "leases",
+            "leases/s",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "release p50",
+            "errors",
+        ]);
+        for l in &r.levels {
+            t.row(vec![
+                l.workers.to_string(),
+                l.leases.to_string(),
+                num(l.leases_per_sec),
+                num(l.lease.p50_ms),
+                num(l.lease.p90_ms),
+                num(l.lease.p99_ms),
+                num(l.lease.max_ms),
+                num(l.release.p50_ms),
+                l.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+    }
+
+    pub(super) fn render_throughput(&self, out: &mut String) {
+        out.push_str("\n2. End-to-end tests: lease → connect → tx (10 inserts + select) → disconnect → release(drop)\n");
+        let outcome = &self.scenarios.end_to_end_throughput;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        let mut t = Table::new(&[
+            "workers",
+            "tests",
+            "tests/s",
+            "settled/s",
+            "overhead p50",
+            "p90",
+            "p99",
+            "lease p50",
+            "lease p99",
+            "connect p50",
+            "work p50",
+            "busy cores",
+            "CPU ms/test",
+            "double",
+            "missing",
+            "errors",
+        ]);
+        for l in &r.levels {
+            t.row(vec![
+                l.workers.to_string(),
+                l.tests.to_string(),
+                num(l.tests_per_sec),
+                num(l.tests_per_sec_settled),
+                num(l.overhead.p50_ms),
+                num(l.overhead.p90_ms),
+                num(l.overhead.p99_ms),
+                num(l.lease.p50_ms),
+                num(l.lease.p99_ms),
+                num(l.connect.p50_ms),
+                num(l.work.p50_ms),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_test.map_or("-".into(), num),
+                l.double_leases.to_string(),
+                l.missing_databases.to_string(),
+                l.errors.to_string(),
+            ]);
+        }
+        t.render(out);
+        out.push_str(&format!(
+            "  double leases: {}, missing databases: {} (must be 0); overhead = lease + release calls, ms\n",
+            r.double_leases, r.missing_databases
+        ));
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+    }
+
+    pub(super) fn render_ceiling(&self, out: &mut String) {
+        out.push_str("\n3. Physical limit: raw CREATE DATABASE … FILE_COPY + DROP, same postgres and template, no pglease\n");
+        let outcome = &self.scenarios.physical_limit;
+        if not_done(outcome, out) {
+            return;
+        }
+        let Some(r) = outcome.done() else { return };
+        out.push_str(&format!(
+            "  template {} ({}); {}\n",
+            r.template_database,
+            mib(r.template_bytes),
+            r.method
+        ));
+        let mut t = Table::new(&[
+            "workers",
+            "cycles",
+            "cycles/s",
+            "create p50",
+            "create p99",
+            "drop p50",
+            "drop p99",
+            "busy cores",
+            "CPU ms/cycle",
+            "pglease tests/s",
+            "fraction",
+            "target",
+        ]);
+        for l in &r.levels {
+            let fraction = self
+                .scenarios
+                .throughput_vs_ceiling
+                .iter()
+                .find(|f| f.workers == l.workers);
+            t.row(vec![
+                l.workers.to_string(),
+                l.cycles.to_string(),
+                num(l.cycles_per_sec),
+                num(l.create.p50_ms),
+                num(l.create.p99_ms),
+                num(l.drop.p50_ms),
+                num(l.drop.p99_ms),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_cycle.map_or("-".into(), num),
+                fraction.map_or("-".into(), |f| num(f.pglease_tests_per_sec)),
+                fraction.map_or("-".into(), |f| format!("{:.2}", f.fraction)),
+                "≥ 0.90".into(),
+            ]);
+        }
+        t.render(out);
+        first_errors(r.levels.iter().map(|l| &l.first_error), out);
+        self.render_cpu_bound(r, out);
+        if r.levels_with_work.is_empty() {
+            return;
+        }
+        out.push_str("  the same loop with scenario 2's test work between CREATE and DROP (connect, transaction, disconnect):\n");
+        let mut t = Table::new(&[
+            "workers",
+            "cycles",
+            "cycles/s",
+            "create p50",
+            "drop p50",
+            "connect p50",
+            "busy cores",
+            "CPU ms/cycle",
+            "pglease tests/s",
+            "fraction",
+            "lease connect p50",
+            "÷ raw",
+        ]);
+        let lease_connect = |workers: usize| {
+            self.scenarios
+                .end_to_end_throughput
+                .done()
+                .and_then(|tp| tp.levels.iter().find(|l| l.workers == workers))
+                .map(|l| l.connect.p50_ms)
+        };
+        for l in &r.levels_with_work {
+            let pglease = self
+                .scenarios
+                .throughput_vs_ceiling
+                .iter()
+                .find(|f| f.workers == l.workers)
+                .map(|f| f.pglease_tests_per_sec);
+            let raw_connect = l.connect.as_ref().map(|c| c.p50_ms).filter(|&ms| ms > 0.0);
+            let leased = lease_connect(l.workers);
+            t.row(vec![
+                l.workers.to_string(),
+                l.cycles.to_string(),
+                num(l.cycles_per_sec),
+                num(l.create.p50_ms),
+                num(l.drop.p50_ms),
+                raw_connect.map_or("-".into(), num),
+                busy_cores(l.cpu),
+                l.cpu_ms_per_cycle.map_or("-".into(), num),
+                pglease.map_or("-".into(), num),
+                pglease
+                    .filter(|_| l.cycles_per_sec > 0.0)
+                    .map_or("-".into(), |p| format!("{:.2}", p / l.cycles_per_sec)),
+                leased.map_or("-".into(), num),
+                leased
+                    .zip(raw_connect)
+                    .map_or("-".into(), |(lease, raw)| format!("{:.2}", lease / raw)),
+            ]);
+        }
+        t.render(out);
+        out.push_str(
+            "  connect p50: the raw loop's superuser connection to the clone it just made (unix socket, trust); \
+             lease connect p50: scenario 2's connection with a lease's URL (TCP, the lease's authentication) \
+             while the pool clones and drops beside it (target at 1 worker: ÷ raw ≤ 1.5)\n",
+        );
+        first_errors(r.levels_with_work.iter().map(|l| &l.first_error), out);
+    }
+
+    /// Where the cores are busy in both loops, throughput is CPU per unit of work: the
+    /// fraction pglease can reach is the raw cycle's CPU over a test's.
+    fn render_cpu_bound(&self, r: &CeilingResult, out: &mut String) {
+        let Some(tests) = self.scenarios.end_to_end_throughput.done() else {
+            return;
+        };
+        for raw in &r.levels {
+            let Some(test) = tests.levels.iter().find(|t| t.workers == raw.workers) else {
+                continue;
+            };
+            let (Some(raw_cpu), Some(test_cpu)) = (raw.cpu, test.cpu) else {
+                continue;
+            };
+            let (Some(per_cycle), Some(per_test)) = (raw.cpu_ms_per_cycle, test.cpu_ms_per_test)
+            else {
+                continue;
+            };
+            let saturated = |c: CpuUse| c.busy_cores >= 0.9 * c.cores as f64;
+            if !(saturated(raw_cpu) && saturated(test_cpu)) || per_test <= 0.0 {
+                continue;
+            }
+            out.push_str(&format!(
+                "  {} workers: CPU-bound (cores ≥ 90% busy in both); a test costs {} CPU ms, a raw cycle {}: the most pglease can reach is {:.2} of the raw loop\n",
+                raw.workers,
+                num(per_test),
+                num(per_cycle),
+                per_cycle / per_test
+            ));
+        }
+    }
+}
