@@ -139,7 +139,7 @@ pub(crate) fn check_clones(dir: &Path) -> Result<(), StartError> {
 /// Unmounts the store at `mount_point` (its loop device is freed with it), lazily if it
 /// is busy. Tolerant of a store already gone.
 pub(crate) fn unmount(mount_point: &Path) {
-    if !super::instance::is_mount_point(mount_point) {
+    if !super::filesystem::is_mount_point(mount_point) {
         return;
     }
     let plain = nix::mount::umount2(mount_point, nix::mount::MntFlags::empty());

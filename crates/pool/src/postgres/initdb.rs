@@ -20,8 +20,9 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::binaries::Binaries;
-use super::instance::{io_error, random_hex, RunAs};
+use super::run_as::RunAs;
 use super::spawn::{self, CommandSpec, Output};
+use super::util::{io_error, random_hex};
 use super::ADMIN_USER;
 use crate::error::StartError;
 

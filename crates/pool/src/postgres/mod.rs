@@ -6,19 +6,26 @@
 //! It runs no SQL beyond the readiness probe and knows nothing of templates or leases;
 //! the actor owns the values returned here.
 //!
-//! Submodules: `binaries` (which server, through `pglease-binaries`), `instance` (directory, tmpfs, OS user,
-//! stale sweep), `initdb` (initdb and its cache), `spawn` (the spawner thread).
+//! Submodules: `binaries` (which server, through `pglease-binaries`), `instance` (directory,
+//! tmpfs, storage), `run_as` (the OS user), `marker` (whose instance it is), `sweep` (stale
+//! instances), `filesystem` (tmpfs check, free space, mount points), `initdb` (initdb and
+//! its cache), `spawn` (the spawner thread), `util` (shared helpers).
 
 mod binaries;
 mod cow;
+mod filesystem;
 mod initdb;
 mod instance;
+mod marker;
+mod run_as;
 pub mod snapshot;
 mod space;
 mod spawn;
 mod storage;
+mod sweep;
 #[cfg(test)]
 mod tests;
+mod util;
 
 pub use spawn::SCRUBBED_ENV;
 
@@ -36,10 +43,12 @@ use tracing::{error, info, warn};
 use self::binaries::Binaries;
 pub(crate) use self::cow::used_bytes;
 use self::initdb::Cache;
-use self::instance::{io_error, Instance, RunAs, INITDB_TMP_PREFIX};
+use self::instance::{Instance, INITDB_TMP_PREFIX};
+use self::run_as::RunAs;
 use self::spawn::{CommandSpec, Output};
 pub(crate) use self::storage::AUTO_MIN_TEMPLATE_BYTES;
 use self::storage::{largest_template, StorageHints};
+use self::util::{io_error, write_anew};
 use crate::config::{EmbeddedConfig, LeaseAuth, TemplateConfig};
 use crate::error::StartError;
 use crate::types::StorageStatus;
@@ -172,8 +181,7 @@ impl Embedded {
         run_as: RunAs,
         cache_root: PathBuf,
     ) -> Result<Embedded, StartError> {
-        let swept =
-            instance::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+        let swept = sweep::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
         if !swept.is_empty() {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
@@ -287,8 +295,8 @@ impl Embedded {
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
         // From here on the value owns the child: if this future is dropped, Drop kills it.
-        let databases_space =
-            Some(launched.data_dir.join(space::DIR)).filter(|base| instance::is_mount_point(base));
+        let databases_space = Some(launched.data_dir.join(space::DIR))
+            .filter(|base| filesystem::is_mount_point(base));
         let mut running = RunningPostgres {
             pid: launched.child.id(),
             port: launched.port,
@@ -615,7 +623,7 @@ impl Launch {
     fn run_initdb_beside(&self) -> Result<PathBuf, StartError> {
         let fresh = self
             .clusters_dir
-            .join(format!("{INITDB_TMP_PREFIX}{}", instance::random_hex(4)));
+            .join(format!("{INITDB_TMP_PREFIX}{}", util::random_hex(4)));
         initdb::run_initdb(
             &self.binaries,
             &self.run_as,
@@ -1017,30 +1025,4 @@ where
             }),
         },
     }
-}
-
-/// Writes `path` anew, owner-only and given to `owner`: whatever is there — a link a
-/// hostile snapshot or a kept directory left, say — is removed, not written through.
-fn write_anew(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>) -> Result<(), StartError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(_) => std::fs::remove_file(path).map_err(|e| io_error("cannot replace", path, e))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error("cannot stat", path, e)),
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_error("cannot create", path, e))?;
-    file.write_all(bytes)
-        .map_err(|e| io_error("cannot write", path, e))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-            .map_err(|e| io_error("cannot chown", path, e))?;
-    }
-    Ok(())
 }

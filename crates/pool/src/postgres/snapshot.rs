@@ -344,7 +344,7 @@ pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, St
         ".{}.tmp-{}",
         path.file_name()
             .map_or_else(Default::default, |n| n.to_string_lossy()),
-        super::instance::random_hex(4)
+        super::util::random_hex(4)
     ));
     let result = write_archive(cluster, manifest, &tmp).and_then(|()| {
         std::fs::rename(&tmp, path)

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags};
 use tracing::{info, warn};
 
-use super::instance::{io_error, make_private_dir, RunAs};
+use super::run_as::{make_private_dir, RunAs};
+use super::util::io_error;
 use crate::error::StartError;
 
 /// The cluster's directory of per-database files, the mount point.

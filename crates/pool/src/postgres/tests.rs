@@ -9,8 +9,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::instance::{self, Marker};
+use super::marker::{self, Marker};
 use super::*;
+use super::{filesystem, instance, run_as, sweep, util};
 use crate::config::PoolLimits;
 
 /// The env var naming the server's bin directory for tests.
@@ -22,7 +23,7 @@ struct Scratch(PathBuf);
 impl Scratch {
     /// A fresh directory under `parent`.
     fn under(parent: &Path, name: &str) -> Scratch {
-        let dir = parent.join(format!("pglease-test-{name}-{}", instance::random_hex(6)));
+        let dir = parent.join(format!("pglease-test-{name}-{}", util::random_hex(6)));
         std::fs::create_dir_all(&dir).expect("create scratch dir");
         Scratch(dir)
     }
@@ -116,7 +117,7 @@ fn processes_in(dir: &Path) -> Vec<u32> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
-                && instance::process_alive(*pid)
+                && marker::process_alive(*pid)
         })
         .collect()
 }
@@ -141,7 +142,7 @@ fn directory_on_disk() -> PathBuf {
     candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     candidates
         .into_iter()
-        .find(|dir| instance::check_in_memory(dir, false).is_err())
+        .find(|dir| filesystem::check_in_memory(dir, false).is_err())
         .expect("some test directory on persistent storage")
 }
 
@@ -189,7 +190,7 @@ async fn starts_connects_and_shuts_down_cleanly() {
         "{}",
         instance_dir.display()
     );
-    let marker = instance::read_marker(&instance_dir).expect("marker");
+    let marker = marker::read_marker(&instance_dir).expect("marker");
     assert_eq!(marker.pid, Some(std::process::id()));
 
     let running = start(&mut embedded).await;
@@ -309,21 +310,18 @@ async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
     let mut postmaster = start(&mut orphaned).await;
 
     // While its daemon (us) lives, nothing is swept.
-    assert_eq!(
-        instance::sweep_stale(shm.path(), None),
-        Vec::<PathBuf>::new()
-    );
+    assert_eq!(sweep::sweep_stale(shm.path(), None), Vec::<PathBuf>::new());
     // A directory without our marker is never touched.
     let foreign = shm.path().join("pglease-foreign");
     std::fs::create_dir(&foreign).expect("mkdir");
     // Pretend the daemon died: the marker now names a dead pid.
     std::fs::write(
-        stale_dir.join(instance::MARKER_FILE),
+        stale_dir.join(marker::MARKER_FILE),
         format!("pid={}\n", dead_pid()),
     )
     .expect("rewrite marker");
 
-    let swept = instance::sweep_stale(shm.path(), None);
+    let swept = sweep::sweep_stale(shm.path(), None);
     assert_eq!(swept, vec![stale_dir.clone()]);
     assert!(!stale_dir.exists());
     assert!(foreign.exists());
@@ -342,7 +340,7 @@ async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
     let mut second = prepare(&config).await;
     let mut abandoned = start(&mut second).await;
     std::fs::write(
-        stale_dir.join(instance::MARKER_FILE),
+        stale_dir.join(marker::MARKER_FILE),
         format!("pid={}\n", dead_pid()),
     )
     .expect("rewrite marker");
@@ -353,7 +351,7 @@ async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
         || abandoned.poll_exit().is_some(),
     )
     .await;
-    let marker = instance::read_marker(&stale_dir).expect("new marker");
+    let marker = marker::read_marker(&stale_dir).expect("new marker");
     assert_eq!(marker.pid, Some(std::process::id()));
     assert!(marker.start_time.is_some());
     let fresh = start(&mut third).await;
@@ -371,19 +369,19 @@ async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
 #[test]
 fn marker_liveness_uses_pid_and_start_time() {
     let dir = Scratch::new("marker");
-    instance::write_marker(dir.path(), false).expect("write");
-    let ours = instance::read_marker(dir.path()).expect("read");
+    marker::write_marker(dir.path(), false).expect("write");
+    let ours = marker::read_marker(dir.path()).expect("read");
     assert_eq!(ours.pid, Some(std::process::id()));
     assert!(!ours.kept);
-    let own_start = instance::proc_stat(std::process::id())
+    let own_start = marker::proc_stat(std::process::id())
         .expect("stat")
         .start_time;
     assert_eq!(ours.start_time, Some(own_start));
-    instance::write_marker(dir.path(), true).expect("write kept");
-    assert!(instance::read_marker(dir.path()).expect("read").kept);
+    marker::write_marker(dir.path(), true).expect("write kept");
+    assert!(marker::read_marker(dir.path()).expect("read").kept);
 
     assert!(
-        instance::owner_alive(&ours),
+        marker::owner_alive(&ours),
         "our own marker names a live daemon"
     );
 
@@ -392,7 +390,7 @@ fn marker_liveness_uses_pid_and_start_time() {
         start_time,
         kept: false,
     };
-    assert!(!instance::owner_alive(&marker(dead_pid(), None)));
+    assert!(!marker::owner_alive(&marker(dead_pid(), None)));
     // A live process that is not pglease, found by name when the start time is missing,
     // and by start time otherwise (a reused pid).
     let mut sleeper = std::process::Command::new("sleep")
@@ -400,35 +398,35 @@ fn marker_liveness_uses_pid_and_start_time() {
         .spawn()
         .expect("spawn sleep");
     let sleeper_pid = sleeper.id();
-    let sleeper_start = instance::proc_stat(sleeper_pid).expect("stat").start_time;
-    assert!(!instance::owner_alive(&marker(sleeper_pid, None)));
-    assert!(!instance::owner_alive(&marker(
+    let sleeper_start = marker::proc_stat(sleeper_pid).expect("stat").start_time;
+    assert!(!marker::owner_alive(&marker(sleeper_pid, None)));
+    assert!(!marker::owner_alive(&marker(
         sleeper_pid,
         Some(sleeper_start + 1)
     )));
-    assert!(instance::owner_alive(&marker(
+    assert!(marker::owner_alive(&marker(
         sleeper_pid,
         Some(sleeper_start)
     )));
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     // A zombie or a reaped process is dead.
-    assert!(!instance::owner_alive(&marker(
+    assert!(!marker::owner_alive(&marker(
         sleeper_pid,
         Some(sleeper_start)
     )));
 
     // The file round-trips, and a missing one reads as no marker.
     std::fs::write(
-        dir.path().join(instance::MARKER_FILE),
+        dir.path().join(marker::MARKER_FILE),
         format!("pid={sleeper_pid}\nstart_time={sleeper_start}\n"),
     )
     .expect("write");
     assert_eq!(
-        instance::read_marker(dir.path()),
+        marker::read_marker(dir.path()),
         Some(marker(sleeper_pid, Some(sleeper_start)))
     );
-    assert_eq!(instance::read_marker(&dir.path().join("missing")), None);
+    assert_eq!(marker::read_marker(&dir.path().join("missing")), None);
 }
 
 #[tokio::test]
@@ -631,7 +629,7 @@ async fn postgres_dies_with_its_daemon() {
     poll_until(
         Duration::from_secs(10),
         "the orphaned postmaster to exit",
-        || !instance::process_alive(pid),
+        || !marker::process_alive(pid),
     )
     .await;
     poll_until(
@@ -641,9 +639,9 @@ async fn postgres_dies_with_its_daemon() {
     )
     .await;
     // What is left is the directory, which the next daemon's sweep removes.
-    assert!(instance_dir.join(instance::MARKER_FILE).exists());
+    assert!(instance_dir.join(marker::MARKER_FILE).exists());
     assert_eq!(
-        instance::sweep_stale(shm.path(), None),
+        sweep::sweep_stale(shm.path(), None),
         vec![instance_dir.clone()]
     );
     assert!(!instance_dir.exists());
@@ -659,9 +657,9 @@ fn victim_state(path: &Path) -> (String, u32, u32, u32) {
 
 /// The server's user as a start running as root resolves it (`nobody` here), so that a
 /// chown through a link would show on the victim; the current user otherwise.
-fn test_run_as() -> instance::RunAs {
+fn test_run_as() -> run_as::RunAs {
     let root = nix::unistd::geteuid().is_root();
-    instance::RunAs {
+    run_as::RunAs {
         name: "nobody".into(),
         uid: if root {
             65534
@@ -713,10 +711,10 @@ fn the_instance_marker_is_written_anew_never_through_a_link() {
     let before = victim_state(&victim);
     let dir = scratch.path().join("instance");
     std::fs::create_dir(&dir).expect("mkdir");
-    std::os::unix::fs::symlink(&victim, dir.join(instance::MARKER_FILE)).expect("symlink");
-    instance::write_marker(&dir, true).expect("write the marker");
+    std::os::unix::fs::symlink(&victim, dir.join(marker::MARKER_FILE)).expect("symlink");
+    marker::write_marker(&dir, true).expect("write the marker");
     assert_eq!(victim_state(&victim), before, "the victim changed");
-    let marker = instance::read_marker(&dir).expect("a marker of ours");
+    let marker = marker::read_marker(&dir).expect("a marker of ours");
     assert_eq!(marker.pid, Some(std::process::id()));
     assert!(marker.kept);
 }
@@ -733,7 +731,7 @@ fn a_private_directory_is_never_reached_through_a_link() {
     let before = std::fs::metadata(&outside).expect("stat");
     let socket_dir = scratch.path().join("socket");
     std::os::unix::fs::symlink(&outside, &socket_dir).expect("symlink");
-    let error = instance::make_private_dir(&socket_dir, &test_run_as())
+    let error = run_as::make_private_dir(&socket_dir, &test_run_as())
         .expect_err("made a link's target private");
     let message = error.to_string();
     assert!(
@@ -748,7 +746,7 @@ fn a_private_directory_is_never_reached_through_a_link() {
     // A real directory is made private, through its handle.
     let real = scratch.path().join("real");
     std::fs::create_dir(&real).expect("mkdir");
-    instance::make_private_dir(&real, &test_run_as()).expect("make private");
+    run_as::make_private_dir(&real, &test_run_as()).expect("make private");
     let meta = std::fs::metadata(&real).expect("stat");
     assert_eq!(meta.mode() & 0o777, 0o700);
 }

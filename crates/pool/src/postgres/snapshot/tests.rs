@@ -134,7 +134,7 @@ fn an_abandoned_temporary_file_goes_and_a_fresh_one_stays() {
 fn tempdir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "pglease-snapshot-test-{}",
-        super::super::instance::random_hex(6)
+        super::super::util::random_hex(6)
     ));
     std::fs::create_dir_all(&dir).expect("test step");
     dir
