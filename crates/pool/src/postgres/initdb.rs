@@ -23,8 +23,10 @@ use super::binaries::Binaries;
 use super::run_as::RunAs;
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{io_error, random_hex};
-use super::ADMIN_USER;
 use crate::error::StartError;
+
+/// The superuser role initdb creates; it connects only over the private unix socket.
+pub const ADMIN_USER: &str = "postgres";
 
 /// Bumped when the layout or content of cache entries changes, to orphan old entries.
 const CACHE_FORMAT: &str = "pglease-initdb-cache-v1";
@@ -39,7 +41,7 @@ pub(crate) fn initdb_args(encoding: &str, locale: &str) -> Vec<String> {
         format!("--encoding={encoding}"),
         format!("--locale={locale}"),
         format!("--username={ADMIN_USER}"),
-        // Only the pg_hba.conf pglease writes at each start matters; see super::PG_HBA.
+        // Only the pg_hba.conf pglease writes at each start matters; see settings::pg_hba.
         "--auth=trust".into(),
     ]
 }

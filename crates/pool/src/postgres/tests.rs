@@ -9,10 +9,15 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
 use super::marker::{self, Marker};
+use super::settings::{pg_hba, server_args, Place};
+use super::util::write_anew;
 use super::*;
 use super::{filesystem, instance, run_as, sweep, util};
-use crate::config::PoolLimits;
+use crate::config::{LeaseAuth, PoolLimits};
 
 /// The env var naming the server's bin directory for tests.
 const BIN_DIR_VAR: &str = "PGLEASE_PG_BIN_DIR";
