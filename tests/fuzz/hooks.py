@@ -20,6 +20,9 @@ def no_internal_error(ctx, response, case):
 #: The longest a generated `POST /lease` waits for a database, in milliseconds.
 LEASE_WAIT_MS = 2000
 
+#: The longest a generated lease (or renewal) lives, in seconds.
+LEASE_TTL_SECS = 5
+
 
 @schemathesis.hook
 def map_body(ctx, body):
@@ -28,15 +31,25 @@ def map_body(ctx, body):
     another generated lease holds a connection for hours — rightly waits that long and then
     answers 504; `--checks all` turns on `max_response_time` (10 s), which is to measure the
     API, not a wait the caller asked for. Bodies that are not objects, and wait values that
-    are not integers, go through as generated (negative cases)."""
+    are not integers, go through as generated (negative cases).
+
+    A request without a body waits the default 60 s, which a hook cannot shorten; so the
+    time a generated lease (or renewal) holds its connections is capped too: a lease
+    asking for the whole connection budget then blocks the others for seconds, not for
+    the hours it asked."""
     operation = getattr(ctx, "operation", None)
     if (
-        operation is not None
-        and operation.method.upper() == "POST"
-        and operation.path == "/lease"
-        and isinstance(body, dict)
+        operation is None
+        or operation.method.upper() != "POST"
+        or not isinstance(body, dict)
     ):
+        return body
+    if operation.path == "/lease":
         wait = body.get("wait_ms")
         if wait is None or (type(wait) is int and wait > LEASE_WAIT_MS):
             body["wait_ms"] = LEASE_WAIT_MS
+    if operation.path in ("/lease", "/leases/{id}/renew"):
+        ttl = body.get("ttl_secs")
+        if ttl is None or (type(ttl) is int and ttl > LEASE_TTL_SECS):
+            body["ttl_secs"] = LEASE_TTL_SECS
     return body
