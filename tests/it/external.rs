@@ -305,20 +305,18 @@ async fn a_server_out_of_connection_slots_is_waited_for_at_start() {
         taken.push(server.connect().await);
     }
     let args = vec!["--postgres-url".to_owned(), server.url()];
-    let starting = tokio::spawn(TestDaemon::builder().args(args).start());
-    // Long enough for a few refused attempts, well inside the wait.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!starting.is_finished(), "pglease started without a slot");
+    let mut starting = TestDaemon::builder().args(args).spawn();
+    // The daemon's own word, naming the wait and postgres' reason, proves it was refused
+    // for want of a slot and chose to ask again (a refusal it gave up on would end the
+    // process, which fails this wait). Only then are the slots given back.
+    starting
+        .wait_for_log("that it waits for a connection slot", |line| {
+            line.contains("postgres does not take connections yet")
+                && line.contains("too many clients")
+        })
+        .await;
     drop(taken);
-    let daemon = starting.await.expect("join");
-    assert!(
-        daemon
-            .log()
-            .contains("postgres does not take connections yet")
-            && daemon.log().contains("too many clients"),
-        "the log names the wait and postgres' reason: {}",
-        daemon.log()
-    );
+    let daemon = starting.listening().await;
     daemon.lease_ok("default").await;
     assert!(daemon.stop().await.success());
 }

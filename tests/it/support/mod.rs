@@ -127,11 +127,15 @@ impl DaemonBuilder {
 
     /// Starts the daemon and waits until it listens.
     pub async fn start(self) -> TestDaemon {
-        let mut command = self.command();
-        let child = command.spawn().expect("spawn pglease");
+        self.spawn().listening().await
+    }
+
+    /// Starts the daemon and returns at once, for tests that watch what it logs while it
+    /// starts ([`StartingDaemon::wait_for_log`]).
+    pub fn spawn(self) -> StartingDaemon {
+        let mut child = self.command().spawn().expect("spawn pglease");
         let log = Arc::new(Mutex::new(Vec::<String>::new()));
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let mut child = child;
         let stderr = child.stderr.take().expect("stderr piped");
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
@@ -145,34 +149,11 @@ impl DaemonBuilder {
                 sink.lock().expect("log lock").push(line);
             }
         });
-        let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_TIMEOUT))
-            .await
-            .expect("join");
-        let addr = match addr {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "pglease did not start listening; set {PG_BIN_ENV} if postgres is not found. Log:\n{}",
-                    log.lock().expect("log lock").join("\n")
-                );
-            }
-        };
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(token) = &self.token {
-            let bearer = format!("Bearer {token}").parse().expect("a header value");
-            headers.insert(reqwest::header::AUTHORIZATION, bearer);
-        }
-        TestDaemon {
-            base: format!("http://{addr}"),
+        StartingDaemon {
             child: Some(child),
             log,
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .build()
-                .expect("an HTTP client"),
-            token: self.token.clone(),
+            addr_rx: Some(addr_rx),
+            token: self.token,
         }
     }
 
@@ -249,6 +230,104 @@ impl DaemonBuilder {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         command
+    }
+}
+
+/// A daemon spawned by [`DaemonBuilder::spawn`] that may not listen yet.
+pub struct StartingDaemon {
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+    /// The address from the "listening" line, once the daemon logs it.
+    addr_rx: Option<std::sync::mpsc::Receiver<String>>,
+    token: Option<String>,
+}
+
+impl StartingDaemon {
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    /// Waits until a line of the log satisfies `found`. Fails the test, with the log, if
+    /// the daemon exits first or nothing matches within [`START_TIMEOUT`].
+    pub async fn wait_for_log(&mut self, what: &str, found: impl Fn(&str) -> bool) {
+        let started = Instant::now();
+        loop {
+            if self
+                .log
+                .lock()
+                .expect("log lock")
+                .iter()
+                .any(|line| found(line))
+            {
+                return;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!(
+                    "pglease exited ({status}) before logging {what}. Log:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                started.elapsed() < START_TIMEOUT,
+                "pglease did not log {what} within {START_TIMEOUT:?}. Log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the daemon listens.
+    pub async fn listening(mut self) -> TestDaemon {
+        let addr_rx = self.addr_rx.take().expect("not waited for yet");
+        let addr = tokio::task::spawn_blocking(move || addr_rx.recv_timeout(START_TIMEOUT))
+            .await
+            .expect("join");
+        let mut child = self.child.take().expect("running");
+        let addr = match addr {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "pglease did not start listening; set {PG_BIN_ENV} if postgres is not found. Log:\n{}",
+                    self.log()
+                );
+            }
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &self.token {
+            let bearer = format!("Bearer {token}").parse().expect("a header value");
+            headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        }
+        TestDaemon {
+            base: format!("http://{addr}"),
+            child: Some(child),
+            log: Arc::clone(&self.log),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .expect("an HTTP client"),
+            token: self.token.take(),
+        }
+    }
+}
+
+impl Drop for StartingDaemon {
+    fn drop(&mut self) {
+        // A test that failed before the daemon listened stops it as `TestDaemon` does.
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }
 
