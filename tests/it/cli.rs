@@ -328,32 +328,45 @@ fn help_explains_serve() {
 
 #[tokio::test]
 async fn ready_waits_for_a_daemon_started_after_it() {
-    // A port nothing listens on yet; the daemon takes it once `ready` is asking.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    // The test holds the port until `ready` has asked once, and closes that connection
+    // unanswered: `ready` is then known to run, and to have met no daemon. The port is
+    // left free (later attempts are refused, the case
+    // `ready_gives_up_after_its_timeout_and_says_why` covers alone) until the daemon
+    // takes it; `ready` succeeding then proves it kept asking.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let port = listener.local_addr().expect("its address").port();
     let server = format!("http://127.0.0.1:{port}");
-    let mut waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_pglease"))
+    let waiting = tokio::process::Command::new(env!("CARGO_BIN_EXE_pglease"))
         .args(["ready", "--timeout", "60", "--server", &server])
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run pglease ready");
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(
-        waiting.try_wait().expect("poll").is_none(),
-        "ready must keep asking while no daemon listens"
-    );
+    let (asked, _) = tokio::time::timeout(std::time::Duration::from_secs(60), listener.accept())
+        .await
+        .expect("ready asks")
+        .expect("accept");
+    drop(listener);
+    drop(asked);
     let daemon = TestDaemon::builder()
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .start()
         .await;
-    let status = tokio::time::timeout(std::time::Duration::from_secs(60), waiting.wait())
-        .await
-        .expect("ready returns once the daemon is ready")
-        .expect("wait");
-    assert!(status.success(), "{status:?}");
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        waiting.wait_with_output(),
+    )
+    .await
+    .expect("ready returns once the daemon is ready")
+    .expect("wait");
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (code, body) = daemon.get("/readyz").await;
     assert_eq!(code, 200, "{body}");
 }
