@@ -209,7 +209,13 @@ async fn postgres_killed_under_load_is_back_within_seconds_and_nothing_hangs() {
         .await;
     let tally = Arc::new(Tally::default());
     let (stop, workers) = run_workers(&daemon.base, &tally).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The kill must come under load: waited for until a first test has finished (leases
+    // flow end to end), rather than a fixed pause a busy machine can fill with nothing.
+    poll_until(Duration::from_secs(30), "a first test to finish", || {
+        let done = tally.tests.load(Ordering::Relaxed) > 0;
+        async move { done.then_some(()) }
+    })
+    .await;
     let before = tally.tests.load(Ordering::Relaxed);
     let pid = daemon.status().await["postgres"]["pid"]
         .as_u64()
@@ -260,12 +266,20 @@ async fn sigterm_under_load_stops_cleanly_within_the_grace_period() {
     let (stop, workers) = run_workers(&daemon.base, &tally).await;
     // Under load for real: some tests done, others in flight. Waited for rather than a
     // fixed pause, which a busy machine can fill without finishing a single test.
-    crate::support::poll_until(Duration::from_secs(30), "a first test to finish", || {
+    poll_until(Duration::from_secs(30), "a first test to finish", || {
         let done = tally.tests.load(Ordering::Relaxed) > 0;
         async move { done.then_some(()) }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And leases open as the signal goes: /status counts some that workers hold mid-test.
+    poll_until(
+        Duration::from_secs(30),
+        "a lease held by a worker",
+        || async {
+            (daemon.template_status("default").await["leased"].as_u64() > Some(0)).then_some(())
+        },
+    )
+    .await;
     let started = std::time::Instant::now();
     let exit = daemon.stop().await;
     let took = started.elapsed();
