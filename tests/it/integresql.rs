@@ -126,7 +126,9 @@ async fn initialize_migrate_finalize_then_test_databases_with_their_shape() {
         .batch_execute("CREATE TABLE items (id int); INSERT INTO items VALUES (1), (2);")
         .await
         .expect("migrate");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The getter has reached the pool, which holds it as waiting (it counts in /status);
+    // unanswered meanwhile, it waits for finalize.
+    daemon.wait_for_waiting("0a1b2c", 1).await;
     assert!(!early.is_finished(), "a getter must wait for finalize");
     assert_eq!(compat.finalize("0a1b2c").await, 204);
     assert_eq!(
