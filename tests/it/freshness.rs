@@ -62,10 +62,20 @@ async fn a_changed_migration_reaches_the_next_lease_without_a_restart() {
     assert_eq!(status, 204);
     wait_until_dropped(&old, "the old version's clone to be dropped").await;
 
-    // Touching a file without changing it keeps the version.
-    let content = fs::read(dir.join("002_b.sql")).expect("read");
-    std::thread::sleep(Duration::from_millis(150));
-    fs::write(dir.join("002_b.sql"), content).expect("rewrite");
+    // Touching a file without changing it keeps the version. The rewrite gets an mtime
+    // set a minute on, so that its stamp moves for sure (the daemon then hashes the
+    // sources again) whatever the file system's timestamp granularity.
+    let touched = dir.join("002_b.sql");
+    let content = fs::read(&touched).expect("read");
+    let mtime = fs::metadata(&touched)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    fs::write(&touched, content).expect("rewrite");
+    fs::File::options()
+        .write(true)
+        .open(&touched)
+        .and_then(|f| f.set_modified(mtime + Duration::from_secs(60)))
+        .expect("set the mtime");
     let same = daemon.lease_ok("app").await;
     assert_eq!(same["fingerprint"], newer["fingerprint"]);
     assert_eq!(daemon.template_status("app").await["version"], 3);
