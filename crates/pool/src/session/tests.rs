@@ -320,8 +320,51 @@ async fn the_server_lock_keeps_a_second_session_out() {
     let first = server.open().await;
     let still_running_job = first.clone();
     drop(first);
+    // Our lock connections are named after this process; those there already (the first
+    // session's, perhaps the refused one's on its way out) are not the second's.
+    let admin = server.superuser().await;
+    let ours = format!("pglease (pid {} on %", std::process::id());
+    let earlier: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1",
+            &[&ours],
+        )
+        .await
+        .expect("list our lock connections")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
     let second = tokio::spawn(Session::open(server.params()));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The second session's lock connection has found the lock taken and looked up who
+    // holds it (its last query reads pg_locks): it has reached its wait for the lock.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let looked: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 \
+                 AND NOT pid = ANY($2) AND query LIKE '%FROM pg_locks%'",
+                &[&ours, &earlier],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        if looked > 0 {
+            break;
+        }
+        assert!(
+            !second.is_finished(),
+            "the second session ended without waiting for the first"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second session never found the lock taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What sets our own holder apart from another daemon's is only how long it is waited
+    // for: past the 2 s a foreign holder gets (`FOREIGN_WAIT` in session/lock.rs), the
+    // second session still waits.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
         !second.is_finished(),
         "the second session did not wait for the first"
