@@ -320,13 +320,8 @@ impl StartingDaemon {
 impl Drop for StartingDaemon {
     fn drop(&mut self) {
         // A test that failed before the daemon listened stops it as `TestDaemon` does.
-        if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        if let Some(child) = self.child.take() {
+            stop_child(child);
         }
     }
 }
@@ -535,13 +530,8 @@ impl TestDaemon {
 impl Drop for TestDaemon {
     fn drop(&mut self) {
         // A failed test still stops its daemon cleanly, so no postgres or tmpfs dir is left.
-        if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        if let Some(child) = self.child.take() {
+            stop_child(child);
         }
     }
 }
@@ -698,4 +688,15 @@ pub async fn daemon_hashing_a_huge_source_with(
     )
     .await;
     (daemon, hashing, schema)
+}
+
+/// Stops a daemon a test leaves behind: SIGTERM, so it removes its postgres and tmpfs
+/// directory, then SIGKILL if it has not exited within 20 s.
+fn stop_child(mut child: std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

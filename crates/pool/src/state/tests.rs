@@ -670,20 +670,7 @@ fn a_request_waiting_for_a_source_check_is_served_after_it_and_by_the_new_versio
     let now = Instant::now();
     let default = TemplateName::default_name();
     let _ = state.server_up(1000);
-    let actions = state.build_finished(
-        &default,
-        SourceStamp::default(),
-        Ok(built(&default, "aa")),
-        now,
-    );
-    for action in actions {
-        if let Action::Clone {
-            template_db, clone, ..
-        } = action
-        {
-            let _ = state.clone_finished(&default, &template_db, clone, Ok(made()), now);
-        }
-    }
+    default_built_with_its_clones_ready(&mut state, now);
     assert!(state.begin_sources_check(&default));
     assert!(!state.begin_sources_check(&default), "one look at a time");
     let actions = state.request_lease(1, LeaseId::random(0), &request("default", 1000), now);
@@ -2013,24 +2000,8 @@ fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
 fn a_connection_limit_that_fails_for_a_full_disk_tells_the_caller_so() {
     let mut state = pool(1, 10);
     let now = Instant::now();
-    let default = TemplateName::default_name();
     let _ = state.server_up(100);
-    let actions = state.build_finished(
-        &default,
-        SourceStamp::default(),
-        Ok(built(&default, "aa")),
-        now,
-    );
-    for action in actions {
-        if let Action::Clone {
-            template,
-            template_db,
-            clone,
-        } = action
-        {
-            let _ = state.clone_finished(&template, &template_db, clone, Ok(made()), now);
-        }
-    }
+    default_built_with_its_clones_ready(&mut state, now);
     let own_limit = LeaseRequest {
         connections: Some(3),
         ..request("default", 1000)
@@ -2061,4 +2032,24 @@ fn a_connection_limit_that_fails_for_a_full_disk_tells_the_caller_so() {
         Some(crate::sql_error::SqlErrorKind::DiskFull),
         "{failed:?}"
     );
+}
+
+/// Builds `default` (version "aa") on a server that is up, and finishes the clones that
+/// build starts: its ready queue is full.
+fn default_built_with_its_clones_ready(state: &mut PoolState, now: Instant) {
+    let default = TemplateName::default_name();
+    let actions = state.build_finished(
+        &default,
+        SourceStamp::default(),
+        Ok(built(&default, "aa")),
+        now,
+    );
+    for action in actions {
+        if let Action::Clone {
+            template_db, clone, ..
+        } = action
+        {
+            let _ = state.clone_finished(&default, &template_db, clone, Ok(made()), now);
+        }
+    }
 }
