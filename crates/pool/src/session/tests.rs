@@ -11,6 +11,7 @@ use tokio_postgres::NoTls;
 
 use super::*;
 use crate::config::PoolLimits;
+use crate::error::StartError;
 use crate::postgres::{Embedded, RunningPostgres};
 use crate::EmbeddedConfig;
 

@@ -1,0 +1,145 @@
+//! Making a clone: its lease role (a member of the owner role, with a fresh password and
+//! its SCRAM verifier), `CREATE DATABASE … TEMPLATE`, retried while stray sessions leave
+//! the template, and what CREATE DATABASE does not copy (grants, settings); and setting a
+//! lease's own connection limit. It does not choose what to clone: the state does.
+
+use std::time::Duration;
+
+use super::{Session, OWNER_ROLE};
+use crate::config::LeaseAuth;
+use crate::names::{quote_ident, quote_literal, DbName};
+use crate::scram;
+use crate::sql_error::SqlError;
+
+/// How many times a clone is retried while stray sessions leave its template.
+const CLONE_BUSY_RETRIES: u32 = 40;
+
+impl Session {
+    /// Makes a clone ready to lease: its own LOGIN role (named like the database, a member
+    /// of the owner role, with a fresh password), `CREATE DATABASE clone TEMPLATE
+    /// template_db` owned by that role, CONNECT and TEMPORARY revoked from PUBLIC, the
+    /// template's database-level settings re-applied, and our marker on both.
+    /// Returns the role's password.
+    /// With `standard_scram` its verifier has postgres' standard iteration count (for
+    /// clients of the IntegreSQL API, whose Go drivers refuse fewer).
+    pub async fn clone_database(
+        &self,
+        template_db: &DbName,
+        clone: &DbName,
+        standard_scram: bool,
+    ) -> Result<String, SqlError> {
+        self.bounded(
+            || format!("cloning {template_db} into {clone}"),
+            async |client| {
+                self.clone_with(client, template_db, clone, standard_scram)
+                    .await
+            },
+        )
+        .await
+    }
+
+    async fn clone_with(
+        &self,
+        client: &tokio_postgres::Client,
+        template_db: &DbName,
+        clone: &DbName,
+        standard_scram: bool,
+    ) -> Result<String, SqlError> {
+        let role = quote_ident(clone.as_str());
+        let password = scram::random_password();
+        let superuser = if self.lease_superuser {
+            "SUPERUSER"
+        } else {
+            "NOSUPERUSER"
+        };
+        // Membership in the owner role (and the prefix) marks the role, and through it the
+        // database it owns, as ours: no comment to write on the hot path.
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
+                   IN ROLE {owner}",
+                limit = self.lease_connections,
+                verifier = quote_literal(&self.verifier(&password, standard_scram)),
+                owner = quote_ident(OWNER_ROLE),
+            ))
+            .await
+            .map_err(|e| SqlError::from_pg(&e))?;
+        // STRATEGY exists from postgres 15; older servers always copy files.
+        let strategy = if self.pg_major >= 15 {
+            format!(" STRATEGY {}", self.clone_strategy.as_sql())
+        } else {
+            String::new()
+        };
+        let create = format!(
+            "CREATE DATABASE {} TEMPLATE {}{strategy} OWNER {role}",
+            clone.quoted(),
+            template_db.quoted(),
+        );
+        let mut attempt = 0;
+        loop {
+            match client.batch_execute(&create).await {
+                Ok(()) => break,
+                // "source database is being accessed by other users": a session is leaving.
+                Err(e)
+                    if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                        && attempt < CLONE_BUSY_RETRIES =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                Err(e) => return Err(SqlError::from_pg(&e)),
+            }
+        }
+        // CREATE DATABASE does not copy database-level grants or settings.
+        let settings = self
+            .template_settings(client, template_db)
+            .await
+            .map_err(SqlError::other)?;
+        let sql = format!(
+            "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;{}",
+            clone.quoted(),
+            settings.sql_for(clone)
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| SqlError::from_pg(&e))?;
+        settings
+            .verify(self, client, template_db, clone)
+            .await
+            .map_err(SqlError::other)?;
+        Ok(password)
+    }
+
+    /// Sets the connection limit of a clone's role (for a lease that asked for its own).
+    pub async fn set_connection_limit(&self, clone: &DbName, limit: u32) -> Result<(), SqlError> {
+        let sql = format!(
+            "ALTER ROLE {} CONNECTION LIMIT {limit}",
+            quote_ident(clone.as_str())
+        );
+        self.bounded(
+            || format!("setting the connection limit of {clone}"),
+            async |client| {
+                client
+                    .batch_execute(&sql)
+                    .await
+                    .map_err(|e| SqlError::from_pg(&e))
+            },
+        )
+        .await
+    }
+
+    /// The SCRAM verifier stored for `password` under the configured iteration count (at
+    /// least postgres' standard count with `standard`).
+    pub(crate) fn verifier(&self, password: &str, standard: bool) -> String {
+        let iterations = match self.lease_auth {
+            LeaseAuth::Scram { iterations } if standard => {
+                iterations.max(crate::template::STANDARD_SCRAM_ITERATIONS)
+            }
+            LeaseAuth::Scram { iterations } => iterations,
+            // Trust ignores it; a valid verifier keeps the role usable if the rule changes.
+            LeaseAuth::Trust => crate::config::DEFAULT_SCRAM_ITERATIONS,
+        };
+        scram::verifier(password, iterations)
+    }
+}

@@ -1,0 +1,223 @@
+//! Opening a session: connecting, the superuser check, the server lock, the owner role
+//! (and the IntegreSQL clients' role), the settings read back for `/status`, the
+//! connection budget left to lease holders, and the sweep of an earlier run's leftovers.
+//! What the sweep keeps and drops is `sweep.rs`'s business, not this file's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::{
+    bounded, describe_target, integresql, lock, pg_message, Session, SessionParams, Sweep,
+    OWNER_ROLE, POOL_WAIT,
+};
+use crate::error::StartError;
+use crate::names::{quote_ident, quote_literal, MARKER};
+use crate::template;
+
+/// Settings shown in `/status`, read back from the server.
+const SHOWN_SETTINGS: &[&str] = &[
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_level",
+    "jit",
+    "shared_buffers",
+    "max_connections",
+    "checkpoint_timeout",
+    "max_wal_size",
+    "file_copy_method",
+    "ssl",
+];
+
+impl Session {
+    /// Connects, checks privileges, takes the server lock (or fails with
+    /// [`StartError::ServerInUse`]), creates the owner role, reads the settings back and
+    /// sweeps what earlier runs left.
+    pub async fn open(params: SessionParams) -> Result<Session, StartError> {
+        let target = describe_target(&params.admin_config);
+        let admin_config = bounded::with_connect_timeout(&params.admin_config);
+        let manager = Manager::from_config(
+            bounded::pool_config(&admin_config, params.admin_timeout),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(params.pool_size.max(2))
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(bounded::create_bound(&admin_config)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StartError::Unreachable {
+                target: target.clone(),
+                reason: format!("the admin connection pool: {e}"),
+            })?;
+        let client = pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(source) => StartError::Connect {
+                target: target.clone(),
+                source,
+            },
+            other => StartError::Unreachable {
+                target: target.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        let sql_error = |context: &str| {
+            let context = context.to_owned();
+            move |source| StartError::Sql { context, source }
+        };
+        let row = client
+            .query_one(
+                "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                 (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+                &[],
+            )
+            .await
+            .map_err(sql_error("reading the server version"))?;
+        let version_num: i32 = row.get(0);
+        let version: String = row.get(1);
+        let superuser: Option<bool> = row.get(2);
+        if superuser != Some(true) {
+            return Err(StartError::NotSuperuser { target });
+        }
+        // Before anything is created or swept: the sweep would drop another daemon's clones.
+        let lock = lock::ServerLock::acquire(&admin_config).await?;
+        let role = quote_ident(OWNER_ROLE);
+        client
+            .batch_execute(&format!(
+                "DO $$ BEGIN \
+                   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {name}) THEN \
+                     CREATE ROLE {role} NOLOGIN; \
+                   END IF; \
+                 END $$; \
+                 COMMENT ON ROLE {role} IS {marker};",
+                name = quote_literal(OWNER_ROLE),
+                marker = quote_literal(MARKER),
+            ))
+            .await
+            .map_err(sql_error("creating the owner role"))?;
+        if let Some(role) = &params.integresql_role {
+            integresql::ensure_role(&client, role, params.lease_connections).await?;
+            if params.external {
+                tracing::warn!(
+                    role = %role.name,
+                    "on an external server pglease does not write pg_hba.conf: for the IntegreSQL clients' role to reach the templates being initialized, it needs the line `host samerole {} all scram-sha-256` before any rule that matches it",
+                    role.name
+                );
+            }
+        }
+        let rows = client
+            .query(
+                "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name",
+                &[&SHOWN_SETTINGS],
+            )
+            .await
+            .map_err(sql_error("reading settings"))?;
+        let settings: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if params.external && settings.iter().any(|(k, v)| k == "fsync" && v == "on") {
+            tracing::warn!(
+                server = %target,
+                "the external postgres runs with fsync=on: clones and drops will be much slower than on a tuned server"
+            );
+        }
+        let session = Session {
+            pool,
+            admin_config,
+            pg_major: (version_num / 10000) as u32,
+            version,
+            lease_host: params.lease_host,
+            lease_port: params.lease_port,
+            // The IntegreSQL clients' role holds up to a lease's connections of its own.
+            connection_budget: budget(&client, params.pool_size).await?.saturating_sub(
+                if params.integresql_role.is_some() {
+                    params.lease_connections
+                } else {
+                    0
+                },
+            ),
+            settings,
+            external: params.external,
+            build_timeout: params.build_timeout,
+            adoptable: Vec::new(),
+            client_templates: Vec::new(),
+            clone_strategy: params.clone_strategy,
+            lease_auth: params.lease_auth,
+            lease_superuser: params.lease_superuser,
+            lease_connections: params.lease_connections,
+            integresql_role: params
+                .integresql_role
+                .as_ref()
+                .map(|role| role.name.clone()),
+            admin_timeout: params.admin_timeout,
+            admin_timeouts: Arc::default(),
+            _lock: Arc::new(lock),
+            template_settings: Arc::default(),
+            build_progress: template::progress::Board::default(),
+            child_user: params.child_user,
+            proof_dir: match params.proof_dir {
+                Some(dir) => match client
+                    // In a schema of its own in the `postgres` database (the daemon's
+                    // connections pin search_path to pg_catalog, where nothing may be
+                    // created; and no lease role can connect here).
+                    .batch_execute(
+                        "CREATE SCHEMA IF NOT EXISTS pglease; \
+                         CREATE EXTENSION IF NOT EXISTS pg_buffercache SCHEMA pglease",
+                    )
+                    .await
+                {
+                    Ok(()) => Some(dir),
+                    Err(error) => {
+                        tracing::warn!(
+                            error = %pg_message(&error),
+                            "cannot install pg_buffercache (postgres' contrib): released clones \
+                             are dropped and made again instead of proven unchanged"
+                        );
+                        None
+                    }
+                },
+                None => None,
+            },
+        };
+        drop(client);
+        // Leftovers cost space, not correctness: failing to remove them must not stop us.
+        let mut session = session;
+        // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread, and
+        // with the child user's rights.
+        let (templates, pg_major) = (params.templates.clone(), session.pg_major);
+        let current = session
+            .child_user
+            .read(move || template::current_versions(&templates, pg_major, &HashMap::new()))
+            .await;
+        // Without the current versions every template would look stale: no sweep then.
+        let swept = match current {
+            Ok(current) => session.sweep(current, Sweep::Start).await,
+            Err(message) => Err(message),
+        };
+        if let Err(message) = swept {
+            tracing::warn!(error = %message, "could not clean up after an earlier run");
+        }
+        Ok(session)
+    }
+}
+
+/// Connections left for lease holders: `max_connections` less `superuser_reserved_connections`,
+/// the daemon's worker pool, its monitor connection and a margin of 3.
+async fn budget(client: &tokio_postgres::Client, pool_size: usize) -> Result<u32, StartError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int",
+            &[],
+        )
+        .await
+        .map_err(|source| StartError::Sql {
+            context: "reading max_connections".into(),
+            source,
+        })?;
+    let (max, reserved): (i32, i32) = (row.get(0), row.get(1));
+    let ours = pool_size as i64 + 1 + 3;
+    Ok((i64::from(max) - i64::from(reserved) - ours).max(0) as u32)
+}

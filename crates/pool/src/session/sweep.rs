@@ -1,0 +1,219 @@
+//! The sweep of what earlier runs left on the server (at start, and before a snapshot):
+//! which databases and lease roles of ours go, which complete templates stay, which ready
+//! clones a clean stop marked are adopted (`ready_marker`, written by `mark_ready`). It
+//! only drops what carries our marker or belongs to our roles; nothing else is touched.
+
+use std::collections::HashSet;
+
+use super::{pg_message, Session, OWNER_ROLE};
+use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
+use crate::template;
+
+/// What a sweep keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// At start: complete current templates, complete client-built templates, ready clones
+    /// marked at a clean stop.
+    Start,
+    /// Before a snapshot: complete current templates only.
+    Snapshot,
+}
+
+impl Session {
+    /// Drops every database with our prefix and marker except complete templates of the
+    /// current configuration, then our lease roles; nothing without the marker is touched.
+    /// A template is marked by its comment; a clone by its owner, a role with our prefix
+    /// that is a member of the owner role (or carries our comment), created before the
+    /// database, so a daemon killed at any point leaves nothing unrecognisable. Failures to
+    /// drop one leftover are logged and the sweep goes on.
+    ///
+    /// [`Sweep::Snapshot`] keeps only the configured templates: client-built templates and
+    /// every clone go too.
+    /// `current` is the fingerprint of every configured template, by name.
+    pub(crate) async fn sweep(
+        &mut self,
+        current: Vec<(TemplateName, String)>,
+        mode: Sweep,
+    ) -> Result<(), String> {
+        let keep: HashSet<String> = current
+            .iter()
+            .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())
+            .collect();
+        let client = self.client().await?;
+        let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        let rows = client
+            .query(
+                "SELECT datname, datistemplate AND NOT datallowconn, \
+                        coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
+                 WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
+                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE r.rolname LIKE $1 AND r.rolname <> $3 \
+                                 AND (shobj_description(r.oid, 'pg_authid') LIKE $2 \
+                                      OR r.oid IN (SELECT m.member FROM pg_auth_members m \
+                                                   JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $3))))",
+                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        drop(client);
+        // Complete client-built templates stay; their names count as current versions
+        // (a client template's fingerprint is its name), so their ready clones are adopted.
+        let mut keep = keep;
+        let mut current = current;
+        for row in &rows {
+            let (name, complete, comment): (String, bool, String) =
+                (row.get(0), row.get(1), row.get(2));
+            let client_template = template::parse_client_template_marker(&comment)
+                .filter(|_| complete && mode == Sweep::Start);
+            if let Some(template) = client_template {
+                let db = DbName::from_server(name.clone());
+                let size = match self.database_size(&db).await {
+                    Ok(size) => size,
+                    Err(error) => {
+                        // Not kept, then: it is dropped below like any leftover.
+                        tracing::warn!(database = %name, %error, "could not size a kept client-built template");
+                        continue;
+                    }
+                };
+                tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
+                template::write_relcache_init(self, &db).await;
+                current.push((template.clone(), template.to_string()));
+                self.client_templates.push((template, db, size));
+                keep.insert(name);
+            }
+        }
+        let mut adopted: HashSet<String> = HashSet::new();
+        for row in rows {
+            let name: String = row.get(0);
+            let complete: bool = row.get(1);
+            let comment: String = row.get(2);
+            if complete && keep.contains(&name) {
+                continue;
+            }
+            // A ready clone a clean shutdown left, of a template version still current.
+            let ready = parse_ready_marker(&comment).filter(|_| mode == Sweep::Start);
+            if let Some((template, fingerprint)) = ready {
+                let current_version = current
+                    .iter()
+                    .any(|(n, f)| *n == template && *f == fingerprint);
+                let template_db_kept = keep
+                    .contains(DbName::template(&template, &fingerprint).as_str())
+                    || self.client_templates.iter().any(|(t, _, _)| *t == template);
+                if current_version && template_db_kept {
+                    tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
+                    self.adoptable
+                        .push((template, fingerprint, DbName::from_server(name.clone())));
+                    adopted.insert(name);
+                    continue;
+                }
+            }
+            match comment.strip_prefix(&format!("{MARKER}; template ")) {
+                // A template built from other sources than the current ones (a snapshot's,
+                // a kept data directory's, an external server's): never used.
+                Some(template) if complete => tracing::info!(
+                    database = %name,
+                    template,
+                    "dropping a template database built from other sources than the \
+                     template's current ones (or of a template no longer configured)"
+                ),
+                _ if mode == Sweep::Snapshot => {
+                    tracing::debug!(database = %name, "dropping before the snapshot");
+                }
+                _ => tracing::info!(database = %name, "dropping a database left by an earlier run"),
+            }
+            if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
+                tracing::warn!(database = %name, error = %message, "could not drop a leftover database");
+            }
+        }
+        // Lease roles of earlier runs; their databases are gone by now.
+        let client = self.client().await?;
+        let roles = client
+            .query(
+                "SELECT rolname FROM pg_roles r WHERE rolname LIKE $1 AND rolname <> $2 \
+                 AND (shobj_description(oid, 'pg_authid') LIKE $3 \
+                      OR oid IN (SELECT m.member FROM pg_auth_members m \
+                                 JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
+                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
+            )
+            .await
+            .map_err(|e| pg_message(&e))?;
+        for row in roles {
+            let name: String = row.get(0);
+            if adopted.contains(&name) {
+                continue;
+            }
+            if mode == Sweep::Start {
+                tracing::info!(role = %name, "dropping a role left by an earlier run");
+            }
+            let dropped = client
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
+                .await;
+            if let Err(error) = dropped {
+                tracing::warn!(role = %name, error = %pg_message(&error), "could not drop a leftover role");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The comment a clean shutdown leaves on a ready clone of a server that outlives us.
+pub fn ready_marker(template: &TemplateName, fingerprint: &str) -> String {
+    format!("{MARKER}; ready; template={template}; fingerprint={fingerprint}")
+}
+
+/// Template and fingerprint of a [`ready_marker`] comment.
+fn parse_ready_marker(comment: &str) -> Option<(TemplateName, String)> {
+    let rest = comment
+        .strip_prefix(MARKER)?
+        .strip_prefix("; ready; template=")?;
+    let (template, fingerprint) = rest.split_once("; fingerprint=")?;
+    // Our SHA-256 fingerprints, or a client-built template's own hash (its fingerprint
+    // is its name, whatever digest the client uses).
+    let fingerprint_ok = fingerprint == template
+        || (fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()));
+    Some((TemplateName::new(template).ok()?, fingerprint.to_owned())).filter(|_| fingerprint_ok)
+}
+
+/// Marks a ready clone for the next run to adopt.
+pub(crate) async fn mark_ready(
+    session: &Session,
+    template: &TemplateName,
+    fingerprint: &str,
+    clone: &DbName,
+) -> Result<(), String> {
+    session
+        .execute(&format!(
+            "COMMENT ON DATABASE {} IS {}",
+            clone.quoted(),
+            quote_literal(&ready_marker(template, fingerprint))
+        ))
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod marker_tests {
+    use super::*;
+
+    #[test]
+    fn ready_markers_round_trip_for_configured_and_client_built_templates() {
+        let configured = TemplateName::new("app").expect("name");
+        let fingerprint = "ab".repeat(32);
+        let marker = ready_marker(&configured, &fingerprint);
+        assert_eq!(
+            parse_ready_marker(&marker),
+            Some((configured.clone(), fingerprint))
+        );
+        // A client's md5-sized hash is its own fingerprint.
+        let client = TemplateName::new("0123456789abcdef0123456789abcdef").expect("name");
+        let marker = ready_marker(&client, client.as_str());
+        assert_eq!(
+            parse_ready_marker(&marker),
+            Some((client.clone(), client.to_string()))
+        );
+        assert_eq!(
+            parse_ready_marker(&ready_marker(&configured, "short")),
+            None
+        );
+        assert_eq!(parse_ready_marker("someone else's comment"), None);
+    }
+}
