@@ -1,4 +1,5 @@
 use std::fs;
+use std::path::PathBuf;
 
 use super::*;
 

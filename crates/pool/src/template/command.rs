@@ -1,0 +1,253 @@
+//! Running a migration command (or a dump's restore) against a template database: as the
+//! child user, in a process group of its own that a timeout or a shutdown kills whole,
+//! with the build role's credentials in its environment, its output's tail kept for the
+//! error message and, for a restore, its progress counted for the log and `/status`.
+
+use std::time::Duration;
+
+use super::apply::create_build_role;
+use super::progress;
+use crate::config::CommandSource;
+use crate::names::{DbName, TemplateName};
+use crate::session::Session;
+
+/// Lines of a command's output kept for its error message.
+const OUTPUT_TAIL_LINES: usize = 40;
+
+/// Runs a migration command against the template database `db` as a temporary login role
+/// named like the database (so the `sameuser` rule admits it) whose sessions act as the
+/// owner role. Fails with the exit status (or the timeout) and the tail of its output.
+pub(super) async fn run_command(
+    session: &Session,
+    source: &CommandSource,
+    db: &DbName,
+    superuser: bool,
+) -> Result<(), String> {
+    run_command_with(session, source, db, superuser, None).await
+}
+
+/// What a long command reports while it runs: lines of its output that `counts` picks,
+/// against an expected `total`, logged every [`PROGRESS_EVERY`].
+pub(super) struct Progress {
+    pub(super) template: TemplateName,
+    pub(super) what: String,
+    pub(super) total: Option<u64>,
+    pub(super) counts: fn(&str) -> bool,
+}
+
+/// How often a long build logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// [`run_command`], logging `progress` while it runs.
+pub(super) async fn run_command_with(
+    session: &Session,
+    source: &CommandSource,
+    db: &DbName,
+    superuser: bool,
+    progress: Option<Progress>,
+) -> Result<(), String> {
+    let password = create_build_role(session, db, superuser).await?;
+    let host = session.lease_host.clone();
+    let port = session.lease_port.to_string();
+    // The embedded server has no TLS; some drivers (lib/pq) insist on it unless told.
+    let options = if session.external {
+        ""
+    } else {
+        "?sslmode=disable"
+    };
+    let url = format!(
+        "postgres://{}:{password}@{host}:{port}/{}{options}",
+        db.as_str(),
+        db.as_str()
+    );
+    // As the child user, never as the daemon's (root's) own; with none of its environment.
+    let user = &session.child_user;
+    let mut command = user.command("sh");
+    command
+        .arg("-c")
+        .arg(&source.command)
+        .current_dir(&source.workdir)
+        .env("DATABASE_URL", &url)
+        .env("PGHOST", &host)
+        .env("PGPORT", &port)
+        .env("PGUSER", db.as_str())
+        .env("PGPASSWORD", &password)
+        .env("PGDATABASE", db.as_str())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // Its own process group, so a timeout or a shutdown kills the tool and everything it
+        // started (`CommandGroup`).
+        .process_group(0)
+        .kill_on_drop(true);
+    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), user = %user.name, "running the migration command");
+    let started = std::time::Instant::now();
+    let mut child = CommandGroup(command.spawn().map_err(|e| {
+        format!(
+            "cannot run `{}` in {} as {}: {e}",
+            source.command,
+            source.workdir.display(),
+            user.describe()
+        )
+    })?);
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counts = progress.as_ref().map(|p| p.counts);
+    let readers = [
+        child
+            .0
+            .stdout
+            .take()
+            .map(|out| tokio::spawn(keep_tail(out, tail.clone(), counts, done.clone()))),
+        child
+            .0
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(keep_tail(err, tail.clone(), counts, done.clone()))),
+    ];
+    // One live view of the progress: shown in /status while the command runs (the guard
+    // takes it off), and logged every few seconds.
+    let live = progress.map(|progress| {
+        let live = progress::Live {
+            step: progress.what,
+            total: progress.total,
+            done: done.clone(),
+            started,
+        };
+        (
+            session
+                .build_progress
+                .show(&progress.template, live.clone()),
+            live,
+        )
+    });
+    let reporter = live.as_ref().map(|(_, live)| {
+        let (live, db) = (live.clone(), db.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(PROGRESS_EVERY);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                log_progress(&db, &live.report());
+            }
+        })
+    });
+    let waited = tokio::time::timeout(source.timeout, child.0.wait()).await;
+    if let Some(reporter) = reporter {
+        reporter.abort();
+    }
+    let outcome = match waited {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!(
+            "`{}` failed ({status}; it ran as {} in {})",
+            source.command,
+            user.describe(),
+            source.workdir.display()
+        )),
+        Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
+        Err(_) => {
+            child.kill();
+            let _ = child.0.wait().await;
+            Err(format!(
+                "`{}` did not finish within {} s and was killed",
+                source.command,
+                source.timeout.as_secs()
+            ))
+        }
+    };
+    for reader in readers.into_iter().flatten() {
+        // Output of a killed group's orphans must not hold us: the pipes close with them.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), reader).await;
+    }
+    match outcome {
+        Ok(()) => {
+            tracing::info!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "the migration command succeeded");
+            Ok(())
+        }
+        Err(message) => {
+            let lines: Vec<String> = tail
+                .lock()
+                .map(|t| t.iter().cloned().collect())
+                .unwrap_or_default();
+            Err(format!(
+                "{message}; last lines of its output:\n{}",
+                lines.join("\n")
+            ))
+        }
+    }
+}
+
+/// A migration command leading its own process group (`process_group(0)`). Dropped while
+/// the command runs — the build's future is dropped when the daemon shuts down — it
+/// SIGKILLs the whole group, where `kill_on_drop` reaches only the `sh` running the command
+/// and leaves the tools it started running.
+struct CommandGroup(tokio::process::Child);
+
+impl CommandGroup {
+    /// SIGKILLs the group, if the command has not been reaped yet. Until it is, its pid, which
+    /// is the group's id, cannot be reused: the signal cannot reach a stranger's group.
+    fn kill(&mut self) {
+        if let Some(pid) = self.0.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let group = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for CommandGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One progress line: done of total (with a share and an estimate of the time left), or
+/// that it still runs when the total is unknown.
+fn log_progress(db: &DbName, p: &crate::types::BuildProgress) {
+    match (p.total, p.percent) {
+        (Some(total), Some(percent)) => tracing::info!(
+            database = %db,
+            done = p.done,
+            total,
+            percent,
+            elapsed_s = p.elapsed_secs,
+            eta_s = ?p.eta_secs,
+            "{}: about {} of {total} entries",
+            p.step,
+            p.done
+        ),
+        _ => {
+            tracing::info!(database = %db, elapsed_s = p.elapsed_secs, "{}: still running", p.step)
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced)
+/// and counting those `counts` picks into `done`.
+async fn keep_tail(
+    pipe: impl tokio::io::AsyncRead + Unpin,
+    tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    counts: Option<fn(&str) -> bool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if counts.is_some_and(|counts| counts(&text)) {
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                if let Ok(mut tail) = tail.lock() {
+                    if tail.len() == OUTPUT_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(text);
+                }
+            }
+        }
+    }
+}
