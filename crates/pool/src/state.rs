@@ -9,10 +9,11 @@
 //! entry ([`lifecycle`]) holds its build and its waiting requests. [`invariants`] states the
 //! promises as code and runs after every event in tests and debug builds.
 //!
-//! The rules are split by concern: [`grants`] (requests, grants, releases, expiry),
-//! [`refill`] (clones and drops to start, jobs that ended), [`budget`] (bytes and eviction),
-//! [`build`] (configured templates), [`client`] (templates clients build), [`test_ids`]
-//! (lease numbers and IntegreSQL test ids), [`status`].
+//! The rules are split by concern: [`grants`] (requests and grants), [`release`]
+//! (releases, renewals, a lease ended at once), [`expiry`] (expiry, timed-out requests,
+//! reclaiming), [`refill`] (clones and drops to start, jobs that ended), [`budget`] (bytes
+//! and eviction), [`build`] (configured templates), [`client`] (templates clients build),
+//! [`test_ids`] (lease numbers and IntegreSQL test ids), [`status`].
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -29,11 +30,13 @@ mod build;
 mod client;
 mod dbs;
 mod demand;
+mod expiry;
 mod grants;
 mod invariants;
 mod kept;
 mod lifecycle;
 mod refill;
+mod release;
 mod server;
 mod space;
 mod status;
