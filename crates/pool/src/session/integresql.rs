@@ -1,9 +1,9 @@
 //! The IntegreSQL clients' role (`--integresql-pg-user`): one login role, as IntegreSQL's
 //! shared user, that suites name in the PG* variables of their run to load a dump into the
-//! template they are initializing with `psql`. It is made at each start; `template.rs`
-//! makes it a member of a client-built template's own role at initialize and takes that
-//! back at finalize, and `pg_hba.conf`'s `samerole` rule lets it into a database only while
-//! it is a member of the role named like that database.
+//! template they are initializing with `psql`. It is made at each start;
+//! `template/client.rs` makes it a member of a client-built template's own role at
+//! initialize and takes that back at finalize, and `pg_hba.conf`'s `samerole` rule lets it
+//! into a database only while it is a member of the role named like that database.
 
 use crate::config::IntegresqlRole;
 use crate::error::StartError;

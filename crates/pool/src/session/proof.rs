@@ -18,9 +18,9 @@
 //!    shows in the files.
 //!
 //! Anything else — a failed query, a missing stamp — is "changed". A read that sets hint
-//! bits dirties a buffer: templates are frozen after their build (`template.rs`) so that
-//! reads leave nothing to hint. `pg_internal.init`, the relation cache's file that the first
-//! connection writes, is not data and is left out.
+//! bits dirties a buffer: templates are frozen after their build (`template/seal.rs`) so
+//! that reads leave nothing to hint. `pg_internal.init`, the relation cache's file that the
+//! first connection writes, is not data and is left out.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
