@@ -808,11 +808,16 @@ fn cases() -> u32 {
         .unwrap_or(DEFAULT_CASES)
 }
 
+// A failing case is kept (its seed, in crates/pool/proptest-regressions/state/
+// interleavings.txt) and replayed first by every later run: commit that file with the
+// fix, so the case the search once found stays tested.
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
         max_shrink_iters: 20_000,
-        failure_persistence: None,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
+        )),
         ..ProptestConfig::default()
     })]
 
