@@ -84,12 +84,8 @@ pub async fn build(
             );
             Ok(finished(fingerprint, db, size))
         }
-        Err(mut error) => {
-            // A command's failure, or a step that reports in words, has no kind of its own:
-            // if the server no longer answers, that is why, not the template's sources.
-            if error.kind == SqlErrorKind::Other && !session.answers().await {
-                error.kind = SqlErrorKind::ConnectionLost;
-            }
+        Err(error) => {
+            let error = blame_a_lost_server(session, error).await;
             if let Err(drop_error) = session.drop_database(&db).await {
                 tracing::warn!(database = %db, error = %drop_error, "could not drop a half-built template");
             }
@@ -224,3 +220,13 @@ fn line_of(sql: &str, position: usize) -> usize {
 
 #[cfg(test)]
 mod tests;
+
+/// A command's failure, or a step that reports in words, has no kind of its own: if the
+/// server no longer answers, that is why it failed, not the template's sources or the
+/// client's template.
+pub(super) async fn blame_a_lost_server(session: &Session, mut error: SqlError) -> SqlError {
+    if error.kind == SqlErrorKind::Other && !session.answers().await {
+        error.kind = SqlErrorKind::ConnectionLost;
+    }
+    error
+}

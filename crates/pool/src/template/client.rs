@@ -6,10 +6,10 @@
 
 use super::apply::{create_build_role, retire_build_role};
 use super::seal::{seal_template, write_relcache_init};
-use super::{create_template_database, run_in};
+use super::{blame_a_lost_server, create_template_database, run_in};
 use crate::names::{quote_ident, DbName, TemplateName, MARKER};
 use crate::session::{Session, OWNER_ROLE};
-use crate::sql_error::{SqlError, SqlErrorKind};
+use crate::sql_error::SqlError;
 use crate::state::Built;
 
 /// Creates the empty database `db` of the client-built template `name` and a login role
@@ -21,22 +21,9 @@ pub async fn open_client_template(
     name: &TemplateName,
     db: &DbName,
 ) -> Result<String, SqlError> {
-    let opened = open_client_template_steps(session, name, db).await;
-    blame_a_lost_server(session, opened).await
-}
-
-/// A step that reports in words has no kind of its own: if the server no longer answers,
-/// that is why it failed, not the client's template.
-async fn blame_a_lost_server<T>(
-    session: &Session,
-    outcome: Result<T, SqlError>,
-) -> Result<T, SqlError> {
-    match outcome {
-        Err(mut error) if error.kind == SqlErrorKind::Other && !session.answers().await => {
-            error.kind = SqlErrorKind::ConnectionLost;
-            Err(error)
-        }
-        outcome => outcome,
+    match open_client_template_steps(session, name, db).await {
+        Err(error) => Err(blame_a_lost_server(session, error).await),
+        opened => opened,
     }
 }
 
@@ -79,8 +66,10 @@ pub async fn finalize_client_template(
     db: &DbName,
     migrating_since: std::time::Instant,
 ) -> Result<Built, SqlError> {
-    let finalized = finalize_client_template_steps(session, name, db, migrating_since).await;
-    blame_a_lost_server(session, finalized).await
+    match finalize_client_template_steps(session, name, db, migrating_since).await {
+        Err(error) => Err(blame_a_lost_server(session, error).await),
+        finalized => finalized,
+    }
 }
 
 async fn finalize_client_template_steps(
