@@ -105,7 +105,14 @@ impl PoolState {
             ready: counts.ready,
             leased: counts.leased,
             in_progress: counts.making,
-            waiting: entry.waiters.len(),
+            // A grant whose own connection limit is being set still keeps its caller
+            // waiting (it is no lease yet in `lease_list`).
+            waiting: entry.waiters.len()
+                + self
+                    .dbs
+                    .leases()
+                    .filter(|(_, db, record)| db.template == *name && record.pending.is_some())
+                    .count(),
             blocked_by: self.blocked_by(name, in_use, counts).map(|b| b.name()),
             last_error: entry.last_error.clone(),
             unwatched: entry.source().watches_nothing(),
