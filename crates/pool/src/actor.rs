@@ -23,11 +23,11 @@ use crate::error::LeaseError;
 use crate::handle::Command;
 use crate::names::DbName;
 use crate::postgres::RunningPostgres;
-use crate::session::Session;
 use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::state::{Action, PoolState, WaiterId};
 use crate::types::{ConnectInfo, Lease};
 
+mod backend;
 mod client;
 mod jobs;
 mod leases;
@@ -36,6 +36,7 @@ mod shutdown;
 mod space;
 mod start;
 
+use backend::{Backend, Monitor};
 use jobs::{JobResult, Report};
 pub use start::start;
 use start::{Target, UpInputs};
@@ -81,8 +82,9 @@ struct Actor {
     /// None while a (re)start task holds it.
     target: Option<Target>,
     running: Option<RunningPostgres>,
-    session: Option<Session>,
-    monitor: Option<tokio_postgres::Client>,
+    /// The server's I/O while it is up (a `Session`; a fake server in tests).
+    backend: Option<std::sync::Arc<dyn Backend>>,
+    monitor: Option<Box<dyn Monitor>>,
     waiters: HashMap<WaiterId, LeaseReply>,
     next_waiter: WaiterId,
     /// The first byte of the lease ids this pool mints: it names its server among several.

@@ -265,6 +265,19 @@ impl TemplateSource {
         matches!(self, TemplateSource::Client)
     }
 
+    /// Whether its stamp reads files (with the child user's rights, on a thread of its
+    /// own); an empty or client-built template's stamp is a constant.
+    pub fn names_files(&self) -> bool {
+        match self {
+            TemplateSource::Empty | TemplateSource::Client => false,
+            TemplateSource::Superuser(inner) => inner.names_files(),
+            TemplateSource::Migrations(_)
+            | TemplateSource::SqlFile(_)
+            | TemplateSource::Command(_)
+            | TemplateSource::Dump(_) => true,
+        }
+    }
+
     /// True for a migration command that watches no file: its fingerprint is the command
     /// string alone, so an edit of its migrations builds no new version (nothing tells the
     /// daemon; `--watch`, `watch` in the configuration file or `--verify-templates` do).

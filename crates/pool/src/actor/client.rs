@@ -13,7 +13,6 @@ use crate::error::TemplateOpError;
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::sql_error::SqlError;
 use crate::state::{Action, Built, Finalize};
-use crate::template;
 use crate::types::ConnectInfo;
 
 /// How long an unlock or recreate waits for the sessions of a test that has just
@@ -178,7 +177,7 @@ impl Actor {
     pub(super) fn spawn_open(&mut self, template: TemplateName, db: DbName) {
         self.spawn_job(move |session| async move {
             let outcome = match session {
-                Some(session) => template::open_client_template(&session, &template, &db).await,
+                Some(session) => session.open_client_template(&template, &db).await,
                 None => Err(not_running()),
             };
             JobResult::Opened {
@@ -205,12 +204,12 @@ impl Actor {
         if let Some(reply) = self.initializers.remove(&db) {
             let answer = result.and_then(|()| {
                 let session = self
-                    .session
+                    .backend
                     .as_ref()
                     .ok_or_else(|| TemplateOpError::PostgresDown(NOT_RUNNING.into()))?;
                 Ok(ConnectInfo {
-                    host: session.lease_host.clone(),
-                    port: session.lease_port,
+                    host: session.lease_host().to_owned(),
+                    port: session.lease_port(),
                     // The build role is named like its database (the `sameuser` rule).
                     user: db.as_str().to_owned(),
                     password: password.unwrap_or_default(),
@@ -240,7 +239,8 @@ impl Actor {
         self.spawn_job(move |session| async move {
             let outcome = match session {
                 Some(session) => {
-                    template::finalize_client_template(&session, &template, &db, since.into_std())
+                    session
+                        .finalize_client_template(&template, &db, since.into_std())
                         .await
                 }
                 None => Err(not_running()),

@@ -6,13 +6,14 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
+use super::backend::{Backend, Monitor};
 use super::client;
 use super::start::{Target, Up};
 use super::{not_running, Actor, NOT_RUNNING, RESTART_BACKOFF};
 use crate::config::TemplateSource;
 use crate::error::{StartError, TemplateOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::session::{NotReused, Session, Stamp};
+use crate::session::{NotReused, Stamp};
 use crate::sql_error::SqlError;
 use crate::state::{Built, Made};
 use crate::template::{self, SourceStamp};
@@ -78,7 +79,7 @@ pub(super) enum JobResult {
     },
     /// A second look at a server whose monitor connection closed: `Ok` is a new monitor.
     Probed {
-        outcome: Result<tokio_postgres::Client, String>,
+        outcome: Result<Box<dyn Monitor>, String>,
     },
     /// The sources of `template` were checked (off the actor: it is file I/O) for lease
     /// requests that wait on the answer.
@@ -100,7 +101,7 @@ pub(super) enum JobResult {
 
 /// `clone`'s stamp, when the session proves released clones unchanged; a clone that cannot
 /// be stamped is simply never proven (its release drops it).
-pub(super) async fn stamp_of(session: &Session, clone: &DbName) -> Option<Stamp> {
+pub(super) async fn stamp_of(session: &dyn Backend, clone: &DbName) -> Option<Stamp> {
     if !session.proves_unchanged() {
         return None;
     }
@@ -290,13 +291,13 @@ impl Actor {
     /// tagged with that generation.
     pub(super) fn spawn_job<F, Fut>(&mut self, work: F)
     where
-        F: FnOnce(Option<Session>) -> Fut + Send + 'static,
+        F: FnOnce(Option<std::sync::Arc<dyn Backend>>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = JobResult> + Send + 'static,
     {
         let (generation, jobs, session) = (
             self.state.generation(),
             self.jobs_tx.clone(),
-            self.session.clone(),
+            self.backend.clone(),
         );
         self.tracker.spawn(async move {
             let result = work(session).await;
@@ -313,15 +314,16 @@ impl Actor {
         tracing::info!(template = %template, ?source, "building template");
         let user = self.inputs.child_user.clone();
         self.spawn_job(move |session| async move {
-            let stamp_source = source.clone();
-            let stamp = user
-                .read(move || template::stamp(&stamp_source))
-                .await
-                .unwrap_or_default();
+            let stamp = if source.names_files() {
+                let stamp_source = source.clone();
+                user.read(move || template::stamp(&stamp_source))
+                    .await
+                    .unwrap_or_default()
+            } else {
+                template::stamp(&source)
+            };
             let outcome = match session {
-                Some(session) => {
-                    template::build(&session, &template, &source, reuse_existing).await
-                }
+                Some(session) => session.build(&template, &source, reuse_existing).await,
                 None => Err(not_running()),
             };
             JobResult::Built {
@@ -381,7 +383,7 @@ impl Actor {
             {
                 Ok(password) => Ok(Made {
                     password,
-                    stamp: stamp_of(&session, &clone).await,
+                    stamp: stamp_of(&*session, &clone).await,
                 }),
                 Err(error) => Err(error),
             };
@@ -419,7 +421,7 @@ impl Actor {
             let stamp = match (&outcome, session.as_ref()) {
                 // Proven unchanged: what it was is what it is.
                 (Ok(_), Some(_)) if verify => proof,
-                (Ok(_), Some(session)) => stamp_of(session, &clone).await,
+                (Ok(_), Some(session)) => stamp_of(&**session, &clone).await,
                 _ => None,
             };
             let (outcome, proven) = match outcome {

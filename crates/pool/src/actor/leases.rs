@@ -11,7 +11,6 @@ use super::{Actor, LeaseReply};
 use crate::config::TemplateSource;
 use crate::error::LeaseError;
 use crate::names::{LeaseId, TemplateName};
-use crate::session::Session;
 use crate::state::{Action, Grant, WaiterId};
 use crate::template::{self, SourceStamp};
 use crate::types::{
@@ -40,7 +39,7 @@ impl Actor {
     /// actions that put the database back.
     pub(super) fn send_lease(&mut self, waiter: WaiterId, grant: Grant) -> Option<Vec<Action>> {
         let lease_id = grant.lease_id.clone();
-        let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.session.as_ref())
+        let (Some(reply), Some(session)) = (self.waiters.remove(&waiter), self.backend.as_ref())
         else {
             return Some(self.state.grant_undelivered(&lease_id, Instant::now()));
         };
@@ -52,8 +51,8 @@ impl Actor {
             template: grant.template,
             fingerprint: grant.fingerprint,
             connect: ConnectInfo {
-                host: session.lease_host.clone(),
-                port: session.lease_port,
+                host: session.lease_host().to_owned(),
+                port: session.lease_port(),
                 // Each clone's role is named like its database.
                 user: grant.database.as_str().to_owned(),
                 password: grant.password,
@@ -82,14 +81,14 @@ impl Actor {
     /// actor (which would stall every other lease and release); requests for the same
     /// template that arrive meanwhile wait for the same check.
     pub(super) fn lease(&mut self, request: LeaseRequest, reply: LeaseReply) {
-        if let (Some(asked), Some(session)) = (request.postgres_version, &self.session) {
-            let minor = pglease_binaries::parse_version_number(&session.version)
+        if let (Some(asked), Some(session)) = (request.postgres_version, &self.backend) {
+            let minor = pglease_binaries::parse_version_number(session.version())
                 .and_then(|(_, minor)| minor);
-            if !asked.matches(session.pg_major, minor) {
+            if !asked.matches(session.pg_major(), minor) {
                 let _ = reply.send(Err(LeaseError::VersionNotServed {
                     template: request.template.clone(),
                     asked: asked.to_string(),
-                    serving: session.version.clone(),
+                    serving: session.version().to_owned(),
                 }));
                 return;
             }
@@ -105,7 +104,7 @@ impl Actor {
             .state
             .source_of(&template)
             .filter(|s| !matches!(s, TemplateSource::Empty | TemplateSource::Client));
-        let major = self.session.as_ref().map(|s| s.pg_major);
+        let major = self.backend.as_ref().map(|s| s.pg_major());
         let (Some((stamp, fingerprint)), Some(source), Some(major)) = (watched, source, major)
         else {
             self.request_lease(request, reply);
@@ -204,7 +203,7 @@ impl Actor {
     }
 
     pub(super) fn status(&self) -> StatusReport {
-        let session = self.session.as_ref();
+        let session = self.backend.as_ref();
         let state = if self.state.is_stopping() {
             "stopping"
         } else if self.state.server_is_up() {
@@ -219,15 +218,15 @@ impl Actor {
                 storage: self.running.as_ref().map(|r| r.storage.clone()),
                 state,
                 external: self.external,
-                version: session.map(|s| s.version.clone()),
+                version: session.map(|s| s.version().to_owned()),
                 pid: self.running.as_ref().map(|r| r.pid),
                 data_dir: self.running.as_ref().map(|r| r.data_dir.clone()),
-                host: session.map(|s| s.lease_host.clone()),
-                port: session.map(|s| s.lease_port),
-                settings: session.map(|s| s.settings.clone()).unwrap_or_default(),
+                host: session.map(|s| s.lease_host().to_owned()),
+                port: session.map(|s| s.lease_port()),
+                settings: session.map(|s| s.settings().to_vec()).unwrap_or_default(),
                 restarts: self.state.server_history().0,
                 last_error: self.state.server_history().1.map(str::to_owned),
-                admin_timeouts: session.map_or(0, Session::admin_timeouts),
+                admin_timeouts: session.map_or(0, |s| s.admin_timeouts()),
                 databases_space: self.state.space_status(),
             },
             templates: self
@@ -235,7 +234,7 @@ impl Actor {
                 .template_status()
                 .into_iter()
                 .map(|mut template| {
-                    template.progress = session.and_then(|s| s.build_progress.get(&template.name));
+                    template.progress = session.and_then(|s| s.build_progress(&template.name));
                     template
                 })
                 .collect(),
@@ -260,7 +259,7 @@ impl Actor {
     /// The kept databases with what opens them (none while postgres is down: they went
     /// with it).
     pub(super) fn kept(&self) -> Vec<KeptDatabase> {
-        let Some(session) = self.session.as_ref() else {
+        let Some(session) = self.backend.as_ref() else {
             return Vec::new();
         };
         let (now, wall_now) = (Instant::now(), SystemTime::now());
@@ -278,8 +277,8 @@ impl Actor {
                 id: kept.id,
                 template: kept.template,
                 connect: ConnectInfo {
-                    host: session.lease_host.clone(),
-                    port: session.lease_port,
+                    host: session.lease_host().to_owned(),
+                    port: session.lease_port(),
                     user: kept.database.as_str().to_owned(),
                     password: kept.password,
                     database: kept.database,

@@ -5,8 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::backend::Monitor;
 use super::jobs::{JobResult, Report};
-use super::start::{bring_up, connect_monitor, Up};
+use super::start::{bring_up, Up};
 use super::{Actor, NOT_RUNNING, POSTGRES_STOP_TIMEOUT};
 use crate::state::Built;
 
@@ -28,10 +29,10 @@ impl Actor {
         }
     }
 
-    pub(super) fn server_came_up(&mut self, mut up: Up) {
+    pub(super) fn server_came_up(&mut self, up: Up) {
         let clones_share = up
-            .session
-            .settings
+            .backend
+            .settings()
             .iter()
             .any(|(name, value)| name == "file_copy_method" && value == "clone");
         // The base is what the store held before the cluster was put there, so that the
@@ -57,12 +58,11 @@ impl Actor {
                 .and_then(|running| running.databases_space.clone()),
         );
         self.watch_space();
-        let adoptable = std::mem::take(&mut up.session.adoptable);
-        let client_templates = std::mem::take(&mut up.session.client_templates);
-        self.session = Some(up.session);
+        let (adoptable, client_templates) = (up.adoptable, up.client_templates);
+        self.backend = Some(up.backend);
         self.running = up.running;
         self.monitor = Some(up.monitor);
-        let budget = self.session.as_ref().map_or(0, |s| s.connection_budget);
+        let budget = self.backend.as_ref().map_or(0, |s| s.connection_budget());
         tracing::info!(
             connection_budget = budget,
             "connections available to lease holders"
@@ -124,17 +124,7 @@ impl Actor {
             tracing::warn!("the monitor connection to postgres closed; checking the server");
             self.spawn_job(move |session| async move {
                 let outcome = match session {
-                    Some(session) => {
-                        match tokio::time::timeout(
-                            PROBE_TIMEOUT,
-                            connect_monitor(&session.admin_config),
-                        )
-                        .await
-                        {
-                            Ok(connected) => connected.map_err(|e| crate::session::pg_message(&e)),
-                            Err(_) => Err("the server did not answer".into()),
-                        }
-                    }
+                    Some(session) => session.probe().await,
                     None => Err(NOT_RUNNING.into()),
                 };
                 JobResult::Probed { outcome }
@@ -145,7 +135,7 @@ impl Actor {
     }
 
     /// The second look at the server ended: a new monitor connection, or the server is lost.
-    pub(super) fn probed(&mut self, outcome: Result<tokio_postgres::Client, String>) {
+    pub(super) fn probed(&mut self, outcome: Result<Box<dyn Monitor>, String>) {
         match outcome {
             Ok(monitor) => {
                 tracing::info!("postgres still answers; watching it on a new connection");
@@ -170,7 +160,7 @@ impl Actor {
         let actions = self.state.server_lost(&reason);
         self.apply(actions);
         self.fail_client_work(&reason);
-        self.session = None;
+        self.backend = None;
         self.monitor = None;
         if let Some(running) = self.running.take() {
             // Already exited in the usual case; if it lingers, stop it before restarting.

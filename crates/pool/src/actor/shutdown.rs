@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::backend::Backend;
 use super::jobs::{JobResult, Report};
 use super::start::Target;
 use super::{Actor, POSTGRES_STOP_TIMEOUT};
 use crate::names::TemplateName;
 use crate::postgres::snapshot::Manifest;
-use crate::session::{mark_ready, Session};
 use crate::template;
 
 impl Actor {
@@ -55,13 +55,13 @@ impl Actor {
     /// The templates a snapshot written at this stop holds, with everything else dropped
     /// from the server; `None` when no snapshot is to be written (the one it started from
     /// is up to date, no template is built, or the server failed us).
-    pub(super) async fn ready_snapshot(&self, session: &mut Session) -> Option<Manifest> {
+    pub(super) async fn ready_snapshot(&self, session: &dyn Backend) -> Option<Manifest> {
         let Some(Target::Embedded(embedded)) = &self.target else {
             return None;
         };
         let outcome = async {
             // Without them every template would look stale and be cleared.
-            let current = self.current_versions(session.pg_major).await?;
+            let current = self.current_versions(session.pg_major()).await?;
             let templates = session.snapshot_templates(&current).await?;
             let Some(manifest) = embedded.snapshot_plan(templates) else {
                 return Ok(None);
@@ -85,11 +85,11 @@ impl Actor {
         // being made are waited for first, or they would outlive us unseen.
         if self.server_outlives_us {
             self.drain_workers(jobs).await;
-            if let Some(session) = self.session.clone() {
+            if let Some(session) = self.backend.clone() {
                 // Ready clones stay, marked, for the next run to adopt; the rest go.
                 let (keep, lose) = self.state.clones_at_shutdown();
                 for (template, fingerprint, db) in keep {
-                    if let Err(message) = mark_ready(&session, &template, &fingerprint, &db).await {
+                    if let Err(message) = session.mark_ready(&template, &fingerprint, &db).await {
                         tracing::warn!(database = %db, error = %message, "could not mark a ready clone; dropping it");
                         let _ = session.drop_database(&db).await;
                     }
@@ -104,12 +104,12 @@ impl Actor {
         // --snapshot-dir: only the configured templates stay, for the snapshot written once
         // postgres has stopped.
         let mut snapshot = None;
-        if let (Some(Target::Embedded(embedded)), Some(mut session)) =
-            (&self.target, self.session.clone())
+        if let (Some(Target::Embedded(embedded)), Some(session)) =
+            (&self.target, self.backend.clone())
         {
             if embedded.saves_snapshots() {
                 self.drain_workers(jobs).await;
-                snapshot = self.ready_snapshot(&mut session).await;
+                snapshot = self.ready_snapshot(&*session).await;
             }
         }
         // A (re)start in flight holds the target; wait for it so its postgres is stopped too.
@@ -128,7 +128,7 @@ impl Actor {
                 Ok(None) | Err(_) => break,
             }
         }
-        self.session = None;
+        self.backend = None;
         self.monitor = None;
         let mut cluster = None;
         if let Some(running) = self.running.take() {

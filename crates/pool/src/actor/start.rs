@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -11,15 +12,16 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 use tokio_util::task::TaskTracker;
 
+use super::backend::{Backend, Monitor};
 use super::{Actor, COMMAND_CAPACITY, POSTGRES_STOP_TIMEOUT};
 use crate::child_user::ChildUser;
 use crate::config::{
-    CloneStrategy, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig, ServerConfig,
+    CloneStrategy, ExternalConfig, IntegresqlRole, LeaseAuth, PoolConfig, PoolLimits, ServerConfig,
     TemplateConfig, TemplateSource,
 };
 use crate::error::StartError;
 use crate::handle::PoolHandle;
-use crate::names::TemplateName;
+use crate::names::{DbName, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
 use crate::session::{describe_target, pg_message, Session, SessionParams};
 use crate::state::PoolState;
@@ -63,9 +65,29 @@ impl ExternalTarget {
 /// What a successful (re)start hands the actor.
 pub(super) struct Up {
     pub(super) running: Option<RunningPostgres>,
-    pub(super) session: Session,
+    pub(super) backend: Arc<dyn Backend>,
     /// A connection kept open only to notice when the server goes away.
-    pub(super) monitor: tokio_postgres::Client,
+    pub(super) monitor: Box<dyn Monitor>,
+    /// Ready clones of an earlier run to adopt: (template, fingerprint, clone).
+    pub(super) adoptable: Vec<(TemplateName, String, DbName)>,
+    /// Complete client-built templates an earlier run left: (template, database, bytes).
+    pub(super) client_templates: Vec<(TemplateName, DbName, i64)>,
+}
+
+impl Up {
+    fn new(
+        running: Option<RunningPostgres>,
+        mut session: Session,
+        monitor: tokio_postgres::Client,
+    ) -> Up {
+        Up {
+            running,
+            adoptable: std::mem::take(&mut session.adoptable),
+            client_templates: std::mem::take(&mut session.client_templates),
+            backend: Arc::new(session),
+            monitor: Box::new(monitor),
+        }
+    }
 }
 
 /// What bringing a server up needs besides the target.
@@ -163,10 +185,57 @@ pub async fn start(
             return Err(error);
         }
     };
+    let parts = Parts {
+        inputs,
+        limits,
+        templates,
+        prebuild: config.prebuild,
+        verify_templates: config.verify_templates,
+        external: matches!(config.server, ServerConfig::External(_)),
+        server_outlives_us: match &config.server {
+            ServerConfig::External(_) => true,
+            ServerConfig::Embedded(embedded) => embedded.keep_data && embedded.data_dir.is_some(),
+        },
+        server,
+    };
+    Ok(launch(parts, target, up).await)
+}
+
+/// What an actor is made of besides its server.
+pub(super) struct Parts {
+    pub(super) inputs: UpInputs,
+    pub(super) limits: PoolLimits,
+    /// The configured templates, the default one included.
+    pub(super) templates: Vec<TemplateConfig>,
+    pub(super) prebuild: bool,
+    pub(super) verify_templates: bool,
+    pub(super) external: bool,
+    /// An external server, or a kept data directory: what we leave is found next time.
+    pub(super) server_outlives_us: bool,
+    /// The first byte of the lease ids the pool mints.
+    pub(super) server: u8,
+}
+
+/// Spawns the actor on a server that is up.
+pub(super) async fn launch(
+    parts: Parts,
+    target: Target,
+    up: Up,
+) -> (PoolHandle, tokio::task::JoinHandle<()>) {
+    let Parts {
+        inputs,
+        limits,
+        templates,
+        prebuild,
+        verify_templates,
+        external,
+        server_outlives_us,
+        server,
+    } = parts;
     let instance = hex::encode(rand::random::<[u8; 3]>());
     tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
-    let state = PoolState::new(limits, instance.clone(), &templates, config.prebuild)
-        .with_verified_builds(config.verify_templates);
+    let state = PoolState::new(limits, instance.clone(), &templates, prebuild)
+        .with_verified_builds(verify_templates);
     let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {
@@ -175,14 +244,11 @@ pub async fn start(
         finalizers: HashMap::new(),
         unlocks: HashMap::new(),
         inputs,
-        external: matches!(config.server, ServerConfig::External(_)),
-        server_outlives_us: match &config.server {
-            ServerConfig::External(_) => true,
-            ServerConfig::Embedded(embedded) => embedded.keep_data && embedded.data_dir.is_some(),
-        },
+        external,
+        server_outlives_us,
         target: Some(target),
         running: None,
-        session: None,
+        backend: None,
         monitor: None,
         waiters: HashMap::new(),
         next_waiter: 1,
@@ -201,7 +267,7 @@ pub async fn start(
     }
     actor.server_came_up(up);
     let join = tokio::spawn(actor.run(commands, jobs));
-    Ok((PoolHandle::new(commands_tx), join))
+    (PoolHandle::new(commands_tx), join)
 }
 
 /// The configured templates whose sources fail the check a registered source passes
@@ -268,11 +334,7 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                     integresql_role: inputs.integresql_role.clone(),
                 };
                 match open_session(params).await {
-                    Ok((session, monitor)) => Ok(Up {
-                        running: Some(running),
-                        session,
-                        monitor,
-                    }),
+                    Ok((session, monitor)) => Ok(Up::new(Some(running), session, monitor)),
                     Err(error) => {
                         running.shutdown(POSTGRES_STOP_TIMEOUT).await;
                         Err(error)
@@ -300,11 +362,9 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                 child_user: inputs.child_user.clone(),
                 integresql_role: inputs.integresql_role.clone(),
             };
-            let outcome = open_session(params).await.map(|(session, monitor)| Up {
-                running: None,
-                session,
-                monitor,
-            });
+            let outcome = open_session(params)
+                .await
+                .map(|(session, monitor)| Up::new(None, session, monitor));
             (Target::External(external), outcome)
         }
     }

@@ -1,0 +1,261 @@
+//! The actor's one door to a running server: [`Backend`] is every piece of I/O its workers
+//! do there (builds, clones, recycles, drops, limits, client-built templates, a second
+//! look at the server) and the facts it reports about it. The real one is a
+//! [`Session`]; the in-process tests put a fake server behind it (`actor/fake.rs`), so
+//! that generated event sequences drive the actor itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::start::connect_monitor;
+use crate::config::TemplateSource;
+use crate::names::{DbName, TemplateName};
+use crate::postgres::snapshot::SnapshotTemplate;
+use crate::session::{mark_ready, NotReused, Session, Stamp};
+use crate::sql_error::SqlError;
+use crate::state::Built;
+use crate::template;
+use crate::types::BuildProgress;
+
+/// A worker's piece of work on the server, boxed so that [`Backend`] is a trait object.
+pub(crate) type Work<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The server as the actor's workers use it. Cheap to clone behind an `Arc`.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// `server_version`.
+    fn version(&self) -> &str;
+    /// `server_version_num / 10000`.
+    fn pg_major(&self) -> u32;
+    /// Where lease holders connect.
+    fn lease_host(&self) -> &str;
+    fn lease_port(&self) -> u16;
+    /// Whether lease holders may use TLS.
+    fn ssl(&self) -> bool;
+    /// Settings read back with the server's values.
+    fn settings(&self) -> &[(String, String)];
+    /// Connections lease holders can have in all.
+    fn connection_budget(&self) -> u32;
+    /// Admin operations that timed out.
+    fn admin_timeouts(&self) -> u64;
+    /// A running build's progress, when it reports one.
+    fn build_progress(&self, template: &TemplateName) -> Option<BuildProgress>;
+    /// Whether released clones are proven unchanged by their files.
+    fn proves_unchanged(&self) -> bool;
+
+    fn build<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        source: &'a TemplateSource,
+        reuse_existing: bool,
+    ) -> Work<'a, Result<Built, SqlError>>;
+    /// Makes `clone` from `template_db`; `Ok` is its role's password.
+    fn clone_database<'a>(
+        &'a self,
+        template_db: &'a DbName,
+        clone: &'a DbName,
+        standard_scram: bool,
+    ) -> Work<'a, Result<String, SqlError>>;
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>>;
+    /// Readies a released clone for its next holder; `Ok` is its role's new password.
+    fn recycle<'a>(
+        &'a self,
+        clone: &'a DbName,
+        standard_scram: bool,
+        proof: Option<&'a Stamp>,
+    ) -> Work<'a, Result<String, NotReused>>;
+    fn drop_database<'a>(&'a self, db: &'a DbName) -> Work<'a, Result<(), SqlError>>;
+    fn set_connection_limit<'a>(
+        &'a self,
+        db: &'a DbName,
+        limit: u32,
+    ) -> Work<'a, Result<(), SqlError>>;
+    /// A client-built template's empty database; `Ok` is its role's password.
+    fn open_client_template<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        db: &'a DbName,
+    ) -> Work<'a, Result<String, SqlError>>;
+    fn finalize_client_template<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        db: &'a DbName,
+        since: std::time::Instant,
+    ) -> Work<'a, Result<Built, SqlError>>;
+    /// Sessions on `db` still open after `grace`.
+    fn sessions_after<'a>(
+        &'a self,
+        db: &'a DbName,
+        grace: Duration,
+    ) -> Work<'a, Result<i64, String>>;
+    /// Every database's size in bytes.
+    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>>;
+    /// A second look at the server: `Ok` is a new watch on it.
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>>;
+    /// Marks a ready clone for the next run to adopt.
+    fn mark_ready<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        fingerprint: &'a str,
+        clone: &'a DbName,
+    ) -> Work<'a, Result<(), String>>;
+    /// The complete templates of the `current` versions: what a snapshot would hold.
+    fn snapshot_templates<'a>(
+        &'a self,
+        current: &'a [(TemplateName, String)],
+    ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>>;
+    /// Drops everything but the `current` versions' templates, for a snapshot.
+    fn clear_for_snapshot(
+        &self,
+        current: Vec<(TemplateName, String)>,
+    ) -> Work<'_, Result<(), String>>;
+}
+
+/// A connection kept open only to notice when the server goes away.
+pub(crate) trait Monitor: Send + Sync {
+    fn is_closed(&self) -> bool;
+}
+
+impl Monitor for tokio_postgres::Client {
+    fn is_closed(&self) -> bool {
+        tokio_postgres::Client::is_closed(self)
+    }
+}
+
+impl Backend for Session {
+    fn version(&self) -> &str {
+        &self.version
+    }
+    fn pg_major(&self) -> u32 {
+        self.pg_major
+    }
+    fn lease_host(&self) -> &str {
+        &self.lease_host
+    }
+    fn lease_port(&self) -> u16 {
+        self.lease_port
+    }
+    fn ssl(&self) -> bool {
+        Session::ssl(self)
+    }
+    fn settings(&self) -> &[(String, String)] {
+        &self.settings
+    }
+    fn connection_budget(&self) -> u32 {
+        self.connection_budget
+    }
+    fn admin_timeouts(&self) -> u64 {
+        Session::admin_timeouts(self)
+    }
+    fn build_progress(&self, template: &TemplateName) -> Option<BuildProgress> {
+        self.build_progress.get(template)
+    }
+    fn proves_unchanged(&self) -> bool {
+        Session::proves_unchanged(self)
+    }
+    fn build<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        source: &'a TemplateSource,
+        reuse_existing: bool,
+    ) -> Work<'a, Result<Built, SqlError>> {
+        Box::pin(template::build(self, template, source, reuse_existing))
+    }
+    fn clone_database<'a>(
+        &'a self,
+        template_db: &'a DbName,
+        clone: &'a DbName,
+        standard_scram: bool,
+    ) -> Work<'a, Result<String, SqlError>> {
+        Box::pin(Session::clone_database(
+            self,
+            template_db,
+            clone,
+            standard_scram,
+        ))
+    }
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
+        Box::pin(Session::stamp(self, clone))
+    }
+    fn recycle<'a>(
+        &'a self,
+        clone: &'a DbName,
+        standard_scram: bool,
+        proof: Option<&'a Stamp>,
+    ) -> Work<'a, Result<String, NotReused>> {
+        Box::pin(Session::recycle(self, clone, standard_scram, proof))
+    }
+    fn drop_database<'a>(&'a self, db: &'a DbName) -> Work<'a, Result<(), SqlError>> {
+        Box::pin(Session::drop_database(self, db))
+    }
+    fn set_connection_limit<'a>(
+        &'a self,
+        db: &'a DbName,
+        limit: u32,
+    ) -> Work<'a, Result<(), SqlError>> {
+        Box::pin(Session::set_connection_limit(self, db, limit))
+    }
+    fn open_client_template<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        db: &'a DbName,
+    ) -> Work<'a, Result<String, SqlError>> {
+        Box::pin(template::open_client_template(self, template, db))
+    }
+    fn finalize_client_template<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        db: &'a DbName,
+        since: std::time::Instant,
+    ) -> Work<'a, Result<Built, SqlError>> {
+        Box::pin(template::finalize_client_template(
+            self, template, db, since,
+        ))
+    }
+    fn sessions_after<'a>(
+        &'a self,
+        db: &'a DbName,
+        grace: Duration,
+    ) -> Work<'a, Result<i64, String>> {
+        Box::pin(Session::sessions_after(self, db, grace))
+    }
+    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>> {
+        Box::pin(Session::database_sizes(self))
+    }
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
+        Box::pin(async move {
+            match tokio::time::timeout(
+                super::server::PROBE_TIMEOUT,
+                connect_monitor(&self.admin_config),
+            )
+            .await
+            {
+                Ok(Ok(monitor)) => Ok(Box::new(monitor) as Box<dyn Monitor>),
+                Ok(Err(error)) => Err(crate::session::pg_message(&error)),
+                Err(_) => Err("the server did not answer".into()),
+            }
+        })
+    }
+    fn mark_ready<'a>(
+        &'a self,
+        template: &'a TemplateName,
+        fingerprint: &'a str,
+        clone: &'a DbName,
+    ) -> Work<'a, Result<(), String>> {
+        Box::pin(mark_ready(self, template, fingerprint, clone))
+    }
+    fn snapshot_templates<'a>(
+        &'a self,
+        current: &'a [(TemplateName, String)],
+    ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>> {
+        Box::pin(Session::snapshot_templates(self, current))
+    }
+    fn clear_for_snapshot(
+        &self,
+        current: Vec<(TemplateName, String)>,
+    ) -> Work<'_, Result<(), String>> {
+        // The sweep notes what it finds in the session it runs on; this one is done with.
+        let mut session = self.clone();
+        Box::pin(async move { Session::clear_for_snapshot(&mut session, current).await })
+    }
+}
