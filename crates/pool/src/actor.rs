@@ -29,6 +29,10 @@ use crate::types::{ConnectInfo, Lease};
 
 mod backend;
 mod client;
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod interleavings;
 mod jobs;
 mod leases;
 mod server;

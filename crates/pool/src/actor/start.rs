@@ -33,6 +33,9 @@ use crate::template::{self, SourceStamp};
 pub(super) enum Target {
     Embedded(Embedded),
     External(ExternalTarget),
+    /// A server in memory, for the actor's in-process tests (`actor/fake.rs`).
+    #[cfg(test)]
+    Fake(super::fake::FakeServer),
 }
 
 #[derive(Clone)]
@@ -366,6 +369,11 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                 .await
                 .map(|(session, monitor)| Up::new(None, session, monitor));
             (Target::External(external), outcome)
+        }
+        #[cfg(test)]
+        Target::Fake(fake) => {
+            let outcome = fake.bring_up().await;
+            (Target::Fake(fake), outcome)
         }
     }
 }
