@@ -184,6 +184,51 @@ impl Servers {
         })
     }
 
+    /// A router over pools already running: the primary (PostgreSQL `major`) and further
+    /// servers by major, with the templates placed on them. For in-process tests of real
+    /// pools on fake servers (`actor/interleavings.rs`); `base` is what a further server
+    /// would start from, but every major it offers runs already.
+    #[cfg(test)]
+    pub(crate) fn over(
+        base: PoolConfig,
+        primary: PoolHandle,
+        major: u32,
+        further: Vec<(u32, PoolHandle)>,
+        placed: Vec<(TemplateName, u32)>,
+    ) -> Servers {
+        let configured_majors = std::iter::once(major)
+            .chain(further.iter().map(|(major, _)| *major))
+            .collect();
+        let slots = further
+            .into_iter()
+            .filter_map(|(major, handle)| {
+                let server = Server {
+                    major,
+                    version: format!("{major}.1"),
+                    handle,
+                    stamp: ids::stamp_of(major)?,
+                };
+                Some((major, registry::Slot::Running(server)))
+            })
+            .collect();
+        Servers::new(Inner {
+            primary: Server {
+                major,
+                version: format!("{major}.1"),
+                handle: primary,
+                stamp: ids::PRIMARY,
+            },
+            base: Some(base),
+            registry: Mutex::new(Registry {
+                slots,
+                placed: placed.into_iter().collect(),
+                ..Registry::default()
+            }),
+            child_user: None,
+            configured_majors,
+        })
+    }
+
     fn new(inner: Inner) -> Servers {
         Servers {
             inner: Arc::new(inner),

@@ -2,8 +2,10 @@
 //! exist, and every operation a worker starts on it waits, as a [`Pending`] entry, until the
 //! test ends it — successfully (the database is made, recycled, dropped) or with a failure
 //! of a chosen kind — so a test decides the order in which jobs finish. The server can be
-//! lost (every pending operation fails as a lost connection, its databases go, as with a
-//! restarted embedded cluster) and brought back; a restart while it is down fails.
+//! lost (its databases go, as with a restarted embedded cluster; operations under way stay
+//! pending, and end as the test says — a success acting on what the lost server held, as a
+//! report already in flight — after the actor may have noticed) and brought back; a
+//! restart while it is down fails; new operations on a lost life fail as a lost connection.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,6 +70,8 @@ pub(super) struct World {
     /// The password each database's role has now (each clone, recycle or open sets one).
     pub(super) passwords: std::collections::BTreeMap<DbName, String>,
     next_password: u64,
+    /// What the life that ended last held, for its operations still pending.
+    remains: Option<(u64, Remains)>,
     /// The current life's monitor connection: closed when the server goes.
     monitor: Option<Arc<AtomicBool>>,
     /// Operations ended with success / failure, and restarts refused (to report).
@@ -80,6 +84,14 @@ pub(super) struct Counts {
     pub(super) failed: u64,
     pub(super) lost: u64,
     pub(super) refused_starts: u64,
+}
+
+/// What a lost server held: operations that were under way when it went may still end
+/// (a report in flight), with their effect on what it was.
+#[derive(Default)]
+struct Remains {
+    databases: BTreeSet<DbName>,
+    passwords: std::collections::BTreeMap<DbName, String>,
 }
 
 /// The test's handle on the fake server (also the actor's `Target`).
@@ -130,23 +142,23 @@ impl FakeServer {
         })
     }
 
-    /// The server goes: its databases with it (a new cluster when it comes back), every
-    /// pending operation fails, and its monitor connection closes.
+    /// The server goes: its databases with it (a new cluster when it comes back), and its
+    /// monitor connection closes. Operations under way stay pending (see the module docs).
     pub(super) fn lose(&self) {
         let mut world = self.world();
         world.up = false;
         // Its backends and monitor belong to the life that ended.
         world.life += 1;
         world.serving = false;
-        world.databases.clear();
-        world.passwords.clear();
-        let pending = std::mem::take(&mut world.pending);
-        world.counts.lost += pending.len() as u64;
+        let ended = Remains {
+            databases: std::mem::take(&mut world.databases),
+            passwords: std::mem::take(&mut world.passwords),
+        };
+        world.remains = Some((world.life - 1, ended));
+        world.counts.lost += world.pending.len() as u64;
         if let Some(monitor) = world.monitor.take() {
             monitor.store(true, Ordering::SeqCst);
         }
-        // Dropping the reply senders fails the waiting workers.
-        drop(pending);
     }
 
     /// The server can be started again.
@@ -241,8 +253,34 @@ impl FakeBackend {
         }
         let ending = ending.await.map_err(|_| lost())?;
         let mut world = self.server.world();
-        if !world.up || world.life != self.life {
-            return Err(lost());
+        if world.life != self.life {
+            // The server went while this ran: it ends as the test says, as if its report
+            // were already on its way, acting on what that server held (gone now).
+            return match (ending, world.remains.take()) {
+                (Ending::Ok, Some((life, mut remains))) if life == self.life => {
+                    let next_password = world.next_password;
+                    let mut then = World {
+                        databases: std::mem::take(&mut remains.databases),
+                        passwords: std::mem::take(&mut remains.passwords),
+                        next_password,
+                        ..World::default()
+                    };
+                    let outcome = effect(&mut then);
+                    world.next_password = then.next_password;
+                    remains.databases = then.databases;
+                    remains.passwords = then.passwords;
+                    world.remains = Some((life, remains));
+                    outcome
+                }
+                (Ending::Fail(kind), remains) => {
+                    world.remains = remains;
+                    Err(failure(kind))
+                }
+                (Ending::Ok, remains) => {
+                    world.remains = remains;
+                    Err(lost())
+                }
+            };
         }
         match ending {
             Ending::Ok => {
