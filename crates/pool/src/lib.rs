@@ -12,6 +12,7 @@ pub mod error;
 mod handle;
 pub mod names;
 pub mod postgres;
+mod progress;
 mod scram;
 mod servers;
 mod session;

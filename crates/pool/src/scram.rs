@@ -24,14 +24,16 @@ pub fn random_password() -> String {
 /// which is optimized even in test builds (the workspace's Cargo.toml): unoptimized, 4096
 /// iterations take ~65 ms.
 pub fn verifier(password: &str, iterations: u32) -> String {
-    if iterations == POSTGRES_ITERATIONS {
+    if iterations == STANDARD_ITERATIONS {
         return postgres_protocol::password::scram_sha_256(password.as_bytes());
     }
     verifier_with_salt(password, &rand::random::<[u8; 16]>(), iterations)
 }
 
-/// Postgres' own iteration count, the one `postgres_protocol::password::scram_sha_256` uses.
-const POSTGRES_ITERATIONS: u32 = 4096;
+/// Postgres' own iteration count, the one `postgres_protocol::password::scram_sha_256` uses
+/// (and the minimum some drivers accept: Go's lib/pq, pg8000). Roles whose clients are not
+/// known to accept fewer (the build roles, the IntegreSQL clients' role) get it.
+pub(crate) const STANDARD_ITERATIONS: u32 = 4096;
 
 /// The verifier for a given salt (RFC 5802 / RFC 7677 key derivation).
 pub fn verifier_with_salt(password: &str, salt: &[u8], iterations: u32) -> String {

@@ -22,10 +22,9 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
-use crate::config::{CloneStrategy, IntegresqlRole, LeaseAuth, TemplateConfig};
+use crate::config::{CloneStrategy, IntegresqlRole, LeaseAuth};
 use crate::names::{DbName, TemplateName};
 use crate::sql_error::SqlError;
-use crate::template;
 
 mod bounded;
 mod clone;
@@ -43,7 +42,7 @@ mod sweep;
 
 pub use proof::Stamp;
 pub use recycle::NotReused;
-pub(crate) use sweep::{mark_ready, Sweep};
+pub(crate) use sweep::{client_template_marker, mark_ready, Sweep};
 
 pub use bounded::DEFAULT_ADMIN_TIMEOUT;
 
@@ -68,8 +67,6 @@ pub struct SessionParams {
     pub pool_size: usize,
     /// `CREATE DATABASE … STRATEGY`.
     pub clone_strategy: CloneStrategy,
-    /// Templates whose complete template databases survive the sweep.
-    pub templates: Vec<TemplateConfig>,
     /// True for an external server (warn when it runs with fsync on).
     pub external: bool,
     /// How lease roles authenticate.
@@ -137,7 +134,7 @@ pub struct Session {
     /// server facts shared by the workers, not pool state).
     template_settings: Arc<std::sync::Mutex<HashMap<DbName, settings::Clauses>>>,
     /// Builds that report progress (a dump's restore), while they run.
-    pub(crate) build_progress: template::progress::Board,
+    pub(crate) build_progress: crate::progress::Board,
     /// The data directory, when released clones are proven unchanged (`session/proof.rs`).
     proof_dir: Option<PathBuf>,
     /// Who runs the builds' programs (`psql`, `pg_restore`, migration commands) and reads

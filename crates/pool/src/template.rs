@@ -11,8 +11,8 @@
 //! it: `apply` applies SQL files and owns the temporary build role, `command` runs a
 //! migration command or a dump's restore, `seal` settles and seals a template and writes
 //! its relation cache init file, `client` opens and finalizes client-built templates;
-//! `sources` reads and fingerprints the sources, `dump` tells a dump's format, `progress`
-//! shows how far a long build is.
+//! `sources` reads and fingerprints the sources, `dump` tells a dump's format. How far a
+//! long build is shows on the session's board (`crate::progress`).
 
 use std::path::Path;
 
@@ -29,12 +29,11 @@ mod apply;
 mod client;
 mod command;
 mod dump;
-pub mod progress;
 mod seal;
 mod sources;
 
 use apply::apply_source;
-pub use client::{finalize_client_template, open_client_template, parse_client_template_marker};
+pub use client::{finalize_client_template, open_client_template};
 pub(crate) use seal::write_relcache_init;
 use seal::{seal_template, settle};
 pub use sources::{
@@ -192,10 +191,6 @@ pub(super) async fn run_each_in(
     let _ = connection.await;
     result
 }
-
-/// PBKDF2 iterations postgres itself uses for SCRAM verifiers (and the minimum some
-/// drivers accept).
-pub(crate) const STANDARD_SCRAM_ITERATIONS: u32 = 4096;
 
 /// `FILE: ERROR: message`, plus postgres' detail and hint when present, and ` (line N)`
 /// when postgres reports the error's position in the file's text (a syntax error, a name a

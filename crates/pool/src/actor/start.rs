@@ -23,7 +23,7 @@ use crate::error::StartError;
 use crate::handle::PoolHandle;
 use crate::names::{DbName, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
-use crate::session::{describe_target, pg_message, Session, SessionParams};
+use crate::session::{describe_target, pg_message, Session, SessionParams, Sweep};
 use crate::state::PoolState;
 use crate::template::{self, SourceStamp};
 
@@ -325,7 +325,6 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                     lease_port: running.port,
                     pool_size: inputs.pool_size,
                     clone_strategy: inputs.clone_strategy,
-                    templates: inputs.templates.clone(),
                     external: false,
                     lease_auth: inputs.lease_auth,
                     lease_superuser: inputs.lease_superuser,
@@ -336,7 +335,7 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                     child_user: inputs.child_user.clone(),
                     integresql_role: inputs.integresql_role.clone(),
                 };
-                match open_session(params).await {
+                match open_session(params, &inputs.templates).await {
                     Ok((session, monitor)) => Ok(Up::new(Some(running), session, monitor)),
                     Err(error) => {
                         running.shutdown(POSTGRES_STOP_TIMEOUT).await;
@@ -354,7 +353,6 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                 lease_port: external.lease_port,
                 pool_size: inputs.pool_size,
                 clone_strategy: inputs.clone_strategy,
-                templates: inputs.templates.clone(),
                 external: true,
                 lease_auth: inputs.lease_auth,
                 lease_superuser: inputs.lease_superuser,
@@ -365,7 +363,7 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
                 child_user: inputs.child_user.clone(),
                 integresql_role: inputs.integresql_role.clone(),
             };
-            let outcome = open_session(params)
+            let outcome = open_session(params, &inputs.templates)
                 .await
                 .map(|(session, monitor)| Up::new(None, session, monitor));
             (Target::External(external), outcome)
@@ -378,8 +376,12 @@ pub(super) async fn bring_up(target: Target, inputs: UpInputs) -> (Target, Resul
     }
 }
 
+/// Opens a session on a server that is up, with the monitor connection that tells when it
+/// goes away, and sweeps what earlier runs left on it (keeping `templates`' current
+/// versions).
 pub(super) async fn open_session(
     params: SessionParams,
+    templates: &[TemplateConfig],
 ) -> Result<(Session, tokio_postgres::Client), StartError> {
     let target = describe_target(&params.admin_config);
     let started = Instant::now();
@@ -395,8 +397,37 @@ pub(super) async fn open_session(
             Err(source) => return Err(StartError::Connect { target, source }),
         }
     };
-    let session = Session::open(params).await?;
+    let mut session = Session::open(params).await?;
+    sweep_earlier_runs(&mut session, templates).await;
     Ok((session, monitor))
+}
+
+/// Clears what earlier runs left on the server ([`Session::sweep`]), keeping the complete
+/// template databases of `templates`' current versions and the client-built ones, then
+/// gives each client-built template kept its relation cache init file, which postgres
+/// removed at its start (a configured one gets its own when the state adopts it, in
+/// `template::build`). The session knows no template sources, hence this step here, where
+/// both are known. Leftovers cost space, not correctness: a failure is logged and the start
+/// goes on.
+async fn sweep_earlier_runs(session: &mut Session, templates: &[TemplateConfig]) {
+    // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread, and
+    // with the child user's rights.
+    let (templates, pg_major) = (templates.to_vec(), session.pg_major);
+    let current = session
+        .child_user
+        .read(move || template::current_versions(&templates, pg_major, &HashMap::new()))
+        .await;
+    // Without the current versions every template would look stale: no sweep then.
+    let swept = match current {
+        Ok(current) => session.sweep(current, Sweep::Start).await,
+        Err(message) => Err(message),
+    };
+    if let Err(message) = swept {
+        tracing::warn!(error = %message, "could not clean up after an earlier run");
+    }
+    for (_, db, _) in &session.client_templates {
+        template::write_relcache_init(session, db).await;
+    }
 }
 
 /// How long a server that refuses connections for a moment ([`is_transient`]) is waited for.

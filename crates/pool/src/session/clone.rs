@@ -134,7 +134,7 @@ impl Session {
     pub(crate) fn verifier(&self, password: &str, standard: bool) -> String {
         let iterations = match self.lease_auth {
             LeaseAuth::Scram { iterations } if standard => {
-                iterations.max(crate::template::STANDARD_SCRAM_ITERATIONS)
+                iterations.max(scram::STANDARD_ITERATIONS)
             }
             LeaseAuth::Scram { iterations } => iterations,
             // Trust ignores it; a valid verifier keeps the role usable if the rule changes.

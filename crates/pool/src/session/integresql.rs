@@ -74,7 +74,7 @@ pub(crate) async fn ensure_role(
             // Postgres' own count: drivers such as pg8000 and lib/pq refuse fewer.
             verifier = quote_literal(&crate::scram::verifier(
                 &role.password,
-                crate::template::STANDARD_SCRAM_ITERATIONS
+                crate::scram::STANDARD_ITERATIONS
             )),
             marker = quote_literal(ROLE_MARKER),
         ))

@@ -1,21 +1,20 @@
 //! Opening a session: connecting, the superuser check, the server lock, the owner role
-//! (and the IntegreSQL clients' role), the settings read back for `/status`, the
-//! connection budget left to lease holders, and the sweep of an earlier run's leftovers.
-//! What the sweep keeps and drops is `sweep.rs`'s business, not this file's.
+//! (and the IntegreSQL clients' role), the settings read back for `/status` and the
+//! connection budget left to lease holders. The sweep of an earlier run's leftovers comes
+//! next, once the caller knows the templates' current versions (`actor/start.rs`,
+//! `open_session`); what it keeps and drops is `sweep.rs`'s business.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::{
-    bounded, describe_target, integresql, lock, pg_message, Session, SessionParams, Sweep,
-    OWNER_ROLE, POOL_WAIT,
+    bounded, describe_target, integresql, lock, pg_message, Session, SessionParams, OWNER_ROLE,
+    POOL_WAIT,
 };
 use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, MARKER};
-use crate::template;
 
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[
@@ -34,8 +33,11 @@ const SHOWN_SETTINGS: &[&str] = &[
 
 impl Session {
     /// Connects, checks privileges, takes the server lock (or fails with
-    /// [`StartError::ServerInUse`]), creates the owner role, reads the settings back and
-    /// sweeps what earlier runs left.
+    /// [`StartError::ServerInUse`]), creates the owner role and reads the settings back.
+    /// It sweeps nothing: the caller runs [`Session::sweep`] next (with [`Sweep::Start`]
+    /// and the templates' current versions), under the lock taken here.
+    ///
+    /// [`Sweep::Start`]: super::Sweep::Start
     pub async fn open(params: SessionParams) -> Result<Session, StartError> {
         let target = describe_target(&params.admin_config);
         let admin_config = bounded::with_connect_timeout(&params.admin_config);
@@ -156,7 +158,7 @@ impl Session {
             admin_timeouts: Arc::default(),
             _lock: Arc::new(lock),
             template_settings: Arc::default(),
-            build_progress: template::progress::Board::default(),
+            build_progress: crate::progress::Board::default(),
             child_user: params.child_user,
             proof_dir: match params.proof_dir {
                 Some(dir) => match client
@@ -183,23 +185,6 @@ impl Session {
             },
         };
         drop(client);
-        // Leftovers cost space, not correctness: failing to remove them must not stop us.
-        let mut session = session;
-        // Hashing sources (a dump may be tens of GB) blocks: not on a runtime thread, and
-        // with the child user's rights.
-        let (templates, pg_major) = (params.templates.clone(), session.pg_major);
-        let current = session
-            .child_user
-            .read(move || template::current_versions(&templates, pg_major, &HashMap::new()))
-            .await;
-        // Without the current versions every template would look stale: no sweep then.
-        let swept = match current {
-            Ok(current) => session.sweep(current, Sweep::Start).await,
-            Err(message) => Err(message),
-        };
-        if let Err(message) = swept {
-            tracing::warn!(error = %message, "could not clean up after an earlier run");
-        }
         Ok(session)
     }
 }

@@ -1,13 +1,15 @@
 //! The sweep of what earlier runs left on the server (at start, and before a snapshot):
-//! which databases and lease roles of ours go, which complete templates stay, which ready
-//! clones a clean stop marked are adopted (`ready_marker`, written by `mark_ready`). It
-//! only drops what carries our marker or belongs to our roles; nothing else is touched.
+//! which databases and lease roles of ours go, which complete templates stay (configured
+//! ones of the current versions, client-built ones by `client_template_marker`), which
+//! ready clones a clean stop marked are adopted (`ready_marker`, written by `mark_ready`).
+//! It only drops what carries our marker or belongs to our roles; nothing else is touched.
+//! Which versions are current, and the relation cache init file of a kept template, are
+//! the caller's business (`actor/start.rs`): the session knows no template sources.
 
 use std::collections::HashSet;
 
 use super::{pg_message, Session, OWNER_ROLE};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
-use crate::template;
 
 /// What a sweep keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +64,8 @@ impl Session {
         for row in &rows {
             let (name, complete, comment): (String, bool, String) =
                 (row.get(0), row.get(1), row.get(2));
-            let client_template = template::parse_client_template_marker(&comment)
-                .filter(|_| complete && mode == Sweep::Start);
+            let client_template =
+                parse_client_template_marker(&comment).filter(|_| complete && mode == Sweep::Start);
             if let Some(template) = client_template {
                 let db = DbName::from_server(name.clone());
                 let size = match self.database_size(&db).await {
@@ -75,7 +77,6 @@ impl Session {
                     }
                 };
                 tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
-                template::write_relcache_init(self, &db).await;
                 current.push((template.clone(), template.to_string()));
                 self.client_templates.push((template, db, size));
                 keep.insert(name);
@@ -173,6 +174,19 @@ fn parse_ready_marker(comment: &str) -> Option<(TemplateName, String)> {
     Some((TemplateName::new(template).ok()?, fingerprint.to_owned())).filter(|_| fingerprint_ok)
 }
 
+/// The comment on a client-built template's database (`template/client.rs` writes it when
+/// it opens one); the sweep at start keeps complete ones (see
+/// [`parse_client_template_marker`]).
+pub(crate) fn client_template_marker(name: &TemplateName) -> String {
+    format!("{MARKER}; client template {name}")
+}
+
+/// The template name in a [`client_template_marker`].
+fn parse_client_template_marker(comment: &str) -> Option<TemplateName> {
+    let name = comment.strip_prefix(&format!("{MARKER}; client template "))?;
+    TemplateName::new(name).ok()
+}
+
 /// Marks a ready clone for the next run to adopt.
 pub(crate) async fn mark_ready(
     session: &Session,
@@ -215,5 +229,19 @@ mod marker_tests {
             None
         );
         assert_eq!(parse_ready_marker("someone else's comment"), None);
+    }
+
+    #[test]
+    fn client_template_markers_round_trip() {
+        let name = TemplateName::new("0123456789abcdef0123456789abcdef").expect("name");
+        assert_eq!(
+            parse_client_template_marker(&client_template_marker(&name)),
+            Some(name)
+        );
+        assert_eq!(parse_client_template_marker(MARKER), None);
+        assert_eq!(
+            parse_client_template_marker(&format!("{MARKER}; client template ../x")),
+            None
+        );
     }
 }

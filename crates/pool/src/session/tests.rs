@@ -47,7 +47,6 @@ impl Server {
             lease_port: self.running.port,
             pool_size: 4,
             clone_strategy: CloneStrategy::FileCopy,
-            templates: Vec::new(),
             external: false,
             lease_auth: LeaseAuth::default(),
             lease_superuser: false,

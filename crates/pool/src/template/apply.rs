@@ -8,9 +8,7 @@ use std::path::PathBuf;
 use tokio_postgres::NoTls;
 
 use super::command::{run_command, run_command_with, Progress};
-use super::{
-    describe_sql_error, dump, migration_files, run_in, sources, STANDARD_SCRAM_ITERATIONS,
-};
+use super::{describe_sql_error, dump, migration_files, run_in, sources};
 use crate::child_user::ChildUser;
 use crate::config::TemplateSource;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
@@ -159,7 +157,7 @@ pub(super) async fn create_build_role(
             // build connects only a few times.
             verifier = quote_literal(&crate::scram::verifier(
                 &password,
-                STANDARD_SCRAM_ITERATIONS
+                crate::scram::STANDARD_ITERATIONS
             )),
             owner = quote_ident(OWNER_ROLE),
             owner_literal = quote_literal(OWNER_ROLE),

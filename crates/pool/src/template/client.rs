@@ -7,8 +7,8 @@
 use super::apply::{create_build_role, retire_build_role};
 use super::seal::{seal_template, write_relcache_init};
 use super::{blame_a_lost_server, create_template_database, run_in};
-use crate::names::{quote_ident, DbName, TemplateName, MARKER};
-use crate::session::{Session, OWNER_ROLE};
+use crate::names::{quote_ident, DbName, TemplateName};
+use crate::session::{client_template_marker, Session, OWNER_ROLE};
 use crate::sql_error::SqlError;
 use crate::state::Built;
 
@@ -117,16 +117,4 @@ async fn finalize_client_template_steps(
         size_bytes,
         built_at: std::time::SystemTime::now(),
     })
-}
-
-/// The comment on a client-built template's database; the sweep at start keeps complete
-/// ones (see [`parse_client_template_marker`]).
-pub fn client_template_marker(name: &TemplateName) -> String {
-    format!("{MARKER}; client template {name}")
-}
-
-/// The template name in a [`client_template_marker`].
-pub fn parse_client_template_marker(comment: &str) -> Option<TemplateName> {
-    let name = comment.strip_prefix(&format!("{MARKER}; client template "))?;
-    TemplateName::new(name).ok()
 }

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use super::apply::create_build_role;
-use super::progress;
 use crate::config::CommandSource;
 use crate::names::{DbName, TemplateName};
+use crate::progress;
 use crate::session::Session;
 
 /// Lines of a command's output kept for its error message.

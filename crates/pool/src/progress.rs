@@ -1,7 +1,9 @@
 //! Where a long build is, while it runs: a command that reports progress (a dump's
 //! restore) registers a [`Live`] entry on its session's [`Board`] for its template, counts
 //! into it from its output, and the entry goes when the command ends. The log reads it every
-//! few seconds; `/status` and `GET /templates/{name}` read it when asked.
+//! few seconds; `/status` and `GET /templates/{name}` read it when asked. It is a module of
+//! its own, below both, because the session carries the board (one per server) and the
+//! template builds write on it: the session never names the template module.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
