@@ -155,7 +155,7 @@ pub enum StartError {
         reason: String,
     },
     /// Connecting to postgres failed.
-    #[error("cannot connect to postgres at {target}: {}", crate::session::pg_message(.source))]
+    #[error("cannot connect to postgres at {target}: {}", crate::sql_error::pg_message(.source))]
     Connect {
         /// Host/port or socket.
         target: String,
@@ -185,7 +185,7 @@ pub enum StartError {
         name: String,
     },
     /// SQL run while setting up the server failed.
-    #[error("{context}: {}", crate::session::pg_message(.source))]
+    #[error("{context}: {}", crate::sql_error::pg_message(.source))]
     Sql {
         /// What the SQL was for.
         context: String,

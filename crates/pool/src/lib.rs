@@ -35,8 +35,7 @@ pub use pglease_binaries::{parse_version_number, VersionSpec};
 pub use servers::Servers;
 // How the pool words a driver error in logs and reports; the benchmark words its own the
 // same way.
-pub use session::pg_message;
-pub use sql_error::{SqlError, SqlErrorKind};
+pub use sql_error::{pg_message, SqlError, SqlErrorKind};
 pub use state::Registered;
 pub use types::{
     BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, FilledBy, KeptDatabase, Lease,

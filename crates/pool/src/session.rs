@@ -1,7 +1,7 @@
 //! A session with one running server: what opening one needs ([`SessionParams`]), the
 //! [`Session`] itself (the admin connection pool, the lease role's settings, the server's
-//! version and settings read back for `/status`), the one-statement `execute`, and
-//! postgres' own words for an error. Its work is split by concern, each an `impl Session`
+//! version and settings read back for `/status`) and the one-statement `execute`
+//! (postgres' own words for an error, `pg_message`, are `sql_error.rs`'s). Its work is split by concern, each an `impl Session`
 //! of its own: `open` connects and takes the server, `sweep` clears what an earlier run
 //! left, `clone` makes a clone and its lease role, `drop` drops a database and its role,
 //! `facts` reads sizes and sessions. Beside them: `recycle` readies a clone for its next
@@ -177,28 +177,6 @@ impl Session {
     pub(crate) fn integresql_role(&self) -> Option<&str> {
         self.integresql_role.as_deref()
     }
-}
-
-/// Postgres' own words for an error: severity, message, detail and hint when the server
-/// sent them, else the driver's description with its causes.
-pub fn pg_message(error: &tokio_postgres::Error) -> String {
-    if let Some(db) = error.as_db_error() {
-        let mut text = format!("{}: {}", db.severity(), db.message());
-        if let Some(detail) = db.detail() {
-            text.push_str(&format!(" DETAIL: {detail}"));
-        }
-        if let Some(hint) = db.hint() {
-            text.push_str(&format!(" HINT: {hint}"));
-        }
-        return text;
-    }
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// Host(s) and port of a config, for messages (never the password).

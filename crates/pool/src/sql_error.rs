@@ -3,7 +3,9 @@
 //! server's room running out, 507; anything else a clone meets is the server's trouble,
 //! 503; a connection lost is no fault of the user's SQL). Every SQL job's outcome carries
 //! it: builds, clones, recycles, drops, connection limits, and the opening and finalizing
-//! of templates clients build.
+//! of templates clients build. `pg_message`, postgres' words for a driver error, lives here
+//! too: the error enums, the session and the builds all use it, and this module uses no
+//! other of the pool's.
 
 use tokio_postgres::error::SqlState;
 
@@ -33,10 +35,32 @@ pub enum SqlErrorKind {
     Other,
 }
 
+/// Postgres' own words for an error: severity, message, detail and hint when the server
+/// sent them, else the driver's description with its causes.
+pub fn pg_message(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        let mut text = format!("{}: {}", db.severity(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" DETAIL: {detail}"));
+        }
+        if let Some(hint) = db.hint() {
+            text.push_str(&format!(" HINT: {hint}"));
+        }
+        return text;
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 impl SqlError {
     /// Classifies a driver error, keeping postgres' words.
     pub fn from_pg(error: &tokio_postgres::Error) -> SqlError {
-        SqlError::described(error, crate::session::pg_message(error))
+        SqlError::described(error, pg_message(error))
     }
 
     /// Classifies a driver error, with `message` saying it (postgres' words with context:

@@ -24,6 +24,7 @@ use crate::config::{PoolLimits, TemplateConfig};
 use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::session::Stamp;
+pub(crate) use crate::template::Built;
 
 mod budget;
 mod build;
@@ -139,16 +140,6 @@ pub(crate) struct Made {
     /// What it was on disk when made ready, for the proof that a released clone is
     /// unchanged (`--reuse-unchanged`); None when that proof is off or the stamp failed.
     pub stamp: Option<Stamp>,
-}
-
-/// A finished build, as the actor reports it.
-#[derive(Debug, Clone)]
-pub(crate) struct Built {
-    pub fingerprint: String,
-    pub db: DbName,
-    pub elapsed: Duration,
-    pub size_bytes: i64,
-    pub built_at: std::time::SystemTime,
 }
 
 /// What the proofs of released clones found.

@@ -21,9 +21,9 @@ use tokio_postgres::NoTls;
 
 use crate::config::TemplateSource;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
-use crate::session::{pg_message, Session, OWNER_ROLE};
+use crate::session::{Session, OWNER_ROLE};
+use crate::sql_error::pg_message;
 use crate::sql_error::{SqlError, SqlErrorKind};
-use crate::state::Built;
 
 mod apply;
 mod client;
@@ -39,6 +39,18 @@ use seal::{seal_template, settle};
 pub use sources::{
     check as check_source, current_versions, fingerprint, migration_files, stamp, SourceStamp,
 };
+
+/// A finished build (of a configured template, or a client-built one finalized): what the
+/// build job reports and the state keeps of the template version. It lives here, not in
+/// `state`, so that the builds need nothing of the state.
+#[derive(Debug, Clone)]
+pub(crate) struct Built {
+    pub fingerprint: String,
+    pub db: DbName,
+    pub elapsed: std::time::Duration,
+    pub size_bytes: i64,
+    pub built_at: std::time::SystemTime,
+}
 
 /// Builds (or, with `reuse_existing`, finds already built) the template database of `name`.
 /// On failure nothing is left behind.

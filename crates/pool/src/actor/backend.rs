@@ -231,7 +231,7 @@ impl Backend for Session {
             .await
             {
                 Ok(Ok(monitor)) => Ok(Box::new(monitor) as Box<dyn Monitor>),
-                Ok(Err(error)) => Err(crate::session::pg_message(&error)),
+                Ok(Err(error)) => Err(crate::sql_error::pg_message(&error)),
                 Err(_) => Err("the server did not answer".into()),
             }
         })

@@ -23,7 +23,8 @@ use crate::error::StartError;
 use crate::handle::PoolHandle;
 use crate::names::{DbName, TemplateName};
 use crate::postgres::{Embedded, RunningPostgres};
-use crate::session::{describe_target, pg_message, Session, SessionParams, Sweep};
+use crate::session::{describe_target, Session, SessionParams, Sweep};
+use crate::sql_error::pg_message;
 use crate::state::PoolState;
 use crate::template::{self, SourceStamp};
 

@@ -15,7 +15,8 @@ use std::time::Duration;
 use deadpool_postgres::{Object, PoolError, TimeoutType};
 use tokio_postgres::NoTls;
 
-use super::{pg_message, Session};
+use super::Session;
+use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 /// Default bound on one admin operation. Generous on purpose: cloning or dropping a big
@@ -63,11 +64,11 @@ pub(super) async fn query_one_prepared(
     let statement = client
         .prepare_cached(sql)
         .await
-        .map_err(|e| super::pg_message(&e))?;
+        .map_err(|e| pg_message(&e))?;
     client
         .query_one(&statement, params)
         .await
-        .map_err(|e| super::pg_message(&e))
+        .map_err(|e| pg_message(&e))
 }
 
 /// The daemon's own `search_path` (see [`pool_config`]).

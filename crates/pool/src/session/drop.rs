@@ -2,8 +2,9 @@
 //! drop (the hot path), a template's (unmarked first), and the careful drop of a clone its
 //! holder made undroppable, which locks the holder out before anything else.
 
-use super::{pg_message, Session};
+use super::Session;
 use crate::names::{quote_ident, DbName};
+use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 impl Session {

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use super::{pg_message, Session};
+use super::Session;
 use crate::names::DbName;
+use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 impl Session {

@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
-use super::{describe_target, pg_message};
+use super::describe_target;
 use crate::error::StartError;
+use crate::sql_error::pg_message;
 
 /// The advisory lock's key: the bytes of "pglease\0" read as a big-endian integer.
 const LOCK_KEY: i64 = i64::from_be_bytes(*b"pglease\0");

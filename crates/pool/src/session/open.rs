@@ -10,11 +10,11 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::{
-    bounded, describe_target, integresql, lock, pg_message, Session, SessionParams, OWNER_ROLE,
-    POOL_WAIT,
+    bounded, describe_target, integresql, lock, Session, SessionParams, OWNER_ROLE, POOL_WAIT,
 };
 use crate::error::StartError;
 use crate::names::{quote_ident, quote_literal, MARKER};
+use crate::sql_error::pg_message;
 
 /// Settings shown in `/status`, read back from the server.
 const SHOWN_SETTINGS: &[&str] = &[

@@ -27,9 +27,10 @@ use deadpool_postgres::Object;
 use tokio::time::Instant;
 
 use super::bounded::query_one_prepared;
-use super::{pg_message, Session};
+use super::Session;
 use crate::names::{quote_ident, quote_literal, DbName};
 use crate::scram;
+use crate::sql_error::pg_message;
 
 /// How often sessions are looked for (and terminated) while waiting.
 const POLL: Duration = Duration::from_millis(2);

@@ -19,8 +19,9 @@
 
 use std::sync::Arc;
 
-use super::{pg_message, Session};
+use super::Session;
 use crate::names::{quote_ident, quote_literal, DbName};
+use crate::sql_error::pg_message;
 
 /// The settings postgres itself declares GUC_LIST_QUOTE (guc_tables.c); none of them
 /// changes flags between versions.

@@ -8,8 +8,9 @@
 
 use std::collections::HashSet;
 
-use super::{pg_message, Session, OWNER_ROLE};
+use super::{Session, OWNER_ROLE};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
+use crate::sql_error::pg_message;
 
 /// What a sweep keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use super::{describe_sql_error, dump, migration_files, run_in, sources};
 use crate::child_user::ChildUser;
 use crate::config::TemplateSource;
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER};
-use crate::session::{pg_message, Session, OWNER_ROLE};
+use crate::session::{Session, OWNER_ROLE};
+use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 /// Applies the source to the template database as a temporary LOGIN role named like the

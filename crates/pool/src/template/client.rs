@@ -6,11 +6,10 @@
 
 use super::apply::{create_build_role, retire_build_role};
 use super::seal::{seal_template, write_relcache_init};
-use super::{blame_a_lost_server, create_template_database, run_in};
+use super::{blame_a_lost_server, create_template_database, run_in, Built};
 use crate::names::{quote_ident, DbName, TemplateName};
 use crate::session::{client_template_marker, Session, OWNER_ROLE};
 use crate::sql_error::SqlError;
-use crate::state::Built;
 
 /// Creates the empty database `db` of the client-built template `name` and a login role
 /// named like it (the `sameuser` rule admits it there only) whose sessions act as the
