@@ -12,7 +12,9 @@
 //! * A registration holds that lock from its check to its act — where the template lives
 //!   now, whether the primary has it, placing it, the pool's own register — so two
 //!   registrations of one name are one after the other by construction: the second sees
-//!   where the first put it. A server start is never under the lock (it can take minutes
+//!   where the first put it. Each pool request made under it is bounded
+//!   (`POOL_ANSWER_WAIT`): a stuck pool fails that registration, not every caller queued
+//!   on the lock. A server start is never under the lock (it can take minutes
 //!   to download): a registration first decides without the lock and starts the server it
 //!   needs, then takes the lock and decides again, now for good; templates are placed only
 //!   on running servers.
@@ -46,6 +48,15 @@ use crate::types::{
 };
 use further::{server_version, START_WAIT};
 use registry::{home, needs_primary, Ask, Registry, Server};
+
+/// How long a registration waits for a pool's answer (the pool's `register`, the primary's
+/// status when it must ask whether the primary has the template). A pool's actor answers
+/// both without awaiting SQL (a build runs in a worker), so an answer normally takes
+/// microseconds and 30 s means the actor is stuck; without a bound, the registry lock held
+/// meanwhile would hang every registration, lease routing and status call behind it for
+/// ever. Generous all the same: an actor busy with a burst of commands on a loaded machine
+/// is slow, not stuck.
+const POOL_ANSWER_WAIT: Duration = Duration::from_secs(30);
 
 /// How often a registration decides again when its template's place changed while the
 /// server it needed was starting; more means something keeps moving it.
@@ -364,7 +375,11 @@ impl Servers {
             };
             let newly_placed =
                 home.is_some_and(|major| registry.placed.insert(name.clone(), major).is_none());
-            let registered = server.handle.register(name.clone(), source).await;
+            let registering = server.handle.register(name.clone(), source);
+            // A pool that does not answer: whether it registered the template is unknown,
+            // so it stays placed there (a retry goes to the same server instead of
+            // splitting the template over two), and the lock is released with the error.
+            let registered = answered(&server, "the registration", registering).await?;
             if registered.is_err() && newly_placed {
                 registry.placed.remove(&name);
             }
@@ -454,7 +469,7 @@ impl Servers {
         let primary = &self.inner.primary;
         let wanted = version.map(VersionSpec::major);
         let on_primary =
-            needs_primary(current, wanted, primary.major) && self.primary_has(template).await;
+            needs_primary(current, wanted, primary.major) && self.primary_has(template).await?;
         home(&Ask {
             template,
             version,
@@ -471,11 +486,12 @@ impl Servers {
         self.inner.registry.lock().await.placement(template)
     }
 
-    async fn primary_has(&self, template: &TemplateName) -> bool {
-        match self.inner.primary.handle.status().await {
-            Some(report) => report.templates.iter().any(|t| &t.name == template),
-            None => false,
-        }
+    /// Whether the primary has `template`; an error when it does not answer (a
+    /// registration asks under the registry lock).
+    async fn primary_has(&self, template: &TemplateName) -> Result<bool, LeaseError> {
+        let primary = &self.inner.primary;
+        let report = answered(primary, "a status request", primary.handle.status()).await?;
+        Ok(report.is_some_and(|report| report.templates.iter().any(|t| &t.name == template)))
     }
 
     /// Every running server, the primary first.
@@ -527,6 +543,25 @@ fn warn_of_unwatched(config: &PoolConfig) {
             );
         }
     }
+}
+
+/// `request` to `server`'s pool, bounded by [`POOL_ANSWER_WAIT`]: a pool that does not
+/// answer in time fails it with 503 (`postgres_unavailable`) instead of holding its caller,
+/// and the registry lock that caller may hold, for ever. `what` names the request.
+async fn answered<T>(
+    server: &Server,
+    what: &str,
+    request: impl std::future::Future<Output = T>,
+) -> Result<T, LeaseError> {
+    tokio::time::timeout(POOL_ANSWER_WAIT, request)
+        .await
+        .map_err(|_| {
+            LeaseError::PostgresDown(format!(
+                "the PostgreSQL {} server's pool did not answer {what} within {} s; it may be                  stuck",
+                server.major,
+                POOL_ANSWER_WAIT.as_secs()
+            ))
+        })
 }
 
 /// Names the server on each template of its report (its live version, which a restart

@@ -494,3 +494,102 @@ async fn a_registration_for_the_primary_and_one_for_another_major_place_it_once(
     assert_eq!(registered[0], [name("app")], "{registered:?}");
     assert!(registered[1].is_empty(), "{registered:?}");
 }
+
+/// Plays a pool whose actor is stuck: it takes every command and answers none, keeping the
+/// reply senders (a dropped one would tell the caller the pool went away).
+async fn play_stuck_pool(mut actor: FakeActor) {
+    let mut held = Vec::new();
+    while let Some(command) = actor.recv().await {
+        held.push(command);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_that_never_answers_a_registration_fails_it_and_frees_the_registry() {
+    let (primary, primary_actor) = fake_pool();
+    let (pg16, actor16) = fake_pool();
+    let primary_plays = tokio::spawn(play_pool("15.4", primary_actor));
+    let stuck = tokio::spawn(play_stuck_pool(actor16));
+    let servers = servers_with(primary, vec![(16, pg16)], &[]);
+
+    let started = Instant::now();
+    let registering = servers.register(
+        name("app"),
+        TemplateSource::Empty,
+        Some(VersionSpec::Major(16)),
+    );
+    // Time is paused: a registration that waited for ever would end only at this guard.
+    let error = tokio::time::timeout(Duration::from_secs(3600), registering)
+        .await
+        .expect("the registration hung on a pool that never answers")
+        .expect_err("nothing answered it");
+    let waited = started.elapsed();
+    assert!(
+        matches!(&error, LeaseError::PostgresDown(message)
+            if message.contains("PostgreSQL 16") && message.contains("did not answer")),
+        "{error:?}"
+    );
+    assert!(
+        waited >= POOL_ANSWER_WAIT && waited < POOL_ANSWER_WAIT + Duration::from_secs(1),
+        "waited {waited:?}"
+    );
+    assert!(
+        servers.inner.registry.try_lock().is_ok(),
+        "the registry lock is free again"
+    );
+    // Whether the stuck pool registered it is unknown: the template stays placed there, so
+    // that a retry goes to the same server instead of splitting it over two.
+    assert_eq!(servers.placement(&name("app")).await, Some(16));
+
+    // The next registration is not held up by the stuck pool.
+    let (registered, status) = tokio::time::timeout(
+        Duration::from_secs(5),
+        servers.register(name("other"), TemplateSource::Empty, None),
+    )
+    .await
+    .expect("a registration after the stuck one hung")
+    .expect("registered on the primary");
+    assert_eq!(registered, Registered::Created);
+    assert_eq!(status.postgres_version.as_deref(), Some("15.4"));
+
+    drop(servers);
+    assert_eq!(primary_plays.await.expect("the primary"), [name("other")]);
+    stuck.await.expect("the stuck pool");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_primary_that_never_answers_fails_a_registration_that_must_ask_it() {
+    let (primary, primary_actor) = fake_pool();
+    let (pg16, actor16) = fake_pool();
+    let stuck = tokio::spawn(play_stuck_pool(primary_actor));
+    let pool16 = tokio::spawn(play_pool("16.1", actor16));
+    let servers = servers_with(primary, vec![(16, pg16)], &[]);
+    // A template placed nowhere yet that asks for 16 is first looked for on the primary.
+    let error = tokio::time::timeout(
+        Duration::from_secs(3600),
+        servers.register(
+            name("app"),
+            TemplateSource::Empty,
+            Some(VersionSpec::Major(16)),
+        ),
+    )
+    .await
+    .expect("the registration hung on a primary that never answers")
+    .expect_err("the primary did not say whether it has the template");
+    assert!(
+        matches!(&error, LeaseError::PostgresDown(message)
+            if message.contains("PostgreSQL 15") && message.contains("did not answer")),
+        "{error:?}"
+    );
+    assert_eq!(
+        servers.placement(&name("app")).await,
+        None,
+        "nothing placed"
+    );
+    drop(servers);
+    assert!(
+        pool16.await.expect("the 16 pool").is_empty(),
+        "16 never asked"
+    );
+    stuck.await.expect("the stuck primary");
+}
