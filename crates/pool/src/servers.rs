@@ -557,7 +557,7 @@ async fn answered<T>(
         .await
         .map_err(|_| {
             LeaseError::PostgresDown(format!(
-                "the PostgreSQL {} server's pool did not answer {what} within {} s; it may be                  stuck",
+                "the PostgreSQL {} server's pool did not answer {what} within {} s; it may be stuck",
                 server.major,
                 POOL_ANSWER_WAIT.as_secs()
             ))
