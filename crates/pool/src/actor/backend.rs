@@ -248,7 +248,17 @@ impl Backend for Session {
         &'a self,
         current: &'a [(TemplateName, String)],
     ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>> {
-        Box::pin(Session::snapshot_templates(self, current))
+        Box::pin(async move {
+            let templates = Session::snapshot_templates(self, current).await?;
+            Ok(templates
+                .into_iter()
+                .map(|(name, fingerprint, size_bytes)| SnapshotTemplate {
+                    name: name.to_string(),
+                    fingerprint,
+                    size_bytes,
+                })
+                .collect())
+        })
     }
     fn clear_for_snapshot(
         &self,

@@ -4,24 +4,20 @@
 
 use super::{Session, Sweep};
 use crate::names::{DbName, TemplateName};
-use crate::postgres::snapshot::SnapshotTemplate;
 
 impl Session {
-    /// The complete template databases of the `current` versions (name, fingerprint, size):
-    /// what a snapshot of this server would hold.
+    /// The complete template databases of the `current` versions, with their sizes in
+    /// bytes: what a snapshot of this server would hold.
     pub async fn snapshot_templates(
         &self,
         current: &[(TemplateName, String)],
-    ) -> Result<Vec<SnapshotTemplate>, String> {
+    ) -> Result<Vec<(TemplateName, String, i64)>, String> {
         let mut kept = Vec::new();
         for (name, fingerprint) in current {
             let db = DbName::template(name, fingerprint);
             if self.is_complete_template(&db).await? {
-                kept.push(SnapshotTemplate {
-                    name: name.to_string(),
-                    size_bytes: self.database_size(&db).await?,
-                    fingerprint: fingerprint.clone(),
-                });
+                let size_bytes = self.database_size(&db).await?;
+                kept.push((name.clone(), fingerprint.clone(), size_bytes));
             }
         }
         Ok(kept)
