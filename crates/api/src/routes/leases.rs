@@ -1,5 +1,5 @@
 //! `POST /lease`, `DELETE /leases/{id}`, `POST /leases/{id}/renew`: validate, call the pool,
-//! render the answer. A lease is handed out by the pool actor (pglease-pool `state.rs`,
+//! render the answer. A lease is handed out by the pool actor (pglease-pool `state/grants.rs`,
 //! `request_lease`); this handler only asks for it.
 
 use std::time::{Duration, SystemTime};
