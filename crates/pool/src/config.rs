@@ -44,6 +44,28 @@ pub struct PoolConfig {
     pub integresql_role: Option<IntegresqlRole>,
 }
 
+#[cfg(test)]
+impl PoolConfig {
+    /// An embedded server's configuration with default limits and no templates: what the
+    /// router's tests start further servers from (none of them starts one).
+    pub(crate) fn embedded_for_tests() -> PoolConfig {
+        let limits = PoolLimits::default();
+        PoolConfig {
+            server: ServerConfig::Embedded(Box::new(EmbeddedConfig::for_limits(&limits, 1))),
+            templates: Vec::new(),
+            limits,
+            clone_strategy: CloneStrategy::default(),
+            prebuild: false,
+            lease_auth: LeaseAuth::default(),
+            lease_superuser: false,
+            verify_templates: false,
+            majors_on_request: false,
+            child_user: None,
+            integresql_role: None,
+        }
+    }
+}
+
 /// The one login role of IntegreSQL's model, for suites that load a dump into the template
 /// being initialized with `psql` and the PG* variables of their run (IntegreSQL gives every
 /// database one shared user). Between an initialize and its finalize the role is a member of

@@ -13,6 +13,8 @@ mod handle;
 pub mod names;
 pub mod postgres;
 mod progress;
+#[cfg(test)]
+mod proptest_config;
 mod scram;
 mod servers;
 mod session;

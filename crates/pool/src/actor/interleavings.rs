@@ -31,8 +31,7 @@ use super::fake::{Ending, FakeServer, Op};
 use super::start::{launch, Parts, Target, UpInputs};
 use crate::child_user::ChildUser;
 use crate::config::{
-    CloneStrategy, EmbeddedConfig, LeaseAuth, PoolConfig, PoolLimits, ServerConfig, TemplateConfig,
-    TemplateSource,
+    CloneStrategy, LeaseAuth, PoolConfig, PoolLimits, TemplateConfig, TemplateSource,
 };
 use crate::error::LeaseError;
 use crate::handle::PoolHandle;
@@ -238,24 +237,6 @@ fn limits(min_ready: usize) -> PoolLimits {
     }
 }
 
-/// What a further server would start from (none starts: both run from the beginning).
-fn base_config() -> PoolConfig {
-    let limits = limits(0);
-    PoolConfig {
-        server: ServerConfig::Embedded(Box::new(EmbeddedConfig::for_limits(&limits, 1))),
-        templates: Vec::new(),
-        limits,
-        clone_strategy: CloneStrategy::default(),
-        prebuild: false,
-        lease_auth: LeaseAuth::default(),
-        lease_superuser: false,
-        verify_templates: false,
-        majors_on_request: false,
-        child_user: None,
-        integresql_role: None,
-    }
-}
-
 /// Starts a pool on `server`, its lease ids beginning with `stamp`.
 async fn pool(server: FakeServer, names: &[&str], stamp: u8, min_ready: usize) -> Pool {
     let templates: Vec<TemplateConfig> = names
@@ -304,7 +285,7 @@ impl Harness {
         let further_stamp = u8::try_from(FURTHER_MAJOR).expect("a major fits a byte");
         let further = pool(FakeServer::new(), CONFIGURED[1], further_stamp, min_ready).await;
         let router = Servers::over(
-            base_config(),
+            PoolConfig::embedded_for_tests(),
             primary.handle.clone(),
             PRIMARY_MAJOR,
             vec![(FURTHER_MAJOR, further.handle.clone())],
@@ -693,22 +674,12 @@ fn run_case(events: &[Event], min_ready: usize) {
     });
 }
 
-fn cases() -> u32 {
-    std::env::var("PGLEASE_ACTOR_INTERLEAVINGS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(DEFAULT_CASES)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 5_000,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
-        )),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::proptest_config::interleavings(
+        "PGLEASE_ACTOR_INTERLEAVINGS",
+        DEFAULT_CASES,
+        5_000,
+    ))]
 
     #[test]
     fn every_interleaving_keeps_the_actors_promises(

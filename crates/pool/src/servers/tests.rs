@@ -7,7 +7,6 @@ use tokio::sync::oneshot;
 
 use super::registry::Slot;
 use super::*;
-use crate::config::{CloneStrategy, EmbeddedConfig, LeaseAuth, PoolLimits};
 use crate::testing::{fake_pool, FakeActor, FakeCommand};
 use crate::types::{ConnectInfo, DropStatus, LeaseSummary, LimitStatus, PostgresStatus};
 
@@ -28,20 +27,7 @@ fn name(text: &str) -> TemplateName {
 }
 
 fn base_config() -> PoolConfig {
-    let limits = PoolLimits::default();
-    PoolConfig {
-        server: ServerConfig::Embedded(Box::new(EmbeddedConfig::for_limits(&limits, 1))),
-        templates: Vec::new(),
-        limits,
-        clone_strategy: CloneStrategy::default(),
-        prebuild: false,
-        lease_auth: LeaseAuth::default(),
-        lease_superuser: false,
-        verify_templates: false,
-        majors_on_request: false,
-        child_user: None,
-        integresql_role: None,
-    }
+    PoolConfig::embedded_for_tests()
 }
 
 /// A router whose primary is PostgreSQL 15 on `primary`, with the further servers

@@ -801,25 +801,12 @@ fn template(name: &str) -> TemplateName {
     TemplateName::new(name).expect("a valid template name")
 }
 
-fn cases() -> u32 {
-    std::env::var("PGLEASE_INTERLEAVINGS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(DEFAULT_CASES)
-}
-
-// A failing case is kept (its seed, in crates/pool/proptest-regressions/state/
-// interleavings.txt) and replayed first by every later run: commit that file with the
-// fix, so the case the search once found stays tested.
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: cases(),
-        max_shrink_iters: 20_000,
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
-        )),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::proptest_config::interleavings(
+        "PGLEASE_INTERLEAVINGS",
+        DEFAULT_CASES,
+        20_000,
+    ))]
 
     #[test]
     fn every_interleaving_keeps_the_promises(
