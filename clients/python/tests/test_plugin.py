@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -188,7 +189,7 @@ def test_pglease_start_runs_a_daemon_for_the_session_and_stops_it(pytester):
     binary = os.environ.get("PGLEASE_BIN")
     if not binary:
         pytest.fail("PGLEASE_BIN is not set: the pglease binary to start", pytrace=False)
-    url = "http://127.0.0.1:55491"
+    url = f"http://127.0.0.1:{free_port()}"
     pytester.makepyfile(
         test_started="""
         import psycopg
@@ -254,6 +255,15 @@ def watchers_of(pid: int) -> list:
     return found
 
 
+def free_port() -> int:
+    """A port nothing listens on now, for a daemon the test starts. A fixed one collided
+    with the ports the other tests' servers were given (the kernel hands out the ephemeral
+    range to anyone)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def wait_until(condition, what: str, ceiling: float = 90) -> None:
     deadline = time.monotonic() + ceiling
     while not condition():
@@ -298,7 +308,7 @@ def stop_leftover(out: str) -> None:
 
 
 def test_start_and_keep_failed_leave_the_kept_database_served_until_killed(pytester):
-    url = "http://127.0.0.1:55492"
+    url = f"http://127.0.0.1:{free_port()}"
     out = run_kept_suite(pytester, url)
     try:
         # pytest has exited; the URL it printed still opens the database as the test left it.
@@ -325,7 +335,7 @@ def test_start_and_keep_failed_leave_the_kept_database_served_until_killed(pytes
 
 
 def test_the_left_daemon_stops_by_itself_once_nothing_is_kept(pytester):
-    url = "http://127.0.0.1:55493"
+    url = f"http://127.0.0.1:{free_port()}"
     out = run_kept_suite(
         pytester, url, "--pglease-serve-arg=--token=linger-secret", "--pglease-token=linger-secret"
     )
