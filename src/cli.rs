@@ -24,13 +24,18 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:5480";
 /// The config file `serve` reads from its working directory when none is named.
 pub const DEFAULT_CONFIG_FILE: &str = "pglease.toml";
 
-/// pglease: a pool of pre-warmed, throw-away PostgreSQL databases for parallel tests.
+/// A pool of pre-warmed, throw-away PostgreSQL databases for parallel tests.
 ///
 /// `pglease serve` runs the daemon: its own postgres tuned for tests (fsync off, on tmpfs),
 /// template databases built from your migrations, and ready clones leased over HTTP.
 /// The other commands are clients of a running daemon.
 #[derive(Debug, Parser)]
-#[command(name = "pglease", version, propagate_version = true)]
+#[command(
+    name = "pglease",
+    version,
+    long_version = long_version(),
+    propagate_version = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -72,6 +77,44 @@ pub enum Command {
     /// directly and is not sent twice); a command still running 10 s after such a signal is
     /// killed with SIGKILL. The lease is released in every case.
     Run(RunArgs),
+    /// Print a shell completion script: `pglease completions bash > /etc/bash_completion.d/pglease`.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one page per command into --out-dir.
+    Man(ManArgs),
+}
+
+/// `pglease completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `pglease man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write pglease.1 and a page per subcommand (pglease-serve.1, …) into this directory
+    /// instead of printing pglease.1.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
+/// What `--version` says beyond the version: the commit it was built from (`build.rs`) and
+/// the PostgreSQL majors it can serve.
+fn long_version() -> &'static str {
+    static LONG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LONG.get_or_init(|| {
+        let majors = pglease_binaries::SUPPORTED_MAJORS;
+        format!(
+            "{} (commit {})\nserves PostgreSQL {}–{} (default {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("PGLEASE_COMMIT"),
+            majors.start(),
+            majors.end(),
+            pglease_binaries::DEFAULT_MAJOR,
+        )
+    })
 }
 /// Options shared by client commands.
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 
 mod cli;
 mod client;
+mod docs;
 mod listen;
 mod logging;
 mod postgres;
@@ -50,6 +51,8 @@ fn main() -> ExitCode {
             Command::Postgres(command) => Ok(postgres::run(command).await),
             Command::Snapshot(SnapshotCommand::Save(args)) => Ok(snapshot::save(*args).await),
             Command::Snapshot(SnapshotCommand::Show(args)) => Ok(snapshot::show(args)),
+            Command::Completions(args) => Ok(docs::completions(&args)),
+            Command::Man(args) => Ok(docs::man(&args)),
         }
         .or_else(|client::ClientError(message)| {
             eprintln!("pglease: {message}");
