@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Makes pglease's release artifacts from this checkout, into release/out/:
+#   pglease-<version>-<arch>-linux.tar.gz   bin/pglease, man pages, shell completions, the
+#                                           systemd unit and its configuration, README, licences
+#   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
+# The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
+# commit's time (SOURCE_DATE_EPOCH when set).
+#
+#   bash release/build.sh              # cargo build --release, then package
+#   bash release/build.sh --no-build   # package target/release/pglease as it is
+#
+# release/check.sh installs the tarball into an empty prefix and runs the README's first flow.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) build=0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "release/build.sh: unknown argument $arg (see --help)" >&2; exit 64 ;;
+  esac
+done
+
+version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+arch=$(uname -m)
+name="pglease-$version-$arch-linux"
+out=release/out
+stage="$out/stage/$name"
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
+
+if [ "$build" = 1 ]; then
+  echo "==> cargo build --release -p pglease" >&2
+  cargo build --release -p pglease >&2
+fi
+binary=target/release/pglease
+[ -x "$binary" ] || { echo "release/build.sh: $binary is missing (build first, or drop --no-build)" >&2; exit 1; }
+
+echo "==> staging $name" >&2
+rm -rf "$out/stage" && mkdir -p "$stage"
+install -D -m 0755 "$binary" "$stage/bin/pglease"
+strip "$stage/bin/pglease" 2>/dev/null || true
+"$stage/bin/pglease" man --out-dir "$stage/share/man/man1" >/dev/null
+gzip -n -9 "$stage"/share/man/man1/*.1
+"$stage/bin/pglease" completions bash | install -D -m 0644 /dev/stdin "$stage/share/bash-completion/completions/pglease"
+"$stage/bin/pglease" completions zsh | install -D -m 0644 /dev/stdin "$stage/share/zsh/site-functions/_pglease"
+"$stage/bin/pglease" completions fish | install -D -m 0644 /dev/stdin "$stage/share/fish/vendor_completions.d/pglease.fish"
+install -D -m 0644 deploy/systemd/pglease.service "$stage/lib/systemd/system/pglease.service"
+install -D -m 0644 deploy/systemd/pglease.toml "$stage/etc/pglease/pglease.toml"
+install -m 0644 README.md LICENSE-MIT LICENSE-APACHE "$stage/"
+
+# The oldest glibc the binary runs on: the newest symbol version it needs.
+glibc=$(objdump -T "$stage/bin/pglease" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 || true)
+
+mkdir -p "$out"
+tarball="$out/$name.tar.gz"
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
+  -C "$out/stage" -cf - "$name" | gzip -n -9 > "$tarball"
+rm -rf "$out/stage"
+(cd "$out" && sha256sum "$name.tar.gz" > SHA256SUMS)
+echo "==> $tarball ($(du -h "$tarball" | cut -f1); needs ${glibc:-an unknown glibc} or newer)" >&2
+echo "$tarball"
