@@ -10,19 +10,31 @@ use serde::Deserialize;
 /// Options of `pglease serve`. Flags override the config file.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// TOML config file (see docs/configuration.md) [default: ./pglease.toml if it exists].
+    /// TOML config file (docs/configuration.md; a release installs docs/ under
+    /// share/doc/pglease) [default: ./pglease.toml if it exists].
     /// Flags override it; an on/off option it turns on is turned off by --no-NAME (see
     /// --help). The log says which file was read.
-    #[arg(long, short = 'c', env = "PGLEASE_CONFIG", value_name = "FILE")]
+    #[arg(
+        help_heading = "Configuration and the HTTP API",
+        long,
+        short = 'c',
+        env = "PGLEASE_CONFIG",
+        value_name = "FILE"
+    )]
     pub config: Option<PathBuf>,
     /// Address of the HTTP API [default: 127.0.0.1:5480]. Any address but loopback needs --token.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(
+        help_heading = "Configuration and the HTTP API",
+        long,
+        value_name = "ADDR"
+    )]
     pub listen: Option<SocketAddr>,
     /// Bearer token every API request must carry (health checks excepted); required when
     /// --listen is not a loopback address. Only with one do /status and /kept show lease ids
     /// and passwords, and may a request start a server of a major the configuration does not
     /// name (docs/security.md).
     #[arg(
+        help_heading = "Configuration and the HTTP API",
         long,
         env = "PGLEASE_TOKEN",
         hide_env_values = true,
@@ -32,129 +44,147 @@ pub struct ServeArgs {
     /// A file whose content is the bearer token (surrounding white space ignored), so that
     /// the token shows neither in `ps` nor in the environment: systemd's LoadCredential=,
     /// a container secret. Instead of --token.
-    #[arg(long, env = "PGLEASE_TOKEN_FILE", value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Also serve the IntegreSQL v1 API (its client libraries work unchanged) on this
-    /// address, e.g. 127.0.0.1:5000, IntegreSQL's port. The main port serves it too, under
-    /// /api/v1. Its clients send no token: a non-loopback address needs
-    /// --integresql-allow-remote.
-    #[arg(long, env = "PGLEASE_INTEGRESQL_LISTEN", value_name = "ADDR")]
-    pub integresql_listen: Option<SocketAddr>,
-    /// Serve --integresql-listen on a non-loopback address although anyone who reaches it
-    /// can lease databases (IntegreSQL clients cannot send a token).
-    #[arg(long)]
-    pub integresql_allow_remote: bool,
-    /// A login role for suites that name one user in the PG* variables of their run, as
-    /// IntegreSQL's shared user (e.g. dbuser), and load a dump into the template they are
-    /// initializing with `psql`: from initialize to finalize it reaches that template's
-    /// database, with a lease's connection limit; nothing else, and it is no superuser.
-    /// Needs --integresql-pg-password; PGHOST and PGPORT are postgres' own (--pg-port fixes
-    /// the port). See docs/integresql.md.
-    #[arg(long, env = "PGLEASE_INTEGRESQL_PG_USER", value_name = "NAME")]
-    pub integresql_pg_user: Option<String>,
-    /// The password of --integresql-pg-user (the suites' PGPASSWORD).
     #[arg(
+        help_heading = "Configuration and the HTTP API",
         long,
-        env = "PGLEASE_INTEGRESQL_PG_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD"
+        env = "PGLEASE_TOKEN_FILE",
+        value_name = "FILE"
     )]
-    pub integresql_pg_password: Option<String>,
-    /// Lease requests that may wait at once; more get 429 [default: 1024].
-    #[arg(long, value_name = "N")]
-    pub max_waiting: Option<usize>,
+    pub token_file: Option<PathBuf>,
     /// Seconds SQL migrations may take to build a template; a command template has its own
     /// timeout_secs [default: 300].
-    #[arg(long, value_name = "SECS")]
+    #[arg(help_heading = "Templates", long, value_name = "SECS")]
     pub build_timeout: Option<u64>,
-    /// Seconds an IntegreSQL client may take from initializing a template to finalizing it;
-    /// past that the template is discarded as abandoned [default: 900].
-    #[arg(long, value_name = "SECS")]
-    pub initialize_timeout: Option<u64>,
-    /// Databases kept at once after failed tests (`DELETE /leases/{id}?keep=SECS`); keeping
-    /// one more drops the oldest [default: 8].
-    #[arg(long, value_name = "N")]
-    pub max_kept: Option<usize>,
-    /// The longest a database is kept; a longer keep is shortened to this [default: 3600].
-    #[arg(long, value_name = "SECS")]
-    pub max_keep: Option<u64>,
     /// A template: NAME=migrations:DIR, NAME=sql:FILE, NAME=dump:FILE (a pg_dump output), NAME=command:CMD (give it --watch NAME=PATH) or NAME=empty; NAME@16=… puts it on a PostgreSQL 16 server (started when first needed). Repeatable.
-    #[arg(long = "template", short = 't', value_name = "NAME=SOURCE")]
+    #[arg(
+        help_heading = "Templates",
+        long = "template",
+        short = 't',
+        value_name = "NAME=SOURCE"
+    )]
     pub templates: Vec<String>,
     /// A file or directory whose contents enter the fingerprint of the command template
     /// NAME (with its command string), e.g. --watch app=db/migrations: an edit there builds
     /// a new version at the next lease. Without one, a command template is fingerprinted by
     /// its command alone and edits of its migrations go unseen. Relative to the current
     /// directory; adds to the config file's watch list. Repeatable.
-    #[arg(long = "watch", value_name = "NAME=PATH")]
+    #[arg(help_heading = "Templates", long = "watch", value_name = "NAME=PATH")]
     pub watches: Vec<String>,
-    /// Ready clones kept warm per template [default: 4].
-    #[arg(long)]
-    pub min_ready: Option<usize>,
-    /// Clones per template at once: ready + leased + being made [default: 32].
-    #[arg(long)]
-    pub max_total: Option<usize>,
-    /// Clones and drops running at once [default: 2].
-    #[arg(long)]
-    pub clone_concurrency: Option<usize>,
-    /// How CREATE DATABASE copies a template [default: file-copy].
-    #[arg(long, value_enum)]
-    pub clone_strategy: Option<StrategyArg>,
-    /// Connection limit of a lease when the request names none [default: 10]. Postgres'
-    /// max_connections is sized from it; leases wait while their connections do not fit.
-    #[arg(long, value_name = "N")]
-    pub lease_connections: Option<u32>,
-    /// Time to live of a lease when the request names none, in seconds [default: 1800].
-    #[arg(long, value_name = "SECS")]
-    pub default_ttl: Option<u64>,
     /// Build every template at start instead of on first lease; /readyz (and `pglease
     /// ready`) then waits for them, and fails with the reason when one fails.
-    #[arg(long, overrides_with = "no_prebuild")]
+    #[arg(help_heading = "Templates", long, overrides_with = "no_prebuild")]
     pub prebuild: bool,
     /// Overrides prebuild = true in the config file.
-    #[arg(long, overrides_with = "prebuild", hide_short_help = true)]
+    #[arg(
+        help_heading = "Templates",
+        long,
+        overrides_with = "prebuild",
+        hide_short_help = true
+    )]
     pub no_prebuild: bool,
-    /// How lease roles log in: scram (SCRAM-SHA-256, --scram-iterations) or trust [default: scram].
-    #[arg(long, value_enum)]
-    pub lease_auth: Option<LeaseAuthArg>,
-    /// PBKDF2 iterations of lease roles' SCRAM verifiers [default: 4096, postgres' own, which
-    /// every common driver accepts]. 16 saves 1-7 ms of CPU a connection where every client takes
-    /// it (not pg8000, nor Go's lib/pq under 1000).
-    #[arg(long, value_name = "N")]
-    pub scram_iterations: Option<u32>,
-    /// Make lease roles superusers (for suites that need it; they can then reach every database).
-    #[arg(long, overrides_with = "no_lease_superuser")]
-    pub lease_superuser: bool,
-    /// Overrides lease_superuser = true in the config file.
-    #[arg(long, overrides_with = "lease_superuser", hide_short_help = true)]
-    pub no_lease_superuser: bool,
     /// Let `PUT /templates/{name}` register `command` sources, superuser templates and
     /// plain-SQL dumps (psql scripts, which can run programs). They run as --child-user,
     /// never as root: only for a daemon whose every API client you trust.
-    #[arg(long)]
+    #[arg(help_heading = "Templates", long)]
     pub allow_http_commands: bool,
     /// OS user that migration commands, psql and pg_restore run as, and whose rights
     /// template sources are read with, when pglease runs as root [default: nobody].
-    #[arg(long, value_name = "USER")]
+    #[arg(help_heading = "Templates", long, value_name = "USER")]
     pub child_user: Option<String>,
     /// Build every template from scratch once per run, even when a template with the same
     /// fingerprint exists (for CI: a stale template cannot hide a broken migration).
-    #[arg(long, overrides_with = "no_verify_templates")]
+    #[arg(
+        help_heading = "Templates",
+        long,
+        overrides_with = "no_verify_templates"
+    )]
     pub verify_templates: bool,
     /// Overrides verify_templates = true in the config file.
-    #[arg(long, overrides_with = "verify_templates", hide_short_help = true)]
+    #[arg(
+        help_heading = "Templates",
+        long,
+        overrides_with = "verify_templates",
+        hide_short_help = true
+    )]
     pub no_verify_templates: bool,
+    /// Lease requests that may wait at once; more get 429 [default: 1024].
+    #[arg(help_heading = "The pool", long, value_name = "N")]
+    pub max_waiting: Option<usize>,
+    /// Databases kept at once after failed tests (`DELETE /leases/{id}?keep=SECS`); keeping
+    /// one more drops the oldest [default: 8].
+    #[arg(help_heading = "The pool", long, value_name = "N")]
+    pub max_kept: Option<usize>,
+    /// The longest a database is kept; a longer keep is shortened to this [default: 3600].
+    #[arg(help_heading = "The pool", long, value_name = "SECS")]
+    pub max_keep: Option<u64>,
+    /// Ready clones kept warm per template [default: 4].
+    #[arg(help_heading = "The pool", long)]
+    pub min_ready: Option<usize>,
+    /// Clones per template at once: ready + leased + being made [default: 32].
+    #[arg(help_heading = "The pool", long)]
+    pub max_total: Option<usize>,
+    /// Clones and drops running at once [default: 2].
+    #[arg(help_heading = "The pool", long)]
+    pub clone_concurrency: Option<usize>,
+    /// How CREATE DATABASE copies a template [default: file-copy].
+    #[arg(help_heading = "The pool", long, value_enum)]
+    pub clone_strategy: Option<StrategyArg>,
+    /// Time to live of a lease when the request names none, in seconds [default: 1800].
+    #[arg(help_heading = "The pool", long, value_name = "SECS")]
+    pub default_ttl: Option<u64>,
     /// Put a released database back in the ready queue, without dropping and cloning it
     /// again, when the server proves it unchanged since it was handed out (no dirty page,
     /// no file written, no setting, grant or comment changed; docs/reuse-unchanged.md).
     /// On by default with the postgres pglease starts itself; off on an external server.
-    #[arg(long, overrides_with = "no_reuse_unchanged", hide_short_help = true)]
+    #[arg(
+        help_heading = "The pool",
+        long,
+        overrides_with = "no_reuse_unchanged",
+        hide_short_help = true
+    )]
     pub reuse_unchanged: bool,
     /// Drop and clone again every released database, changed or not.
-    #[arg(long, overrides_with = "reuse_unchanged")]
+    #[arg(help_heading = "The pool", long, overrides_with = "reuse_unchanged")]
     pub no_reuse_unchanged: bool,
+    /// Bytes templates and clones may take in all (e.g. 4G) [default: 3/4 of the
+    /// databases' tmpfs, else of the data directory's; no limit on an external server].
+    /// Past it, what nobody waits for is evicted, then requests get 507.
+    #[arg(help_heading = "The pool", long, value_name = "SIZE")]
+    pub max_bytes: Option<String>,
+    /// Connection limit of a lease when the request names none [default: 10]. Postgres'
+    /// max_connections is sized from it; leases wait while their connections do not fit.
+    #[arg(help_heading = "Leases", long, value_name = "N")]
+    pub lease_connections: Option<u32>,
+    /// How lease roles log in: scram (SCRAM-SHA-256, --scram-iterations) or trust [default: scram].
+    #[arg(help_heading = "Leases", long, value_enum)]
+    pub lease_auth: Option<LeaseAuthArg>,
+    /// PBKDF2 iterations of lease roles' SCRAM verifiers [default: 4096, postgres' own, which
+    /// every common driver accepts]. 16 saves 1-7 ms of CPU a connection where every client takes
+    /// it (not pg8000, nor Go's lib/pq under 1000).
+    #[arg(help_heading = "Leases", long, value_name = "N")]
+    pub scram_iterations: Option<u32>,
+    /// Make lease roles superusers (for suites that need it; they can then reach every database).
+    #[arg(help_heading = "Leases", long, overrides_with = "no_lease_superuser")]
+    pub lease_superuser: bool,
+    /// Overrides lease_superuser = true in the config file.
+    #[arg(
+        help_heading = "Leases",
+        long,
+        overrides_with = "lease_superuser",
+        hide_short_help = true
+    )]
+    pub no_lease_superuser: bool,
+    /// Host put in lease answers instead of postgres' listen address (e.g. a compose service name).
+    #[arg(
+        help_heading = "Leases",
+        long,
+        env = "PGLEASE_ADVERTISE_HOST",
+        value_name = "HOST"
+    )]
+    pub advertise_host: Option<String>,
     /// Attach to this existing server (a superuser URL) instead of starting postgres.
     #[arg(
+        help_heading = "The PostgreSQL server",
         long,
         value_name = "URL",
         env = "PGLEASE_POSTGRES_URL",
@@ -163,7 +193,7 @@ pub struct ServeArgs {
     pub postgres_url: Option<String>,
     /// Directory of the postgres binaries (postgres, initdb); used alone, and it must hold
     /// the --postgres-version if that is given too [default: see --postgres-version].
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "DIR")]
     pub pg_bin_dir: Option<PathBuf>,
     /// PostgreSQL version to run: a major (17) or a major.minor (17.6), 13 to 18.
     ///
@@ -173,67 +203,96 @@ pub struct ServeArgs {
     /// of the newest such release (about 15 MB) from --postgres-repository into that
     /// cache, which later starts use offline. Without a version: the newest installed
     /// server, else the newest cached, else PostgreSQL 18 is downloaded.
-    #[arg(long, env = "PGLEASE_POSTGRES_VERSION", value_name = "VERSION")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        env = "PGLEASE_POSTGRES_VERSION",
+        value_name = "VERSION"
+    )]
     pub postgres_version: Option<String>,
     /// Maven repository that server binaries are downloaded from (zonky's
     /// embedded-postgres-binaries), e.g. a mirror [default: Maven Central, repo1.maven.org/maven2].
-    #[arg(long, env = "PGLEASE_POSTGRES_REPOSITORY", value_name = "URL")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        env = "PGLEASE_POSTGRES_REPOSITORY",
+        value_name = "URL"
+    )]
     pub postgres_repository: Option<String>,
     /// Instance directory for postgres' data [default: a fresh directory under /dev/shm].
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Bytes templates and clones may take in all (e.g. 4G) [default: 3/4 of the
-    /// databases' tmpfs, else of the data directory's; no limit on an external server].
-    /// Past it, what nobody waits for is evicted, then requests get 507.
-    #[arg(long, value_name = "SIZE")]
-    pub max_bytes: Option<String>,
     /// Mount a dedicated tmpfs of this size (e.g. 2G) for the data (needs root). As root
     /// on tmpfs, the databases get a tmpfs of their own, 3/4 of it, so that a lease that
     /// fills it gets "No space left on device" and postgres stays up (docs/security.md).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "SIZE")]
     pub tmpfs_size: Option<String>,
     /// Allow fsync=off on a data directory that is not tmpfs/ramfs.
-    #[arg(long, overrides_with = "no_allow_unsafe_on_disk")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        overrides_with = "no_allow_unsafe_on_disk"
+    )]
     pub allow_unsafe_on_disk: bool,
     /// Overrides allow_unsafe_on_disk = true in the config file's postgres table.
-    #[arg(long, overrides_with = "allow_unsafe_on_disk", hide_short_help = true)]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        overrides_with = "allow_unsafe_on_disk",
+        hide_short_help = true
+    )]
     pub no_allow_unsafe_on_disk: bool,
     /// OS user that runs postgres when pglease runs as root [default: postgres, else nobody].
-    #[arg(long, value_name = "USER")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "USER")]
     pub pg_user: Option<String>,
     /// Where initdb results and downloaded server binaries are cached [default: as root
     /// /var/cache/pglease, else $XDG_CACHE_HOME/pglease or ~/.cache/pglease].
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Address postgres listens on [default: 127.0.0.1].
-    #[arg(long, value_name = "HOST")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "HOST")]
     pub pg_listen: Option<String>,
     /// Port postgres listens on [default: a free port].
-    #[arg(long, value_name = "PORT")]
+    #[arg(help_heading = "The PostgreSQL server", long, value_name = "PORT")]
     pub pg_port: Option<u16>,
     /// Extra postgres setting KEY=VALUE (applied last). Repeatable.
-    #[arg(long = "pg-setting", value_name = "KEY=VALUE")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long = "pg-setting",
+        value_name = "KEY=VALUE"
+    )]
     pub pg_settings: Vec<String>,
     /// initdb --locale [default: C].
-    #[arg(long)]
+    #[arg(help_heading = "The PostgreSQL server", long)]
     pub locale: Option<String>,
     /// initdb --encoding [default: UTF8].
-    #[arg(long)]
+    #[arg(help_heading = "The PostgreSQL server", long)]
     pub encoding: Option<String>,
-    /// Host put in lease answers instead of postgres' listen address (e.g. a compose service name).
-    #[arg(long, env = "PGLEASE_ADVERTISE_HOST", value_name = "HOST")]
-    pub advertise_host: Option<String>,
     /// Keep the data directory at exit.
-    #[arg(long, overrides_with = "no_keep_data")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        overrides_with = "no_keep_data"
+    )]
     pub keep_data: bool,
     /// Overrides keep_data = true in the config file's postgres table.
-    #[arg(long, overrides_with = "keep_data", hide_short_help = true)]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        overrides_with = "keep_data",
+        hide_short_help = true
+    )]
     pub no_keep_data: bool,
     /// Snapshots for cold CI runners: start from this directory's snapshot of the
     /// server's major (its templates whose sources are unchanged are used without a
     /// build; the others are built), and write one at a clean stop when templates were
     /// built. Keep the directory in the CI cache (docs/snapshots.md).
-    #[arg(long, env = "PGLEASE_SNAPSHOT_DIR", value_name = "DIR")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        env = "PGLEASE_SNAPSHOT_DIR",
+        value_name = "DIR"
+    )]
     pub snapshot_dir: Option<PathBuf>,
     /// Where the clusters live [default: auto]. `tmpfs`: the instance directory, every
     /// clone copies its template. `cow`: a copy-on-write XFS that pglease makes in RAM and
@@ -244,8 +303,54 @@ pub struct ServeArgs {
     /// template known at start is 128 MB or more (its sources, or its database in the
     /// snapshot) and one can be made; otherwise tmpfs, which clones small templates faster.
     /// `/status` says what was chosen and why (docs/cow-storage.md).
-    #[arg(long, env = "PGLEASE_STORAGE", value_name = "STORAGE")]
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        env = "PGLEASE_STORAGE",
+        value_name = "STORAGE"
+    )]
     pub storage: Option<StorageArg>,
+    /// Also serve the IntegreSQL v1 API (its client libraries work unchanged) on this
+    /// address, e.g. 127.0.0.1:5000, IntegreSQL's port. The main port serves it too, under
+    /// /api/v1. Its clients send no token: a non-loopback address needs
+    /// --integresql-allow-remote.
+    #[arg(
+        help_heading = "IntegreSQL API",
+        long,
+        env = "PGLEASE_INTEGRESQL_LISTEN",
+        value_name = "ADDR"
+    )]
+    pub integresql_listen: Option<SocketAddr>,
+    /// Serve --integresql-listen on a non-loopback address although anyone who reaches it
+    /// can lease databases (IntegreSQL clients cannot send a token).
+    #[arg(help_heading = "IntegreSQL API", long)]
+    pub integresql_allow_remote: bool,
+    /// A login role for suites that name one user in the PG* variables of their run, as
+    /// IntegreSQL's shared user (e.g. dbuser), and load a dump into the template they are
+    /// initializing with `psql`: from initialize to finalize it reaches that template's
+    /// database, with a lease's connection limit; nothing else, and it is no superuser.
+    /// Needs --integresql-pg-password; PGHOST and PGPORT are postgres' own (--pg-port fixes
+    /// the port). See docs/integresql.md.
+    #[arg(
+        help_heading = "IntegreSQL API",
+        long,
+        env = "PGLEASE_INTEGRESQL_PG_USER",
+        value_name = "NAME"
+    )]
+    pub integresql_pg_user: Option<String>,
+    /// The password of --integresql-pg-user (the suites' PGPASSWORD).
+    #[arg(
+        help_heading = "IntegreSQL API",
+        long,
+        env = "PGLEASE_INTEGRESQL_PG_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub integresql_pg_password: Option<String>,
+    /// Seconds an IntegreSQL client may take from initializing a template to finalizing it;
+    /// past that the template is discarded as abandoned [default: 900].
+    #[arg(help_heading = "IntegreSQL API", long, value_name = "SECS")]
+    pub initialize_timeout: Option<u64>,
 }
 
 /// `--storage`.

@@ -324,6 +324,42 @@ fn help_explains_serve() {
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}");
     }
+    // Grouped by topic, in this order, each flag under its own.
+    let headings = [
+        "Configuration and the HTTP API:",
+        "Templates:",
+        "The pool:",
+        "Leases:",
+        "The PostgreSQL server:",
+        "IntegreSQL API:",
+    ];
+    let at = |needle: &str| {
+        text.find(needle)
+            .unwrap_or_else(|| panic!("serve --help lacks {needle}"))
+    };
+    let positions: Vec<usize> = headings.iter().map(|h| at(h)).collect();
+    assert!(
+        positions.windows(2).all(|pair| pair[0] < pair[1]),
+        "headings out of order: {positions:?}"
+    );
+    for (flag, heading) in [
+        ("--template", 1),
+        ("--min-ready", 2),
+        ("--lease-auth", 3),
+        ("--postgres-url", 4),
+        ("--integresql-listen", 5),
+    ] {
+        // Where it is listed (the about line mentions --postgres-url too).
+        let position = at(&format!("{flag} <"));
+        assert!(
+            position > positions[heading]
+                && positions
+                    .get(heading + 1)
+                    .is_none_or(|next| position < *next),
+            "{flag} is not under {}",
+            headings[heading]
+        );
+    }
 }
 
 #[tokio::test]
