@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes pglease's release artifacts from this checkout, into release/out/:
 #   pglease-<version>-<arch>-linux.tar.gz   bin/pglease, man pages, shell completions, the
-#                                           systemd unit and its configuration, README, licences
+#                                           systemd unit and its configuration, and under
+#                                           share/doc/pglease the README, docs/ and licences
 #   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
@@ -47,7 +48,9 @@ gzip -n -9 "$stage"/share/man/man1/*.1
 "$stage/bin/pglease" completions fish | install -D -m 0644 /dev/stdin "$stage/share/fish/vendor_completions.d/pglease.fish"
 install -D -m 0644 deploy/systemd/pglease.service "$stage/lib/systemd/system/pglease.service"
 install -D -m 0644 deploy/systemd/pglease.toml "$stage/etc/pglease/pglease.toml"
-install -m 0644 README.md LICENSE-MIT LICENSE-APACHE "$stage/"
+# Where the unit's Documentation= and --help's "docs/…" point: share/doc/pglease.
+install -D -m 0644 -t "$stage/share/doc/pglease" README.md LICENSE-MIT LICENSE-APACHE
+install -D -m 0644 -t "$stage/share/doc/pglease/docs" docs/*.md
 
 # The oldest glibc the binary runs on: the newest symbol version it needs.
 glibc=$(objdump -T "$stage/bin/pglease" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 || true)
