@@ -47,7 +47,8 @@ gzip -n -9 "$stage"/share/man/man1/*.1
 "$stage/bin/pglease" completions zsh | install -D -m 0644 /dev/stdin "$stage/share/zsh/site-functions/_pglease"
 "$stage/bin/pglease" completions fish | install -D -m 0644 /dev/stdin "$stage/share/fish/vendor_completions.d/pglease.fish"
 install -D -m 0644 deploy/systemd/pglease.service "$stage/lib/systemd/system/pglease.service"
-install -D -m 0644 deploy/systemd/pglease.toml "$stage/etc/pglease/pglease.toml"
+# Its configuration goes to /etc/pglease (ConfigurationDirectory=), not under the prefix.
+install -D -m 0644 deploy/systemd/pglease.toml "$stage/share/doc/pglease/examples/pglease.toml"
 # Where the unit's Documentation= and --help's "docs/…" point: share/doc/pglease.
 install -D -m 0644 -t "$stage/share/doc/pglease" README.md LICENSE-MIT LICENSE-APACHE
 install -D -m 0644 -t "$stage/share/doc/pglease/docs" docs/*.md

@@ -32,7 +32,7 @@ tar -xzf "$tarball" -C "$prefix" --strip-components=1
 for file in bin/pglease share/man/man1/pglease.1.gz share/man/man1/pglease-serve.1.gz \
   share/bash-completion/completions/pglease share/zsh/site-functions/_pglease \
   share/fish/vendor_completions.d/pglease.fish lib/systemd/system/pglease.service \
-  etc/pglease/pglease.toml share/doc/pglease/README.md share/doc/pglease/LICENSE-MIT \
+  share/doc/pglease/examples/pglease.toml share/doc/pglease/README.md share/doc/pglease/LICENSE-MIT \
   share/doc/pglease/LICENSE-APACHE share/doc/pglease/docs/configuration.md; do
   [ -e "$prefix/$file" ] || { echo "release/check.sh: the tarball lacks $file" >&2; exit 1; }
 done
