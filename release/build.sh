@@ -3,6 +3,8 @@
 #   pglease-<version>-<arch>-linux.tar.gz   bin/pglease, man pages, shell completions, the
 #                                           systemd unit and its configuration, and under
 #                                           share/doc/pglease the README, docs/ and licences
+#   pglease_<version>-1_<arch>.deb          the same for Debian and Ubuntu CI hosts: /usr/bin,
+#                                           the unit enabled and started, a token made
 #   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
@@ -10,7 +12,8 @@
 #   bash release/build.sh              # cargo build --release, then package
 #   bash release/build.sh --no-build   # package target/release/pglease as it is
 #
-# release/check.sh installs the tarball into an empty prefix and runs the README's first flow.
+# release/check.sh installs the tarball into an empty prefix and runs the README's first flow;
+# deploy/systemd/boot-test.sh with PGLEASE_DEB installs the package under a real systemd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,6 +64,28 @@ tarball="$out/$name.tar.gz"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
   -C "$out/stage" -cf - "$name" | gzip -n -9 > "$tarball"
 rm -rf "$out/stage"
-(cd "$out" && sha256sum "$name.tar.gz" > SHA256SUMS)
 echo "==> $tarball ($(du -h "$tarball" | cut -f1); needs ${glibc:-an unknown glibc} or newer)" >&2
+
+# The Debian package: cargo-deb ([package.metadata.deb] in Cargo.toml) from the same binary,
+# with the unit pointing at /usr/bin and the pages and completions generated here.
+command -v cargo-deb >/dev/null || {
+  echo "release/build.sh: cargo-deb is missing (cargo install cargo-deb --locked)" >&2
+  exit 1
+}
+rm -rf "$out/deb" && mkdir -p "$out/deb/man"
+"$binary" man --out-dir "$out/deb/man" >/dev/null
+gzip -n -9 "$out"/deb/man/*.1
+"$binary" completions bash > "$out/deb/pglease.bash"
+"$binary" completions zsh > "$out/deb/_pglease"
+"$binary" completions fish > "$out/deb/pglease.fish"
+sed -e 's|/usr/local/bin/pglease|/usr/bin/pglease|g' -e 's|/usr/local/share/doc|/usr/share/doc|g' \
+  deploy/systemd/pglease.service > "$out/deb/pglease.service"
+rm -f "$out"/pglease_*.deb
+SOURCE_DATE_EPOCH=$epoch cargo deb -p pglease --no-build --output "$out/" >&2
+deb=$(ls "$out"/pglease_*.deb)
+rm -rf "$out/deb"
+echo "==> $deb ($(du -h "$deb" | cut -f1))" >&2
+
+(cd "$out" && sha256sum "$name.tar.gz" "$(basename "$deb")" > SHA256SUMS)
 echo "$tarball"
+echo "$deb"

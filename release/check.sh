@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 tarball=${1:-$(ls -t release/out/pglease-*-linux.tar.gz 2>/dev/null | head -1)}
 [ -f "$tarball" ] || { echo "release/check.sh: no tarball (run release/build.sh)" >&2; exit 1; }
-(cd "$(dirname "$tarball")" && sha256sum --quiet -c SHA256SUMS)
+(cd "$(dirname "$tarball")" && grep -F "$(basename "$tarball")" SHA256SUMS | sha256sum --quiet -c -)
 
 work=$(mktemp -d /tmp/pglease-release-check.XXXXXX)
 daemon=""

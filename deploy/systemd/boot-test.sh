@@ -11,6 +11,11 @@
 # bookworm-compatible glibc is needed, which the host's is). Exits non-zero on failure.
 #
 #   bash deploy/systemd/boot-test.sh
+#   PGLEASE_DEB=release/out/pglease_0.1.0-1_amd64.deb bash deploy/systemd/boot-test.sh
+#
+# With PGLEASE_DEB the Debian package (release/build.sh) is installed with apt instead of
+# copying the binary and the unit: the unit it installs starts at boot, with the token its
+# postinst made; a purge at the end removes the unit and the token.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,10 +24,11 @@ docker=${DOCKER:-docker}
 [ -x /usr/bin/docker ] && [ -z "${DOCKER:-}" ] && docker=/usr/bin/docker
 base=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}
 binary=${PGLEASE_BINARY:-target/release/pglease}
+deb=${PGLEASE_DEB:-}
 image=pglease-systemd-boot:local
 name=pglease-systemd-boot-$$
 
-if [ ! -x "$binary" ]; then
+if [ -z "$deb" ] && [ ! -x "$binary" ]; then
   echo "==> building $binary"
   cargo build --release --locked -p pglease
 fi
@@ -42,8 +48,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cp "$binary" "$context/pglease"
-cp deploy/systemd/pglease.service deploy/systemd/pglease.toml "$context/"
+if [ -n "$deb" ]; then
+  cp "$deb" "$context/pglease.deb"
+  install_pglease='COPY pglease.deb /tmp/pglease.deb
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends /tmp/pglease.deb \
+    && rm -rf /var/lib/apt/lists/* /tmp/pglease.deb'
+else
+  cp "$binary" "$context/pglease"
+  cp deploy/systemd/pglease.service deploy/systemd/pglease.toml "$context/"
+  install_pglease="COPY pglease /usr/local/bin/pglease
+COPY pglease.service /etc/systemd/system/pglease.service
+COPY pglease.toml /etc/pglease/pglease.toml
+RUN printf 'boot-test-token\\n' > /etc/pglease/token && chmod 600 /etc/pglease/token"
+fi
 cat >"$context/Dockerfile" <<EOF
 FROM $base
 RUN set -eux; export DEBIAN_FRONTEND=noninteractive; \\
@@ -53,10 +70,7 @@ RUN set -eux; export DEBIAN_FRONTEND=noninteractive; \\
     apt-get install -y --no-install-recommends systemd systemd-sysv libnss-systemd dbus procps postgresql-15 postgresql-client-15 curl; \\
     rm -rf /var/lib/apt/lists/*; \\
     systemctl mask getty.target systemd-logind.service console-getty.service
-COPY pglease /usr/local/bin/pglease
-COPY pglease.service /etc/systemd/system/pglease.service
-COPY pglease.toml /etc/pglease/pglease.toml
-RUN printf 'boot-test-token\\n' > /etc/pglease/token && chmod 600 /etc/pglease/token
+$install_pglease
 STOPSIGNAL SIGRTMIN+3
 CMD ["/lib/systemd/systemd"]
 EOF
@@ -87,11 +101,21 @@ user=$(in_box systemctl show -p User --value pglease)
 pid=$(in_box systemctl show -p MainPID --value pglease)
 echo "main pid $pid, user $(in_box ps -o user= -p "$pid") (unit User=$user, DynamicUser=yes)"
 
+if [ -n "$deb" ]; then
+  # The package's unit runs /usr/bin/pglease, with the token its postinst made.
+  in_box systemctl show -p ExecStart --value pglease | grep -q '/usr/bin/pglease serve' \
+    || { echo "the package's unit does not run /usr/bin/pglease" >&2; exit 1; }
+  token=$(in_box cat /etc/pglease/token)
+  [ -n "$token" ] || { echo "the package made no token" >&2; exit 1; }
+else
+  token=boot-test-token
+fi
+
 echo "==> a lease through the unit's daemon"
 # The unit reads the token from its credential: without it the API answers 401.
 code=$(in_box curl -s -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:5480/lease)
 [ "$code" = 401 ] || { echo "a lease without the token got HTTP $code, not 401" >&2; exit 1; }
-auth='Authorization: Bearer boot-test-token'
+auth="Authorization: Bearer $token"
 lease=$(in_box curl -sf -X POST -H "$auth" http://127.0.0.1:5480/lease)
 url=$(printf '%s' "$lease" | python3 -c 'import json, sys; print(json.load(sys.stdin)["url"])')
 in_box psql "$url" -v ON_ERROR_STOP=1 -tAc "CREATE TABLE t (x int); INSERT INTO t VALUES (1); SELECT current_user || ' ' || count(*) FROM t"
@@ -134,3 +158,12 @@ if in_box pgrep -x postgres >/dev/null; then echo "postgres still running" >&2; 
 leftover=$(in_box sh -c 'ls -A /run/pglease 2>/dev/null | wc -l')
 [ "$leftover" = 0 ] || { echo "data left in /run/pglease" >&2; exit 1; }
 echo "postgres stopped, /run/pglease removed"
+
+if [ -n "$deb" ]; then
+  echo "==> apt-get purge pglease"
+  in_box env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq pglease >/dev/null
+  for gone in /usr/bin/pglease /lib/systemd/system/pglease.service /etc/pglease/token; do
+    if in_box test -e "$gone"; then echo "$gone is left after the purge" >&2; exit 1; fi
+  done
+  echo "purged: binary, unit and token gone"
+fi
