@@ -293,7 +293,8 @@ phase "docker build $image"
 # are. The builder stage is tagged too, so that its layers (the compiled dependencies) stay
 # the cache of the next run while the previous run's images, untagged now, are pruned.
 label=org.pglease.deploy-test
-build_args=(--build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$runtime_image")
+build_args=(--build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$runtime_image"
+  --build-arg PGLEASE_COMMIT="$(git rev-parse --short=12 HEAD 2>/dev/null || true)")
 DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
   --target builder --label "$label=builder" -t "${image%%:*}-builder:local" .
 DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \

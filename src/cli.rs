@@ -109,7 +109,8 @@ fn long_version() -> &'static str {
         format!(
             "{} (commit {})\nserves PostgreSQL {}–{} (default {})",
             env!("CARGO_PKG_VERSION"),
-            env!("PGLEASE_COMMIT"),
+            // Set by build.rs; a build without it (an odd packaging) still says something.
+            option_env!("PGLEASE_COMMIT").unwrap_or("unknown"),
             majors.start(),
             majors.end(),
             pglease_binaries::DEFAULT_MAJOR,
