@@ -64,34 +64,23 @@ pub(super) struct World {
     pub(super) life: u64,
     /// Whether the current life was brought up (the actor works on it), not just lost.
     pub(super) serving: bool,
-    /// The databases that exist.
-    pub(super) databases: BTreeSet<DbName>,
+    /// What the current life holds.
+    pub(super) cluster: Cluster,
     pub(super) pending: Vec<Pending>,
+    /// What the life that ended last held: operations that were under way when it went may
+    /// still end (a report in flight), with their effect on it.
+    remains: Option<(u64, Cluster)>,
+    /// The current life's monitor connection: closed when the server goes.
+    monitor: Option<Arc<AtomicBool>>,
+}
+
+/// The databases of one life of the server, and their roles' passwords.
+#[derive(Default)]
+pub(super) struct Cluster {
+    pub(super) databases: BTreeSet<DbName>,
     /// The password each database's role has now (each clone, recycle or open sets one).
     pub(super) passwords: std::collections::BTreeMap<DbName, String>,
     next_password: u64,
-    /// What the life that ended last held, for its operations still pending.
-    remains: Option<(u64, Remains)>,
-    /// The current life's monitor connection: closed when the server goes.
-    monitor: Option<Arc<AtomicBool>>,
-    /// Operations ended with success / failure, and restarts refused (to report).
-    pub(super) counts: Counts,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Counts {
-    pub(super) succeeded: u64,
-    pub(super) failed: u64,
-    pub(super) lost: u64,
-    pub(super) refused_starts: u64,
-}
-
-/// What a lost server held: operations that were under way when it went may still end
-/// (a report in flight), with their effect on what it was.
-#[derive(Default)]
-struct Remains {
-    databases: BTreeSet<DbName>,
-    passwords: std::collections::BTreeMap<DbName, String>,
 }
 
 /// The test's handle on the fake server (also the actor's `Target`).
@@ -119,7 +108,6 @@ impl FakeServer {
     pub(super) async fn bring_up(&self) -> Result<Up, StartError> {
         let mut world = self.world();
         if !world.up {
-            world.counts.refused_starts += 1;
             return Err(StartError::Unreachable {
                 target: "the fake server".into(),
                 reason: "it is down".into(),
@@ -150,12 +138,8 @@ impl FakeServer {
         // Its backends and monitor belong to the life that ended.
         world.life += 1;
         world.serving = false;
-        let ended = Remains {
-            databases: std::mem::take(&mut world.databases),
-            passwords: std::mem::take(&mut world.passwords),
-        };
+        let ended = std::mem::take(&mut world.cluster);
         world.remains = Some((world.life - 1, ended));
-        world.counts.lost += world.pending.len() as u64;
         if let Some(monitor) = world.monitor.take() {
             monitor.store(true, Ordering::SeqCst);
         }
@@ -236,12 +220,12 @@ fn failure(kind: SqlErrorKind) -> SqlError {
 }
 
 impl FakeBackend {
-    /// Waits for the test to end `op`, then carries it out with `effect` on the world (if
-    /// this life of the server still runs).
+    /// Waits for the test to end `op`, then carries it out with `effect` on the cluster of
+    /// the backend's life (the current one, or the one that ended last).
     async fn run<T>(
         &self,
         op: Op,
-        effect: impl FnOnce(&mut World) -> Result<T, SqlError>,
+        effect: impl FnOnce(&mut Cluster) -> Result<T, SqlError>,
     ) -> Result<T, SqlError> {
         let (reply, ending) = oneshot::channel();
         {
@@ -253,53 +237,31 @@ impl FakeBackend {
         }
         let ending = ending.await.map_err(|_| lost())?;
         let mut world = self.server.world();
-        if world.life != self.life {
-            // The server went while this ran: it ends as the test says, as if its report
-            // were already on its way, acting on what that server held (gone now).
-            return match (ending, world.remains.take()) {
-                (Ending::Ok, Some((life, mut remains))) if life == self.life => {
-                    let next_password = world.next_password;
-                    let mut then = World {
-                        databases: std::mem::take(&mut remains.databases),
-                        passwords: std::mem::take(&mut remains.passwords),
-                        next_password,
-                        ..World::default()
-                    };
-                    let outcome = effect(&mut then);
-                    world.next_password = then.next_password;
-                    remains.databases = then.databases;
-                    remains.passwords = then.passwords;
-                    world.remains = Some((life, remains));
-                    outcome
-                }
-                (Ending::Fail(kind), remains) => {
-                    world.remains = remains;
-                    Err(failure(kind))
-                }
-                (Ending::Ok, remains) => {
-                    world.remains = remains;
-                    Err(lost())
-                }
-            };
-        }
-        match ending {
-            Ending::Ok => {
-                let outcome = effect(&mut world);
-                match outcome {
-                    Ok(_) => world.counts.succeeded += 1,
-                    Err(_) => world.counts.failed += 1,
-                }
-                outcome
-            }
-            Ending::Fail(kind) => {
-                world.counts.failed += 1;
-                Err(failure(kind))
-            }
+        let World {
+            life,
+            cluster,
+            remains,
+            ..
+        } = &mut *world;
+        // The server may have gone while this ran: it ends as the test says all the same, as
+        // if its report were already on its way, acting on what that server held.
+        let cluster = if *life == self.life {
+            Some(cluster)
+        } else {
+            remains
+                .as_mut()
+                .filter(|(ended, _)| *ended == self.life)
+                .map(|(_, cluster)| cluster)
+        };
+        match (ending, cluster) {
+            (Ending::Ok, Some(cluster)) => effect(cluster),
+            (Ending::Ok, None) => Err(lost()),
+            (Ending::Fail(kind), _) => Err(failure(kind)),
         }
     }
 }
 
-impl World {
+impl Cluster {
     /// A new password for `db`'s role.
     fn new_password(&mut self, db: &DbName) -> String {
         self.next_password += 1;
@@ -309,7 +271,7 @@ impl World {
     }
 }
 
-fn exists(world: &World, db: &DbName) -> Result<(), SqlError> {
+fn exists(world: &Cluster, db: &DbName) -> Result<(), SqlError> {
     if world.databases.contains(db) {
         Ok(())
     } else {

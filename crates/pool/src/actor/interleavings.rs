@@ -544,12 +544,12 @@ impl Harness {
                 "{database} is held by two live leases"
             );
             assert!(
-                world.databases.contains(database),
+                world.cluster.databases.contains(database),
                 "lease {} holds {database}, which its server does not have",
                 lease.id
             );
             assert_eq!(
-                world.passwords.get(database),
+                world.cluster.passwords.get(database),
                 Some(&lease.connect.password),
                 "lease {} was handed {database} with a password its role does not have",
                 lease.id
@@ -613,6 +613,7 @@ impl Harness {
             let clones: Vec<DbName> = pool
                 .server
                 .world()
+                .cluster
                 .databases
                 .iter()
                 .filter(|db| !templates.contains(*db))
