@@ -1,8 +1,9 @@
 //! Records the commit the binary is built from, for `pglease --version`: the
-//! `PGLEASE_COMMIT` environment variable when set (a release build from an archive, which
-//! has no git directory), else `git rev-parse --short=12 HEAD` with `-dirty` when the tree
-//! has changes, else "unknown".
+//! `PGLEASE_COMMIT` environment variable when set (a build from an archive, or the
+//! container image, neither of which has a git directory), else `git rev-parse
+//! --short=12 HEAD`, else "unknown".
 
+use std::path::Path;
 use std::process::Command;
 
 fn git(args: &[&str]) -> Option<String> {
@@ -15,24 +16,28 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PGLEASE_COMMIT");
-    // A new commit or checkout moves HEAD or the branch it names.
-    for path in [
-        ".git/HEAD",
-        ".git/refs/heads",
-        ".git/packed-refs",
-        ".git/index",
-    ] {
-        println!("cargo:rerun-if-changed={path}");
+    println!("cargo:rerun-if-changed=build.rs");
+    // A commit or a checkout moves HEAD or the branch it names. Only paths that exist are
+    // watched (a worktree's git directory is elsewhere; an archive has none): cargo runs
+    // a script again at every build while a watched path is missing.
+    // A linked worktree keeps its HEAD in its own git directory and the branches in the
+    // common one.
+    let dirs = [
+        git(&["rev-parse", "--git-dir"]),
+        git(&["rev-parse", "--git-common-dir"]),
+    ];
+    for dir in dirs.iter().flatten() {
+        for name in ["HEAD", "refs/heads", "packed-refs"] {
+            let path = Path::new(dir).join(name);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+        }
     }
     let commit = std::env::var("PGLEASE_COMMIT")
         .ok()
         .filter(|commit| !commit.is_empty())
-        .or_else(|| {
-            let head = git(&["rev-parse", "--short=12", "HEAD"])?;
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|changes| !changes.is_empty());
-            Some(if dirty { format!("{head}-dirty") } else { head })
-        })
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=PGLEASE_COMMIT={commit}");
 }
