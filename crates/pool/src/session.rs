@@ -1,9 +1,10 @@
 //! A session with one running server: what opening one needs ([`SessionParams`]), the
 //! [`Session`] itself (the admin connection pool, the lease role's settings, the server's
 //! version and settings read back for `/status`) and the one-statement `execute`
-//! (postgres' own words for an error, `pg_message`, are `sql_error.rs`'s). Its work is split by concern, each an `impl Session`
-//! of its own: `open` connects and takes the server, `sweep` clears what an earlier run
-//! left, `clone` makes a clone and its lease role, `drop` drops a database and its role,
+//! (postgres' own words for an error, `pg_message`, are `sql_error.rs`'s). Its work is
+//! split by concern, each an `impl Session` of its own: `open` connects and takes the
+//! server, `sweep` clears what an earlier run left, `clone` makes a clone and its lease
+//! role, `drop` drops a database and its role,
 //! `facts` reads sizes and sessions. Beside them: `recycle` readies a clone for its next
 //! holder, `proof` proves a released one unchanged, `settings` re-applies a template's
 //! database-level settings, `lock` keeps a second pglease off the server, `bounded` puts a
