@@ -112,6 +112,19 @@ class Client:
         except (PgleaseUnavailable, PgleaseError):
             return False
 
+    def readiness(self) -> dict:
+        """GET /readyz: its answer, ready (200) or not (503): `ready`, `reason`,
+        `failed_templates` ([{name, error}]), `building_templates`."""
+        try:
+            return self._call("GET", "/readyz", timeout=2)
+        except PgleaseError as error:
+            if error.status == 503 and error.code == "http_error":
+                try:
+                    return json.loads(error.message)
+                except ValueError:
+                    pass
+            raise
+
     def _call(self, method: str, path: str, body: Any = None, timeout: float = HTTP_MARGIN_SECS):
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.parse
@@ -67,7 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "last expired or was dropped",
     )
     group.addoption(
-        "--pglease-bin", help="the pglease binary for --pglease-start [env PGLEASE_BIN; PATH]"
+        "--pglease-bin",
+        help="the pglease binary for --pglease-start [env PGLEASE_BIN; default: the one "
+        "pip installed into this environment (pglease-bin), else PATH]",
     )
     group.addoption(
         "--pglease-serve-arg",
@@ -187,11 +190,11 @@ def start_daemon(settings: Settings) -> None:
     client = settings.client()
     if client.healthy():
         return
-    binary = settings.binary or shutil.which("pglease")
+    binary = find_binary(settings.binary)
     if not binary:
         raise pytest.UsageError(
-            "--pglease-start: no pglease binary (give --pglease-bin, PGLEASE_BIN, or put "
-            "pglease on PATH)"
+            "--pglease-start: no pglease binary in this environment nor on PATH "
+            "(`pip install pglease-bin` puts one here; or give --pglease-bin or PGLEASE_BIN)"
         )
     address = urllib.parse.urlsplit(settings.url)
     listen = f"{address.hostname or '127.0.0.1'}:{address.port or 5480}"
@@ -215,12 +218,39 @@ def start_daemon(settings: Settings) -> None:
                 f"its log: {log.name}\n{tail(log.name)}"
             )
         try:
-            client._call("GET", "/readyz", timeout=2)
-            return
+            readiness = client.readiness()
         except (PgleaseError, PgleaseUnavailable):
             time.sleep(0.2)
+            continue
+        if readiness.get("ready"):
+            return
+        # A template that failed stays failed until its sources change: say why now
+        # rather than wait out the deadline.
+        failed = readiness.get("failed_templates") or []
+        if failed:
+            stop_daemon(settings)
+            why = "; ".join(f"{t.get('name')}: {t.get('error')}" for t in failed)
+            raise pytest.UsageError(
+                f"--pglease-start: the daemon cannot build a template: {why}\n"
+                f"its log: {log.name}"
+            )
+        time.sleep(0.2)
     stop_daemon(settings)
     raise pytest.UsageError(f"--pglease-start: the daemon was not ready in 180 s; log {log.name}")
+
+
+def find_binary(given: Optional[str]) -> Optional[str]:
+    """The pglease that --pglease-start runs: the one given, else the one in pytest's own
+    environment (the pglease-bin wheel this plugin depends on puts it into the environment's
+    scripts directory, which is on PATH only while the environment is activated), else the
+    first on PATH."""
+    if given:
+        return given
+    name = "pglease.exe" if os.name == "nt" else "pglease"
+    installed = os.path.join(sysconfig.get_path("scripts"), name)
+    if os.path.isfile(installed) and os.access(installed, os.X_OK):
+        return installed
+    return shutil.which("pglease")
 
 
 def stop_daemon(settings: Settings) -> None:

@@ -215,6 +215,46 @@ def test_pglease_start_runs_a_daemon_for_the_session_and_stops_it(pytester):
         urllib.request.urlopen(url + "/healthz", timeout=5)
 
 
+def test_start_says_at_once_why_a_template_cannot_be_built(pytester):
+    binary = os.environ.get("PGLEASE_BIN")
+    if not binary:
+        pytest.fail("PGLEASE_BIN is not set: the pglease binary to start", pytrace=False)
+    pytester.makepyfile(test_never="def test_it(pglease_db): pass")
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        f"--pglease-url=http://127.0.0.1:{free_port()}",
+        "--pglease-start",
+        f"--pglease-bin={binary}",
+        "--pglease-serve-arg=--template=broken=migrations:/nonexistent/migrations",
+        "--pglease-template=broken",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(
+        ["*--pglease-start: the daemon cannot build a template: broken: *nonexistent*"]
+    )
+    # Not the 180 s a daemon gets to become ready.
+    assert time.monotonic() - started < 90
+
+
+def test_start_runs_the_pglease_pip_put_into_this_environment(tmp_path, monkeypatch):
+    # pglease-bin puts `pglease` into the environment's scripts directory, which is on PATH
+    # only while the environment is activated; `venv/bin/pytest --pglease-start` finds it.
+    from pytest_pglease import plugin
+
+    scripts = tmp_path / "venv-bin"
+    scripts.mkdir()
+    monkeypatch.setattr(plugin.sysconfig, "get_path", lambda name: str(scripts))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert plugin.find_binary(None) is None
+    installed = scripts / "pglease"
+    installed.write_text("#!/bin/sh\n")
+    installed.chmod(0o755)
+    assert plugin.find_binary(None) == str(installed)
+    assert plugin.find_binary("/opt/pglease/bin/pglease") == "/opt/pglease/bin/pglease"
+
+
 KEPT_SUITE = """
 import psycopg
 
