@@ -5,12 +5,19 @@
 #                                           share/doc/pglease the README, docs/ and licences
 #   pglease_<version>-1_<arch>.deb          the same for Debian and Ubuntu CI hosts: /usr/bin,
 #                                           the unit enabled and started, a token made
+#   pglease_bin-<version>-py3-none-manylinux_2_34_<arch>.whl
+#                                           the binary as a Python wheel: `pip install`
+#                                           puts pglease on the environment's PATH
+#   pytest_pglease-<version>-py3-none-any.whl  the pytest plugin, which depends on it
 #   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
 #
 #   bash release/build.sh              # cargo build --release, then package
 #   bash release/build.sh --no-build   # package target/release/pglease as it is
+#
+# The wheels need maturin and pip (pip install maturin); maturin calls cargo, which finds the
+# release build up to date (even with --no-build, it builds when the sources changed).
 #
 # release/check.sh installs the tarball into an empty prefix and runs the README's first flow;
 # deploy/systemd/boot-test.sh with PGLEASE_DEB installs the package under a real systemd.
@@ -86,6 +93,29 @@ deb=$(ls "$out"/pglease_*.deb)
 rm -rf "$out/deb"
 echo "==> $deb ($(du -h "$deb" | cut -f1))" >&2
 
-(cd "$out" && sha256sum "$name.tar.gz" "$(basename "$deb")" > SHA256SUMS)
+# The Python wheels: pglease-bin, the release binary as maturin packs it (bindings = "bin",
+# release/python), and pytest-pglease, the plugin that depends on it at this version.
+# maturin's cargo must see the environment of the build above: SOURCE_DATE_EPOCH would make
+# cc's build scripts (ring, zstd, liblzma) and all above them compile again (maturin dates
+# a wheel's entries 1980 on its own).
+plugin_version=$(awk -F'"' '/^version *=/ { print $2; exit }' clients/python/pyproject.toml)
+if [ "$plugin_version" != "$version" ]; then
+  echo "release/build.sh: clients/python is at $plugin_version, the workspace at $version: make them equal" >&2
+  exit 1
+fi
+command -v maturin >/dev/null || {
+  echo "release/build.sh: maturin is missing (python3 -m pip install maturin)" >&2
+  exit 1
+}
+rm -f "$out"/*.whl
+echo "==> Python wheels (maturin: pglease-bin; pip: pytest-pglease)" >&2
+(cd release/python && maturin build --quiet --release --out "../../$out") >&2
+python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$out" ./clients/python >&2
+rm -rf clients/python/build clients/python/*.egg-info
+wheels=$(cd "$out" && ls pglease_bin-"$version"-*.whl pytest_pglease-"$version"-*.whl)
+echo "==> $(echo $wheels)" >&2
+
+(cd "$out" && sha256sum "$name.tar.gz" "$(basename "$deb")" $wheels > SHA256SUMS)
 echo "$tarball"
 echo "$deb"
+for wheel in $wheels; do echo "$out/$wheel"; done

@@ -88,6 +88,10 @@ async fn the_go_helper_suite_passes_against_a_real_daemon() {
 
 /// Whether python3 can import the plugin and what its tests use (installed by `.ci/run`).
 fn python_suite_ready(test: &str) -> bool {
+    // --no-deps: the plugin's dependency pglease-bin is the daemon's wheel; the tests start
+    // this checkout's binary instead.
+    const INSTALL: &str =
+        "pip install --no-deps ./clients/python && pip install 'psycopg[binary]' pytest-xdist";
     let found = std::process::Command::new("python3")
         .args(["-c", "import pytest_pglease, psycopg, xdist"])
         .output()
@@ -95,10 +99,9 @@ fn python_suite_ready(test: &str) -> bool {
     if !found {
         assert!(
             std::env::var_os(crate::support::REQUIRE_TOOLS).is_none(),
-            "pytest-pglease, psycopg and pytest-xdist are required here: \
-             pip install ./clients/python 'psycopg[binary]' pytest-xdist"
+            "pytest-pglease, psycopg and pytest-xdist are required here: {INSTALL}"
         );
-        eprintln!("SKIPPED {test}: pip install ./clients/python 'psycopg[binary]' pytest-xdist");
+        eprintln!("SKIPPED {test}: {INSTALL}");
     }
     found
 }
