@@ -9,6 +9,8 @@
 #                                           the binary as a Python wheel: `pip install`
 #                                           puts pglease on the environment's PATH
 #   pytest_pglease-<version>-py3-none-any.whl  the pytest plugin, which depends on it
+#   goproxy/                                the Go helper as a module proxy directory
+#                                           (release/go.sh): GOPROXY=file://…/goproxy
 #   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
@@ -115,7 +117,12 @@ rm -rf clients/python/build clients/python/*.egg-info
 wheels=$(cd "$out" && ls pglease_bin-"$version"-*.whl pytest_pglease-"$version"-*.whl)
 echo "==> $(echo $wheels)" >&2
 
-(cd "$out" && sha256sum "$name.tar.gz" "$(basename "$deb")" $wheels > SHA256SUMS)
+rm -rf "$out/goproxy"
+goproxy=$(bash release/go.sh --out "$out/goproxy")
+
+mapfile -t go_files < <(cd "$out" && find goproxy -type f -name 'v*' | sort)
+(cd "$out" && sha256sum "$name.tar.gz" "$(basename "$deb")" $wheels "${go_files[@]}" > SHA256SUMS)
 echo "$tarball"
 echo "$deb"
 for wheel in $wheels; do echo "$out/$wheel"; done
+echo "$goproxy"
