@@ -27,6 +27,7 @@ mod kept;
 mod leases;
 mod majors;
 mod metrics;
+mod packaging;
 mod privileges;
 mod proof;
 mod readiness;
