@@ -14,11 +14,13 @@
 #
 # Environment: PGLEASE_RUST_IMAGE / PGLEASE_RUNTIME_IMAGE (base images; if they exist
 # locally, e.g. pulled, they are used as they are), PGLEASE_IMAGE (tag of the result,
-# default pglease:local), DOCKER (the docker client).
+# default pglease:<version>, the tag compose and the Kubernetes files name; it is also
+# tagged pglease:local, which release/image.sh saves), DOCKER (the docker client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-image=${PGLEASE_IMAGE:-pglease:local}
+version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+image=${PGLEASE_IMAGE:-pglease:$version}
 tests_image=${PGLEASE_TESTS_IMAGE:-pglease-compose-tests:local}
 runtime_image=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}
 project=pglease-deploy-test
@@ -298,7 +300,7 @@ build_args=(--build-arg RUST_IMAGE="$rust_image" --build-arg RUNTIME_IMAGE="$run
 DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
   --target builder --label "$label=builder" -t "${image%%:*}-builder:local" .
 DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
-  --label "$label=image" -t "$image" .
+  --label "$label=image" -t "$image" -t pglease:local .
 "$DOCKER" image ls "$image" --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
 
 phase "docker build $tests_image"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The container image as an archive for machines without a registry: tags the image
-# deploy/test.sh built (pglease:local) as pglease:<version>, saves it into
+# deploy/test.sh built (pglease:local; it tags pglease:<version> too) as pglease:<version>,
+# the tag compose and the Kubernetes files name, saves it into
 # release/out/pglease-image-<version>-<arch>.tar.gz (adding it to SHA256SUMS), then checks
 # it as such a machine would use it: the tag removed, `docker load` from the archive, a
 # container started from the loaded image, ready, and a lease through its API.
 #
 #   bash release/image.sh     # after deploy/test.sh and release/build.sh
 #
-# The compose and Kubernetes files name the image by PGLEASE_IMAGE / their image: field;
-# after `docker load`, set it to pglease:<version>.
+# After `docker load`, compose's default image (PGLEASE_IMAGE unset) is this one; the
+# Kubernetes files name it in your registry (registry.example.invalid/pglease:<version>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,8 @@
-//! What the packages say about the project agrees with `Cargo.toml`: one home (README.md,
-//! "Where it lives"), named by the crates, the Go module path, the Python and Node packages.
-//! The Go helper is fetched by `go get` from the module proxy directory `release/go.sh`
-//! writes, as a user's module would.
+//! What the packages and the deploy files say about the project agrees with `Cargo.toml`:
+//! one home (README.md, "Where it lives"), named by the crates, the Go module path, the
+//! Python and Node packages; and the image compose and the Kubernetes manifests run is the
+//! version's tag, the one `release/image.sh` saves. The Go helper is fetched by `go get` from
+//! the module proxy directory `release/go.sh` writes, as a user's module would.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -242,6 +243,86 @@ fn nothing_names_the_placeholder_domain_as_the_home() {
         "the project's home is {}, not {placeholder}:\n{}",
         home(),
         found.join("\n")
+    );
+}
+
+/// Every `pglease:X.Y.Z` in `text`: an image tag (ports, `pglease:5480`, have no dots).
+fn image_tags(text: &str) -> Vec<String> {
+    let mut tags = Vec::new();
+    for (at, _) in text.match_indices("pglease:") {
+        let tag: String = text[at + "pglease:".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            .collect();
+        if tag.starts_with(|c: char| c.is_ascii_digit()) && tag.matches('.').count() >= 2 {
+            tags.push(tag);
+        }
+    }
+    tags
+}
+
+#[test]
+fn compose_and_kubernetes_run_the_versions_image() {
+    let version = version();
+    let compose = read("deploy/compose/docker-compose.yml");
+    assert!(
+        compose.contains(&format!("image: ${{PGLEASE_IMAGE:-pglease:{version}}}")),
+        "compose's default image is pglease:{version}, the tag release/image.sh saves"
+    );
+    // deploy/test.sh builds that tag and runs compose with it.
+    assert!(
+        read("deploy/test.sh").contains("image=${PGLEASE_IMAGE:-pglease:$version}"),
+        "deploy/test.sh builds pglease:<version> by default"
+    );
+
+    let mut pglease_images = 0;
+    let dir = root().join("deploy/kubernetes");
+    for entry in std::fs::read_dir(&dir).expect("deploy/kubernetes") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a manifest");
+        for line in text.lines() {
+            let Some(image) = line.trim_start().strip_prefix("image:") else {
+                continue;
+            };
+            let image = image.trim();
+            let name = image.rsplit('/').next().unwrap_or(image);
+            if name.starts_with("pglease:") {
+                pglease_images += 1;
+                assert_eq!(
+                    name,
+                    format!("pglease:{version}"),
+                    "{}: {image}",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(
+        pglease_images >= 3,
+        "the three manifests that run pglease name its image ({pglease_images} found)"
+    );
+
+    // And wherever the documentation names the image's tag.
+    let mut documents = vec![root().join("README.md"), root().join("deploy/README.md")];
+    for entry in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        documents.push(entry.expect("an entry").path());
+    }
+    for document in documents {
+        let text = std::fs::read_to_string(&document).expect("a document");
+        for tag in image_tags(&text) {
+            assert_eq!(tag, version, "{}: pglease:{tag}", document.display());
+        }
+    }
+}
+
+#[test]
+fn image_tags_are_told_from_ports() {
+    assert_eq!(
+        image_tags("http://pglease:5480 pglease:0.1.0 x/pglease:10.2.3-rc1, pglease:5432"),
+        ["0.1.0", "10.2.3-rc1"]
     );
 }
 
