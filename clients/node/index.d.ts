@@ -134,3 +134,42 @@ export function useDatabase(options?: UseDatabaseOptions): CurrentDatabase
 export function useFileDatabase(options?: UseDatabaseOptions): CurrentDatabase
 /** A label the daemon accepts: control characters removed, the last 256 characters kept. */
 export function cleanLabel(label: string): string
+
+export interface StartOptions {
+  /** A daemon to use when it answers; default: PGLEASE_URL. When it does not answer, the
+   * daemon started listens there (it must be a loopback address); without one, on a free
+   * loopback port. */
+  url?: string
+  /** Start a daemon when none answers; default: true unless PGLEASE_START=0. */
+  start?: boolean
+  /** Arguments after `pglease serve --listen ADDRESS`, e.g.
+   * `['--template', 'app=migrations:db/migrations']`; default: PGLEASE_SERVE_ARGS, split like
+   * a shell would. */
+  serveArgs?: string[]
+  /** The pglease binary; default: PGLEASE_BIN, the npm package `pglease`, then PATH. */
+  binary?: string
+  /** Where the daemon's output goes; default: a new file under the temporary directory. */
+  logFile?: string
+  /** Environment for the daemon, over this process's. */
+  env?: Record<string, string>
+  /** How long to wait for GET /readyz; default 180000. */
+  readyTimeoutMs?: number
+}
+
+/** The daemon of a test run. */
+export interface PgleaseDaemon {
+  /** Its URL, also put in PGLEASE_URL. */
+  url: string
+  /** Whether startPglease started it (false: it used the one answering at the URL). */
+  started: boolean
+  /** The started daemon's process id. */
+  pid: number | undefined
+  /** The started daemon's log. */
+  logFile: string | undefined
+  /** Stops a started daemon (SIGTERM, then waits) and puts PGLEASE_URL back as it was. */
+  stop(): Promise<void>
+}
+
+/** A daemon for a test run: the one at PGLEASE_URL when it answers, else `pglease serve`
+ * started and waited for until it can lease. Sets PGLEASE_URL to its URL. */
+export function startPglease(options?: StartOptions): Promise<PgleaseDaemon>

@@ -6,6 +6,7 @@ export {
   PgleaseError,
   PgleaseUnavailableError,
   cleanLabel,
+  startPglease,
   useDatabase,
   useFileDatabase,
 } from './lib/index.cjs'

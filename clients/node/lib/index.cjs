@@ -4,12 +4,14 @@
 
 const { PgleaseClient, PgleaseError, PgleaseUnavailableError, cleanLabel } = require('./client.cjs')
 const { useDatabase, useFileDatabase } = require('./hooks.cjs')
+const { startPglease } = require('./start.cjs')
 
 module.exports = {
   PgleaseClient,
   PgleaseError,
   PgleaseUnavailableError,
   cleanLabel,
+  startPglease,
   useDatabase,
   useFileDatabase,
 }

@@ -3,8 +3,8 @@
 import { afterAll, afterEach, beforeAll, beforeEach, test } from 'vitest'
 import pg from 'pg'
 import {
-  PgleaseClient, PgleaseError, PgleaseUnavailableError, cleanLabel, useDatabase, useFileDatabase,
-  type KeptDatabase, type Lease, type PgConfig,
+  PgleaseClient, PgleaseError, PgleaseUnavailableError, cleanLabel, startPglease, useDatabase, useFileDatabase,
+  type KeptDatabase, type Lease, type PgConfig, type PgleaseDaemon,
 } from '@pglease/client'
 
 const db = useDatabase({ template: 'app', keepFailed: 600, hooks: { beforeEach, afterEach } })
@@ -41,6 +41,17 @@ async function direct(): Promise<KeptDatabase[]> {
     if (error instanceof PgleaseUnavailableError) return [error.url] as never
   }
   return client.kept()
+}
+
+// A globalSetup file's default export, as the README shows it.
+export default async function setup(): Promise<() => Promise<void>> {
+  const daemon: PgleaseDaemon = await startPglease({ serveArgs: ['--template', 'app=migrations:db'], readyTimeoutMs: 60_000 })
+  const url: string = daemon.url
+  const started: boolean = daemon.started
+  void [url, started]
+  // @ts-expect-error serveArgs is a list of arguments, not one string
+  await startPglease({ serveArgs: '--template app=migrations:db' })
+  return daemon.stop
 }
 
 // @ts-expect-error keepFailed takes seconds or a boolean
