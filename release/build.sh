@@ -11,6 +11,9 @@
 #   pytest_pglease-<version>-py3-none-any.whl  the pytest plugin, which depends on it
 #   goproxy/                                the Go helper as a module proxy directory
 #                                           (release/go.sh): GOPROXY=file://…/goproxy
+#   pglease-<version>.tgz, pglease-client-<version>.tgz, pglease-linux-x64-<version>.tgz
+#                                           the npm packages (release/npm.sh, from the same
+#                                           binary): pglease, @pglease/client, the binary's
 #   SHA256SUMS                              sha256sum -c SHA256SUMS checks them
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
@@ -22,6 +25,7 @@
 # release build up to date (even with --no-build, it builds when the sources changed).
 #
 # release/check.sh installs the tarball into an empty prefix and runs the README's first flow;
+# release/check-npm.sh installs the npm packages into a fresh npm prefix and runs vitest and jest;
 # deploy/systemd/boot-test.sh with PGLEASE_DEB installs the package under a real systemd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,3 +130,7 @@ echo "$tarball"
 echo "$deb"
 for wheel in $wheels; do echo "$out/$wheel"; done
 echo "$goproxy"
+
+# The npm packages from the same binary; release/npm.sh adds them to SHA256SUMS.
+echo "==> release/npm.sh" >&2
+bash release/npm.sh --binary "$binary"
