@@ -182,7 +182,8 @@ async function startPglease(options = {}) {
   for (let attempt = 1; ; attempt++) {
     const listen = fixed ?? `127.0.0.1:${await freePort()}`
     const daemonUrl = url ?? `http://${listen}`
-    const daemon = launch(binary, ['serve', '--listen', listen, ...serveArgs], logFile, options.env)
+    const args = ['serve', '--listen', listen, ...serveArgs]
+    const daemon = launch(binary, args, logFile, options.env)
     const outcome = await waitReady(daemon, daemonUrl, readyTimeoutMs)
     if (outcome === 'ready') {
       process.env.PGLEASE_URL = daemonUrl
@@ -202,7 +203,7 @@ async function startPglease(options = {}) {
     if (outcome === 'exited' && !fixed && attempt < PORT_ATTEMPTS && /cannot listen/.test(log)) continue
     if (outcome === 'exited') {
       throw new Error(
-        `@pglease/client: \`${binary} serve --listen ${listen}${serveArgs.map((a) => ` ${a}`).join('')}\` ` +
+        `@pglease/client: \`${[binary, ...args].join(' ')}\` ` +
           `exited (${daemon.child.exitCode ?? daemon.child.signalCode}) before it was ready; its log: ${logFile}\n${log}`,
       )
     }
