@@ -79,13 +79,15 @@ async function answers(url) {
   }
 }
 
-async function isReady(url) {
+/** GET /readyz's answer, ready (200) or not (503: `failed_templates` says which template
+ * cannot be built and why); undefined while nothing answers. */
+async function readiness(url) {
   try {
     const response = await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(2000) })
-    await response.arrayBuffer()
-    return response.ok
+    const body = await response.json().catch(() => ({}))
+    return { ...body, ready: response.ok }
   } catch {
-    return false
+    return undefined
   }
 }
 
@@ -201,6 +203,14 @@ async function startPglease(options = {}) {
     const log = tail(logFile)
     // Another process took the port between freePort() and the daemon's bind: another port.
     if (outcome === 'exited' && !fixed && attempt < PORT_ATTEMPTS && /cannot listen/.test(log)) continue
+    if (outcome.failed) {
+      await daemon.stop()
+      const why = outcome.failed.map((t) => `${t.name}: ${t.error}`).join('; ')
+      throw new Error(
+        `@pglease/client: the pglease daemon cannot build a template: ${why} (it is stopped); ` +
+          `its log: ${logFile}`,
+      )
+    }
     if (outcome === 'exited') {
       throw new Error(
         `@pglease/client: \`${[binary, ...args].join(' ')}\` ` +
@@ -264,14 +274,18 @@ function launch(binary, args, logFile, env) {
   }
 }
 
-/** 'ready' once GET /readyz answers 200, 'exited' if the daemon ends first, else 'timeout'. */
+/** 'ready' once GET /readyz answers 200, 'exited' if the daemon ends first, { failed } when
+ * a template failed (it stays failed until its sources change: no use waiting), else
+ * 'timeout'. */
 async function waitReady(daemon, url, timeoutMs) {
   const deadline = Date.now() + timeoutMs
   let ended = false
   daemon.exited.then(() => (ended = true))
   while (Date.now() < deadline) {
     if (ended || !daemon.running()) return 'exited'
-    if (await isReady(url)) return 'ready'
+    const answer = await readiness(url)
+    if (answer?.ready) return 'ready'
+    if (answer?.failed_templates?.length) return { failed: answer.failed_templates }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS))
   }
   return 'timeout'

@@ -121,6 +121,21 @@ test('a daemon that exits before it is ready is an error naming its log', async 
   })
 })
 
+test('a template that cannot be built is an error at once, with the reason, not a wait', async () => {
+  withoutUrl()
+  const started = Date.now()
+  await assert.rejects(
+    startPglease({ serveArgs: ['--template', 'broken=migrations:/nonexistent/migrations'] }),
+    (error) => {
+      assert.match(error.message, /cannot build a template: broken: .*nonexistent/)
+      assert.match(error.message, /its log: \S+/)
+      return true
+    },
+  )
+  // Not the 180 s a daemon gets to become ready.
+  assert.ok(Date.now() - started < 90_000, `took ${Date.now() - started} ms`)
+})
+
 test('with PGLEASE_START=0 a URL that does not answer is an error, not a start', async () => {
   process.env.PGLEASE_START = '0'
   try {
