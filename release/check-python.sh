@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the Python wheels the way a pytest user meets them: a fresh virtual environment,
-# no Rust toolchain and no pglease on PATH, `pip install pytest-pglease` from the release
-# directory (it brings pglease-bin, the daemon) with psycopg from PyPI, a migrations
+# no Rust toolchain and no pglease on PATH, `pip install --find-links . pytest-pglease` in the
+# release directory (it brings pglease-bin, the daemon), psycopg from PyPI, a migrations
 # directory and a test file as clients/python/README.md shows them, and
 # `pytest --pglease-start`: the plugin starts the wheel's daemon, the test leases a migrated
 # database and passes. Prints how long the install and the first test run took.
@@ -50,9 +50,10 @@ PY
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 started=$(date +%s%N)
-# README.md's install line, from the release directory instead of PyPI.
-(cd "$work/app" && "${user_env[@]}" "$work/venv/bin/pip" install --quiet --disable-pip-version-check \
-  --find-links "$out" pytest-pglease 'psycopg[binary]')
+# README.md's install line, in the release directory, then the test's driver.
+pip=("${user_env[@]}" "$work/venv/bin/pip" --quiet --disable-pip-version-check)
+(cd "$out" && "${pip[@]}" install --find-links . pytest-pglease)
+"${pip[@]}" install 'psycopg[binary]'
 installed=$(date +%s%N)
 if ! (cd "$work/app" && "${user_env[@]}" "$work/venv/bin/pytest" -p no:cacheprovider \
   --pglease-start --pglease-url "http://127.0.0.1:$port" --pglease-template app --pglease-serve-arg=--template=app=migrations:db/migrations \
