@@ -12,12 +12,23 @@
 # its own store, and an unprivileged one on an XFS with reflinks the script mounts.
 # Needs root (or a docker the caller may use). Exits non-zero when anything fails.
 #
+#   bash deploy/test.sh                # all of the above
+#   bash deploy/test.sh --build-only   # only the image (release/build.sh --image uses this)
+#
 # Environment: PGLEASE_RUST_IMAGE / PGLEASE_RUNTIME_IMAGE (base images; if they exist
 # locally, e.g. pulled, they are used as they are), PGLEASE_IMAGE (tag of the result,
 # default pglease:<version>, the tag compose and the Kubernetes files name; it is also
 # tagged pglease:local, which release/image.sh saves), DOCKER (the docker client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+build_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) build_only=1 ;;
+    *) echo "deploy/test.sh: unknown argument $arg (--build-only, or none)" >&2; exit 64 ;;
+  esac
+done
 
 version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
 image=${PGLEASE_IMAGE:-pglease:$version}
@@ -302,6 +313,7 @@ DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}"
 DOCKER_BUILDKIT=0 "$DOCKER" build -f deploy/docker/Dockerfile "${build_args[@]}" \
   --label "$label=image" -t "$image" -t pglease:local .
 "$DOCKER" image ls "$image" --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
+[ "$build_only" = 1 ] && exit 0
 
 phase "docker build $tests_image"
 DOCKER_BUILDKIT=0 "$DOCKER" build --build-arg BASE_IMAGE="$runtime_image" \

@@ -5,7 +5,7 @@
 #                                           share/doc/pglease the README, docs/ and licences
 #   pglease_<version>-1_<arch>.deb          the same for Debian and Ubuntu CI hosts: /usr/bin,
 #                                           the unit enabled and started, a token made
-#   pglease_bin-<version>-py3-none-manylinux_2_34_<arch>.whl
+#   pglease_bin-<version>-py3-none-manylinux2014_<arch>.manylinux_2_17_<arch>.whl
 #                                           the binary as a Python wheel: `pip install`
 #                                           puts pglease on the environment's PATH
 #   pytest_pglease-<version>-py3-none-any.whl  the pytest plugin, which depends on it
@@ -18,11 +18,15 @@
 # The tarball is reproducible from a commit: sorted entries, owner root, every mtime the
 # commit's time (SOURCE_DATE_EPOCH when set).
 #
-#   bash release/build.sh              # cargo build --release, then package
-#   bash release/build.sh --no-build   # package target/release/pglease as it is
+#   bash release/build.sh              # build, then package
+#   bash release/build.sh --image      # also the container image archive: deploy/test.sh
+#                                      # --build-only, then release/image.sh (docker)
 #
-# The wheels need maturin and pip (pip install maturin); maturin calls cargo, which finds the
-# release build up to date (even with --no-build, it builds when the sources changed).
+# One build makes the binary every artifact carries: maturin builds the wheel with zig as
+# the C compiler and linker against glibc 2.17's symbols (manylinux2014), so the binary runs
+# on any Linux of the last decade, not only on one as new as the build machine (2.36 here).
+# It needs maturin and ziglang from PyPI: python3 -m pip install 'maturin[zig]'. A second
+# run compiles nothing unless the sources changed.
 #
 # release/check.sh installs the tarball into an empty prefix and runs the README's first flow;
 # release/check-npm.sh installs the npm packages into a fresh npm prefix and runs vitest and jest;
@@ -30,10 +34,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-build=1
+image=0
 for arg in "$@"; do
   case "$arg" in
-    --no-build) build=0 ;;
+    --image) image=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "release/build.sh: unknown argument $arg (see --help)" >&2; exit 64 ;;
   esac
@@ -46,17 +50,41 @@ out=release/out
 stage="$out/stage/$name"
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 
-if [ "$build" = 1 ]; then
-  echo "==> cargo build --release -p pglease" >&2
-  cargo build --release -p pglease >&2
+plugin_version=$(awk -F'"' '/^version *=/ { print $2; exit }' clients/python/pyproject.toml)
+if [ "$plugin_version" != "$version" ]; then
+  echo "release/build.sh: clients/python is at $plugin_version, the workspace at $version: make them equal" >&2
+  exit 1
 fi
-binary=target/release/pglease
-[ -x "$binary" ] || { echo "release/build.sh: $binary is missing (build first, or drop --no-build)" >&2; exit 1; }
+
+# The oldest glibc the binary may need: what the wheel's tag, the .deb's Depends and the
+# npm platform package promise.
+glibc_floor=2.17
+target="$arch-unknown-linux-gnu"
+
+# The build: pglease-bin, the release binary as maturin packs it (bindings = "bin",
+# release/python). maturin's cargo must see the same environment at every run:
+# SOURCE_DATE_EPOCH would make cc's build scripts (ring, zstd, liblzma) and all above them
+# compile again (maturin dates a wheel's entries 1980 on its own).
+command -v maturin >/dev/null && python3 -c 'import ziglang' 2>/dev/null || {
+  echo "release/build.sh: maturin and ziglang are needed (python3 -m pip install 'maturin[zig]')" >&2
+  exit 1
+}
+mkdir -p "$out"
+rm -f "$out"/*.whl
+echo "==> maturin build --release --zig --target $target (pglease-bin; the binary)" >&2
+(cd release/python && maturin build --quiet --release --zig --target "$target" \
+  --compatibility manylinux2014 --out "../../$out") >&2
+binary=target/$target/release/pglease
+[ -x "$binary" ] || { echo "release/build.sh: maturin left no $binary" >&2; exit 1; }
+glibc=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//')
+if [ "$(printf '%s\n%s\n' "$glibc" "$glibc_floor" | sort -V | tail -1)" != "$glibc_floor" ]; then
+  echo "release/build.sh: $binary needs glibc $glibc, newer than the $glibc_floor promised" >&2
+  exit 1
+fi
 
 echo "==> staging $name" >&2
 rm -rf "$out/stage" && mkdir -p "$stage"
 install -D -m 0755 "$binary" "$stage/bin/pglease"
-strip "$stage/bin/pglease" 2>/dev/null || true
 "$stage/bin/pglease" man --out-dir "$stage/share/man/man1" >/dev/null
 gzip -n -9 "$stage"/share/man/man1/*.1
 "$stage/bin/pglease" completions bash | install -D -m 0644 /dev/stdin "$stage/share/bash-completion/completions/pglease"
@@ -69,15 +97,12 @@ install -D -m 0644 deploy/systemd/pglease.toml "$stage/share/doc/pglease/example
 install -D -m 0644 -t "$stage/share/doc/pglease" README.md LICENSE-MIT LICENSE-APACHE
 install -D -m 0644 -t "$stage/share/doc/pglease/docs" docs/*.md
 
-# The oldest glibc the binary runs on: the newest symbol version it needs.
-glibc=$(objdump -T "$stage/bin/pglease" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 || true)
-
 mkdir -p "$out"
 tarball="$out/$name.tar.gz"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
   -C "$out/stage" -cf - "$name" | gzip -n -9 > "$tarball"
 rm -rf "$out/stage"
-echo "==> $tarball ($(du -h "$tarball" | cut -f1); needs ${glibc:-an unknown glibc} or newer)" >&2
+echo "==> $tarball ($(du -h "$tarball" | cut -f1); needs glibc $glibc or newer)" >&2
 
 # The Debian package: cargo-deb ([package.metadata.deb] in Cargo.toml) from the same binary,
 # with the unit pointing at /usr/bin and the pages and completions generated here.
@@ -94,28 +119,14 @@ gzip -n -9 "$out"/deb/man/*.1
 sed -e 's|/usr/local/bin/pglease|/usr/bin/pglease|g' -e 's|/usr/local/share/doc|/usr/share/doc|g' \
   deploy/systemd/pglease.service > "$out/deb/pglease.service"
 rm -f "$out"/pglease_*.deb
-SOURCE_DATE_EPOCH=$epoch cargo deb -p pglease --no-build --output "$out/" >&2
+SOURCE_DATE_EPOCH=$epoch cargo deb -p pglease --no-build --target "$target" --output "$out/" >&2
 deb=$(ls "$out"/pglease_*.deb)
 rm -rf "$out/deb"
 echo "==> $deb ($(du -h "$deb" | cut -f1))" >&2
 
-# The Python wheels: pglease-bin, the release binary as maturin packs it (bindings = "bin",
-# release/python), and pytest-pglease, the plugin that depends on it at this version.
-# maturin's cargo must see the environment of the build above: SOURCE_DATE_EPOCH would make
-# cc's build scripts (ring, zstd, liblzma) and all above them compile again (maturin dates
-# a wheel's entries 1980 on its own).
-plugin_version=$(awk -F'"' '/^version *=/ { print $2; exit }' clients/python/pyproject.toml)
-if [ "$plugin_version" != "$version" ]; then
-  echo "release/build.sh: clients/python is at $plugin_version, the workspace at $version: make them equal" >&2
-  exit 1
-fi
-command -v maturin >/dev/null || {
-  echo "release/build.sh: maturin is missing (python3 -m pip install maturin)" >&2
-  exit 1
-}
-rm -f "$out"/*.whl
-echo "==> Python wheels (maturin: pglease-bin; pip: pytest-pglease)" >&2
-(cd release/python && maturin build --quiet --release --out "../../$out") >&2
+# pytest-pglease, the plugin that depends on pglease-bin at this version.
+rm -f "$out"/pytest_pglease-*.whl
+echo "==> pip wheel ./clients/python (pytest-pglease)" >&2
 python3 -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$out" ./clients/python >&2
 rm -rf clients/python/build clients/python/*.egg-info
 wheels=$(cd "$out" && ls pglease_bin-"$version"-*.whl pytest_pglease-"$version"-*.whl)
@@ -134,3 +145,12 @@ echo "$goproxy"
 # The npm packages from the same binary; release/npm.sh adds them to SHA256SUMS.
 echo "==> release/npm.sh" >&2
 bash release/npm.sh --binary "$binary"
+
+# The container image, built as deploy/test.sh builds it, saved as an archive and checked by
+# loading it back (release/image.sh adds it to SHA256SUMS).
+if [ "$image" = 1 ]; then
+  echo "==> deploy/test.sh --build-only; release/image.sh" >&2
+  bash deploy/test.sh --build-only >&2
+  bash release/image.sh >&2
+  ls "$out"/pglease-image-"$version"-*.tar.gz
+fi

@@ -84,7 +84,7 @@ expect_error() {
   fi
   grep -q -- "$pattern" <<<"$output" || { echo "release/check-npm.sh: expected '$pattern' in: $output" >&2; exit 1; }
 }
-expect_error 'npm has no pglease binary for linux-arm64; there is one for linux-x64 (@pglease/linux-x64, glibc 2.34 or newer), and no pglease is on PATH: set PGLEASE_BIN' \
+expect_error 'npm has no pglease binary for linux-arm64; there is one for linux-x64 (@pglease/linux-x64, glibc 2.17 or newer), and no pglease is on PATH: set PGLEASE_BIN' \
   "${user_env[@]}" node -e "Object.defineProperty(process, 'arch', { value: 'arm64' }); require('pglease').binaryPath()"
 mv node_modules/@pglease/linux-x64 "$work/linux-x64"
 expect_error '@pglease/linux-x64, the package with the binary for linux-x64, is not installed' "${user_env[@]}" npx --no-install pglease --version

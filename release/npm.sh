@@ -58,8 +58,8 @@ if (problems.length) {
 }
 EOF
 
-# The platform package's README and description promise glibc 2.34: the binary must keep it.
-promised=2.34
+# The platform package's README and description promise glibc 2.17: the binary must keep it.
+promised=2.17
 needed=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1 || true)
 if [ -n "$needed" ] && [ "$(printf '%s\n%s\n' "$needed" "$promised" | sort -V | tail -1)" != "$promised" ]; then
   echo "release/npm.sh: $binary needs glibc $needed, newer than the $promised release/npm/$platform promises" >&2

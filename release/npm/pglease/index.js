@@ -12,7 +12,7 @@ const path = require('node:path')
 /** The platforms with a package: `${process.platform}-${process.arch}`, the package, what
  * else it needs. npm reads the same facts from each package's package.json. */
 const PLATFORMS = {
-  'linux-x64': { package: '@pglease/linux-x64', libc: 'glibc', needs: 'glibc 2.34 or newer' },
+  'linux-x64': { package: '@pglease/linux-x64', libc: 'glibc', needs: 'glibc 2.17 or newer' },
 }
 
 /** This machine as the table names it, and whether its C library is musl (npm's `libc`
