@@ -6,14 +6,16 @@
 #   bash release/check-in-container.sh [release/out/pglease-<version>-<arch>-linux.tar.gz]
 #
 # Uses docker and the debian:bookworm-slim image (deploy/test.sh makes a local one where no
-# registry is reachable; PGLEASE_RUNTIME_IMAGE names another). Exits non-zero on failure.
+# registry is reachable; PGLEASE_RUNTIME_IMAGE names another, PGLEASE_CHECK_PG_MAJOR the
+# PostgreSQL its packages have, 15 by default). Exits non-zero on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 docker=${DOCKER:-docker}
 [ -x /usr/bin/docker ] && [ -z "${DOCKER:-}" ] && docker=/usr/bin/docker
 base=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}
-image=pglease-release-check:local
+pg_major=${PGLEASE_CHECK_PG_MAJOR:-15}
+image=pglease-release-check-${base//[:\/]/-}:local
 tarball=${1:-$(ls -t release/out/pglease-*-linux.tar.gz 2>/dev/null | head -1)}
 [ -f "$tarball" ] || { echo "release/check-in-container.sh: no tarball (run release/build.sh)" >&2; exit 1; }
 
@@ -25,10 +27,10 @@ RUN set -eux; export DEBIAN_FRONTEND=noninteractive; \\
     apt-get update; \\
     apt-get install -y --no-install-recommends postgresql-common; \\
     sed -ri 's/^#?\\s*create_main_cluster\\s*=.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf; \\
-    apt-get install -y --no-install-recommends postgresql-15 postgresql-client-15 curl ca-certificates; \\
+    apt-get install -y --no-install-recommends postgresql-$pg_major postgresql-client-$pg_major curl ca-certificates; \\
     rm -rf /var/lib/apt/lists/*
 DOCKERFILE
-echo "==> building $image (Debian's postgresql-15, psql, curl; no Rust)"
+echo "==> building $image (on $base: Debian's postgresql-$pg_major, psql, curl; no Rust)"
 "$docker" build -q -t "$image" "$context" >/dev/null
 
 mkdir -p "$context/release/out"
