@@ -21,6 +21,7 @@
 # tagged pglease:local, which release/image.sh saves), DOCKER (the docker client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 build_only=0
 for arg in "$@"; do
@@ -30,7 +31,7 @@ for arg in "$@"; do
   esac
 done
 
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 image=${PGLEASE_IMAGE:-pglease:$version}
 tests_image=${PGLEASE_TESTS_IMAGE:-pglease-compose-tests:local}
 runtime_image=${PGLEASE_RUNTIME_IMAGE:-debian:bookworm-slim}

@@ -33,6 +33,7 @@
 # deploy/systemd/boot-test.sh with PGLEASE_DEB installs the package under a real systemd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 image=0
 for arg in "$@"; do
@@ -43,7 +44,7 @@ for arg in "$@"; do
   esac
 done
 
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 arch=$(uname -m)
 name="pglease-$version-$arch-linux"
 out=release/out
@@ -56,9 +57,6 @@ if [ "$plugin_version" != "$version" ]; then
   exit 1
 fi
 
-# The oldest glibc the binary may need: what the wheel's tag, the .deb's Depends and the
-# npm platform package promise.
-glibc_floor=2.17
 target="$arch-unknown-linux-gnu"
 
 # The build: pglease-bin, the release binary as maturin packs it (bindings = "bin",
@@ -76,11 +74,8 @@ echo "==> maturin build --release --zig --target $target (pglease-bin; the binar
   --compatibility manylinux2014 --out "../../$out") >&2
 binary=target/$target/release/pglease
 [ -x "$binary" ] || { echo "release/build.sh: maturin left no $binary" >&2; exit 1; }
-glibc=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//')
-if [ "$(printf '%s\n%s\n' "$glibc" "$glibc_floor" | sort -V | tail -1)" != "$glibc_floor" ]; then
-  echo "release/build.sh: $binary needs glibc $glibc, newer than the $glibc_floor promised" >&2
-  exit 1
-fi
+check_glibc_floor "$binary"
+glibc=$(glibc_needed "$binary")
 
 echo "==> staging $name" >&2
 rm -rf "$out/stage" && mkdir -p "$stage"
@@ -119,6 +114,10 @@ gzip -n -9 "$out"/deb/man/*.1
 sed -e 's|/usr/local/bin/pglease|/usr/bin/pglease|g' -e 's|/usr/local/share/doc|/usr/share/doc|g' \
   deploy/systemd/pglease.service > "$out/deb/pglease.service"
 rm -f "$out"/pglease_*.deb
+grep -qF "libc6 (>= $GLIBC_FLOOR)" Cargo.toml || {
+  echo "release/build.sh: [package.metadata.deb] depends must say libc6 (>= $GLIBC_FLOOR) (release/lib.sh)" >&2
+  exit 1
+}
 SOURCE_DATE_EPOCH=$epoch cargo deb -p pglease --no-build --target "$target" --output "$out/" >&2
 deb=$(ls "$out"/pglease_*.deb)
 rm -rf "$out/deb"

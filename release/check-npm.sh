@@ -14,9 +14,10 @@
 # `npm install`: 332 packages, 271 of them jest's), about 100 s with an empty one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 started=$SECONDS
 
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 out=$PWD/release/out
 client=pglease-client-$version.tgz
 launcher=pglease-$version.tgz

@@ -13,9 +13,10 @@
 # newest PostgreSQL installed on the machine, else the one it downloaded into its cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 out=$(cd "${1:-release/out}" && pwd)
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 (cd "$out" && grep -E " (pglease_bin|pytest_pglease)-$version-" SHA256SUMS | sha256sum --quiet -c -)
 
 work=$(mktemp -d /tmp/pglease-python-check.XXXXXX)

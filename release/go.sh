@@ -21,6 +21,7 @@
 # tests/it/packaging.rs makes one and fetches from it in a fresh module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 out=release/out/goproxy
 while [ $# -gt 0 ]; do
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-version=v$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=v$(workspace_version)
 module=$(awk '$1 == "module" { print $2; exit }' clients/go/go.mod)
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 

@@ -12,11 +12,12 @@
 # Kubernetes files name it in your registry (registry.example.invalid/pglease:<version>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 docker=${DOCKER:-docker}
 [ -x /usr/bin/docker ] && [ -z "${DOCKER:-}" ] && docker=/usr/bin/docker
 source_image=${PGLEASE_IMAGE:-pglease:local}
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 tag="pglease:$version"
 out=release/out
 archive="$out/pglease-image-$version-$(uname -m).tar.gz"

@@ -16,6 +16,7 @@
 # release/check-npm.sh installs them into a fresh npm prefix and runs a vitest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. release/lib.sh
 
 binary=target/release/pglease
 while [ $# -gt 0 ]; do
@@ -29,7 +30,7 @@ done
 [ -x "$binary" ] || { echo "release/npm.sh: $binary is missing (release/build.sh builds it, or give --binary)" >&2; exit 1; }
 command -v npm >/dev/null || { echo "release/npm.sh: npm is needed (Node.js 20 or newer)" >&2; exit 1; }
 
-version=$(awk -F'"' '/^\[workspace.package\]/ { section = 1; next } /^\[/ { section = 0 } section && /^version *=/ { print $2; exit }' Cargo.toml)
+version=$(workspace_version)
 # The binary's platform, in npm's words; a package for another one needs a directory like
 # release/npm/linux-x64 and a line in release/npm/pglease (index.js, package.json).
 case "$(uname -s)-$(uname -m)" in
@@ -58,13 +59,8 @@ if (problems.length) {
 }
 EOF
 
-# The platform package's README and description promise glibc 2.17: the binary must keep it.
-promised=2.17
-needed=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1 || true)
-if [ -n "$needed" ] && [ "$(printf '%s\n%s\n' "$needed" "$promised" | sort -V | tail -1)" != "$promised" ]; then
-  echo "release/npm.sh: $binary needs glibc $needed, newer than the $promised release/npm/$platform promises" >&2
-  exit 1
-fi
+# The platform package's README and description promise glibc GLIBC_FLOOR (release/lib.sh).
+check_glibc_floor "$binary"
 
 out=release/out
 stage="$out/npm-stage"
@@ -72,7 +68,6 @@ rm -rf "$stage" && mkdir -p "$stage"
 cp -R "release/npm/$platform" "$stage/$platform"
 cp -R release/npm/pglease "$stage/pglease"
 install -D -m 0755 "$binary" "$stage/$platform/bin/pglease"
-strip "$stage/$platform/bin/pglease" 2>/dev/null || true
 for dir in "$stage/$platform" "$stage/pglease"; do
   install -m 0644 -t "$dir" LICENSE-MIT LICENSE-APACHE
 done
