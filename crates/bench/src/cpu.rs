@@ -12,10 +12,15 @@ use serde::Serialize;
 
 use crate::stats::round3;
 
+mod processes;
+pub use processes::ByProcess;
+
 /// A reading of the machine's CPU counters, to measure from.
 pub struct CpuClock {
     at: Instant,
     counters: Option<Counters>,
+    /// The daemon whose share is split out, and the parties' ticks at the start.
+    processes: Option<(u32, processes::Ticks)>,
 }
 
 /// CPU use between a [`CpuClock`] and now.
@@ -27,12 +32,19 @@ pub struct CpuUse {
     pub busy_cores: f64,
     /// Busy CPU time in the stretch, ms (`busy_cores` × wall time).
     pub busy_ms: f64,
+    /// That time by party, when the clock watched a daemon.
+    pub by_process: Option<ByProcess>,
 }
 
 impl CpuUse {
     /// Busy CPU ms per unit of work, or None without units.
     pub fn ms_per(&self, units: usize) -> Option<f64> {
         (units > 0).then(|| round3(self.busy_ms / units as f64))
+    }
+
+    /// Each party's CPU ms per unit of work, when the clock watched a daemon.
+    pub fn by_process_per(&self, units: usize) -> Option<ByProcess> {
+        self.by_process?.per(units)
     }
 }
 
@@ -49,6 +61,17 @@ impl CpuClock {
         CpuClock {
             at: Instant::now(),
             counters: read_counters(),
+            processes: None,
+        }
+    }
+
+    /// Like [`CpuClock::start`], and splits the busy time into the postgres servers that
+    /// `daemon` (a pid) started, the daemon, this driver and the rest.
+    pub fn watching(daemon: u32) -> Self {
+        let processes = processes::read(daemon).map(|ticks| (daemon, ticks));
+        CpuClock {
+            processes,
+            ..CpuClock::start()
         }
     }
 
@@ -63,10 +86,15 @@ impl CpuClock {
             return None;
         }
         let busy_cores = busy as f64 / total as f64 * now.cores as f64;
+        let busy_ms = busy_cores * wall.as_secs_f64() * 1000.0;
+        let by_process = self.processes.and_then(|(daemon, before)| {
+            processes::split(before, processes::read(daemon)?, busy_ms)
+        });
         Some(CpuUse {
             cores: now.cores,
             busy_cores: round3(busy_cores),
-            busy_ms: round3(busy_cores * wall.as_secs_f64() * 1000.0),
+            busy_ms: round3(busy_ms),
+            by_process,
         })
     }
 }

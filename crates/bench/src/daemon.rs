@@ -212,6 +212,8 @@ pub struct ServerInfo {
     pub version: String,
     /// The unsafe settings the daemon read back from the server.
     pub settings: serde_json::Map<String, serde_json::Value>,
+    /// The daemon's pid, whose postgres is this server (for CPU by process).
+    pub daemon_pid: u32,
 }
 
 /// Memory of the daemon process (not postgres), from `/proc/<pid>/status`.
@@ -244,6 +246,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// A client of its API.
     pub fn api(&self) -> Result<&Api> {
         self.api
@@ -277,6 +284,7 @@ impl Daemon {
             shared.clone_from(&version);
         }
         Ok(ServerInfo {
+            daemon_pid: self.pid,
             socket_dir: instance_dir.join("socket"),
             port: status
                 .postgres

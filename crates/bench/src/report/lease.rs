@@ -3,7 +3,7 @@
 
 use super::table::{busy_cores, first_errors, mib, num, Table};
 use super::{not_done, Report};
-use crate::cpu::CpuUse;
+use crate::cpu::{ByProcess, CpuUse};
 use crate::scenarios::ceiling::CeilingResult;
 
 impl Report {
@@ -208,6 +208,61 @@ impl Report {
              while the pool clones and drops beside it (target at 1 worker: ÷ raw ≤ 1.5)\n",
         );
         first_errors(r.levels_with_work.iter().map(|l| &l.first_error), out);
+        self.render_cpu_gap(r, out);
+    }
+
+    /// CPU ms per test by party, pglease's test beside the raw loop with the same work, and
+    /// the difference: where the gap between the two is spent.
+    fn render_cpu_gap(&self, r: &CeilingResult, out: &mut String) {
+        let Some(tests) = self.scenarios.end_to_end_throughput.done() else {
+            return;
+        };
+        let mut t = Table::new(&[
+            "workers", "loop", "total", "postgres", "exited", "pglease", "driver", "other",
+        ]);
+        for raw in &r.levels_with_work {
+            let Some(test) = tests.levels.iter().find(|t| t.workers == raw.workers) else {
+                continue;
+            };
+            let (Some(a), Some(b)) = (test.cpu_by_process_per_test, raw.cpu_by_process_per_cycle)
+            else {
+                continue;
+            };
+            let row = |label: &str, p: ByProcess| {
+                vec![
+                    raw.workers.to_string(),
+                    label.to_owned(),
+                    num(p.postgres_ms + p.daemon_ms + p.driver_ms + p.other_ms),
+                    num(p.postgres_ms),
+                    num(p.postgres_exited_ms),
+                    num(p.daemon_ms),
+                    num(p.driver_ms),
+                    num(p.other_ms),
+                ]
+            };
+            t.row(row("pglease test", a));
+            t.row(row("raw + work", b));
+            let signed = |x: f64| format!("{x:+.2}");
+            t.row(vec![
+                raw.workers.to_string(),
+                "gap".into(),
+                signed(
+                    (a.postgres_ms + a.daemon_ms + a.driver_ms + a.other_ms)
+                        - (b.postgres_ms + b.daemon_ms + b.driver_ms + b.other_ms),
+                ),
+                signed(a.postgres_ms - b.postgres_ms),
+                signed(a.postgres_exited_ms - b.postgres_exited_ms),
+                signed(a.daemon_ms - b.daemon_ms),
+                signed(a.driver_ms - b.driver_ms),
+                signed(a.other_ms - b.other_ms),
+            ]);
+        }
+        if t.is_empty() {
+            return;
+        }
+        out.push_str("  CPU ms per test by process: pglease's test (scenario 2) against the raw loop with the same work, and the gap
+");
+        t.render(out);
     }
 
     /// Where the cores are busy in both loops, throughput is CPU per unit of work: the

@@ -20,6 +20,10 @@ impl Table {
         self.rows.push(cells);
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     pub(crate) fn render(&self, out: &mut String) {
         let columns = self.header.len();
         let mut widths = vec![0; columns];

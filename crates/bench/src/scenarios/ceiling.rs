@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{throughput, Ctx, FIXTURE, IDLE_LIMIT};
 use crate::admin::{self, quote_ident};
-use crate::cpu::{CpuClock, CpuUse};
+use crate::cpu::{ByProcess, CpuClock, CpuUse};
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::stats::{per_second, round3, Summary};
@@ -63,6 +63,8 @@ pub struct CeilingLevel {
     pub cpu: Option<CpuUse>,
     /// Busy CPU per cycle, ms.
     pub cpu_ms_per_cycle: Option<f64>,
+    /// The same by party (postgres, the idle daemon, this driver, the rest).
+    pub cpu_by_process_per_cycle: Option<ByProcess>,
 }
 
 /// Runs scenario 3 against the shared daemon's postgres.
@@ -167,7 +169,7 @@ pub(crate) async fn level(
     for _ in 0..workers {
         conns.push(admin::superuser(server, "postgres").await?);
     }
-    let cpu = CpuClock::start();
+    let cpu = CpuClock::watching(server.daemon_pid);
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -232,14 +234,17 @@ pub(crate) async fn level(
                     }
                 }
             }
-            conn.close().await;
-            samples
+            // Closed after the CPU is read: its backend's time then stays with the
+            // server's running processes, not with the backends that exited.
+            (samples, conn)
         });
     }
     let mut all = Samples::default();
+    let mut open = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(samples) => {
+            Ok((samples, conn)) => {
+                open.push(conn);
                 all.create.extend(samples.create);
                 all.drop.extend(samples.drop);
                 all.connect.extend(samples.connect);
@@ -255,6 +260,9 @@ pub(crate) async fn level(
     }
     let elapsed = started.elapsed();
     let cpu = cpu.since();
+    for conn in open {
+        conn.close().await;
+    }
     Ok(CeilingLevel {
         workers,
         cycles: all.drop.len(),
@@ -267,5 +275,6 @@ pub(crate) async fn level(
         connect: with_work.then(|| Summary::of(&all.connect)),
         cpu,
         cpu_ms_per_cycle: cpu.and_then(|c| c.ms_per(all.drop.len())),
+        cpu_by_process_per_cycle: cpu.and_then(|c| c.by_process_per(all.drop.len())),
     })
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::{Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, sqlstate};
 use crate::api::Api;
-use crate::cpu::{CpuClock, CpuUse};
+use crate::cpu::{ByProcess, CpuClock, CpuUse};
 use crate::daemon::Daemon;
 use crate::error::{BenchError, Result};
 use crate::stats::{per_second, round3, Summary};
@@ -87,6 +87,8 @@ pub struct ThroughputLevel {
     /// Busy CPU per test over the same stretch, ms: everything a test costs the machine
     /// (its backend, the daemon, the clone and drop, this driver).
     pub cpu_ms_per_test: Option<f64>,
+    /// The same by party (postgres, the daemon, this driver, the rest).
+    pub cpu_by_process_per_test: Option<ByProcess>,
 }
 
 /// Runs scenario 2 on the shared daemon, which must be idle.
@@ -100,11 +102,12 @@ pub async fn run(
     for &workers in &ctx.plan.throughput_workers {
         admin::wait_idle(&api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         eprintln!("[bench] 2 end-to-end throughput: {workers} workers");
-        let cpu = CpuClock::start();
+        let cpu = CpuClock::watching(daemon.pid());
         let mut result = level(&api, workers, ctx.plan.throughput_duration).await;
         let settle = admin::wait_idle(&api, admin_conn, FIXTURE, 1, IDLE_LIMIT).await?;
         result.cpu = cpu.since();
         result.cpu_ms_per_test = result.cpu.and_then(|c| c.ms_per(result.tests));
+        result.cpu_by_process_per_test = result.cpu.and_then(|c| c.by_process_per(result.tests));
         result.settle_secs = round3(settle.as_secs_f64());
         result.tests_per_sec_settled = per_second(
             result.tests,
@@ -221,6 +224,7 @@ pub(crate) async fn level(api: &Api, workers: usize, duration: Duration) -> Thro
         total: Summary::of(&pick(|t| t.total)),
         cpu: None,
         cpu_ms_per_test: None,
+        cpu_by_process_per_test: None,
     }
 }
 
