@@ -59,7 +59,7 @@ impl Session {
                 "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
                    IN ROLE {owner}",
                 limit = self.lease_connections,
-                verifier = quote_literal(&self.verifier(&password, standard_scram)),
+                verifier = self.password_sql(&password, standard_scram),
                 owner = quote_ident(OWNER_ROLE),
             ))
             .await
@@ -129,17 +129,18 @@ impl Session {
         .await
     }
 
-    /// The SCRAM verifier stored for `password` under the configured iteration count (at
-    /// least postgres' standard count with `standard`).
-    pub(crate) fn verifier(&self, password: &str, standard: bool) -> String {
+    /// What `PASSWORD` is set to for `password`: its SCRAM verifier under the configured
+    /// iteration count (at least postgres' standard count with `standard`), quoted; `NULL`
+    /// under trust, which checks no password (computing a verifier nobody reads would cost
+    /// a PBKDF2 per clone).
+    pub(crate) fn password_sql(&self, password: &str, standard: bool) -> String {
         let iterations = match self.lease_auth {
             LeaseAuth::Scram { iterations } if standard => {
                 iterations.max(scram::STANDARD_ITERATIONS)
             }
             LeaseAuth::Scram { iterations } => iterations,
-            // Trust ignores it; a valid verifier keeps the role usable if the rule changes.
-            LeaseAuth::Trust => crate::config::DEFAULT_SCRAM_ITERATIONS,
+            LeaseAuth::Trust => return "NULL".into(),
         };
-        scram::verifier(password, iterations)
+        quote_literal(&scram::verifier(password, iterations))
     }
 }

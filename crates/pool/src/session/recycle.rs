@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use super::bounded::query_one_prepared;
 use super::Session;
-use crate::names::{quote_ident, quote_literal, DbName};
+use crate::names::{quote_ident, DbName};
 use crate::scram;
 use crate::sql_error::pg_message;
 
@@ -165,7 +165,7 @@ impl Session {
         client
             .batch_execute(&format!(
                 "ALTER ROLE {role} NOLOGIN PASSWORD {verifier}; COMMENT ON DATABASE {db} IS NULL;",
-                verifier = quote_literal(&self.verifier(&password, standard_scram)),
+                verifier = self.password_sql(&password, standard_scram),
                 db = clone.quoted(),
             ))
             .await

@@ -541,3 +541,38 @@ async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
     drop(admin);
     server.stop().await;
 }
+
+/// Under trust no password is checked, so none is stored: a verifier would cost a PBKDF2
+/// per clone and per recycle for nothing. (Under SCRAM every lease test logs in with one.)
+#[tokio::test]
+async fn under_trust_lease_roles_store_no_verifier() {
+    let server = Server::start().await;
+    let admin = server.superuser().await;
+    let stored = async |role: &DbName| -> Option<String> {
+        admin
+            .query_one(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = $1",
+                &[&role.as_str()],
+            )
+            .await
+            .expect("the role")
+            .get(0)
+    };
+    let mut params = server.params();
+    params.lease_auth = LeaseAuth::Trust;
+    let session = Session::open(params).await.expect("open a session");
+    let template = make_template(&session, "trust").await;
+    let clone = DbName::from_server("pglease_trust_1".into());
+    session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone under trust");
+    assert_eq!(stored(&clone).await, None, "made under trust");
+    session
+        .recycle(&clone, false, None)
+        .await
+        .expect("recycle under trust");
+    assert_eq!(stored(&clone).await, None, "recycled under trust");
+    drop(admin);
+    server.stop().await;
+}
