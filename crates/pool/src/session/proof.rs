@@ -24,8 +24,10 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use deadpool_postgres::Object;
+use tokio::time::Instant;
 
 use super::bounded::query_one_prepared;
 use super::Session;
@@ -34,8 +36,11 @@ use crate::names::DbName;
 /// The relation cache's init file: rebuilt from the catalogs, not data.
 const RELCACHE_INIT: &str = "pg_internal.init";
 
-/// The shared catalogs' rows about a clone (`$1`, its name, which is also its role's).
-const CATALOG_SQL: &str = "\
+/// The shared catalogs' rows about a clone (`$1`, its name, which is also its role's):
+/// its OID and those rows as text.
+macro_rules! catalog_sql {
+    () => {
+        "\
     WITH d AS (SELECT oid, datacl, datconnlimit, datallowconn, datistemplate \
                FROM pg_database WHERE datname = $1), \
          r AS (SELECT oid FROM pg_roles WHERE rolname = $1) \
@@ -47,7 +52,21 @@ const CATALOG_SQL: &str = "\
       (SELECT string_agg(concat(objoid, ':', description), ';' ORDER BY objoid) \
          FROM pg_shdescription WHERE objoid IN ((SELECT oid FROM d), (SELECT oid FROM r))), \
       (SELECT string_agg(concat(roleid, '>', member, ':', admin_option), ';' ORDER BY roleid, member) \
-         FROM pg_auth_members WHERE member = (SELECT oid FROM r) OR roleid = (SELECT oid FROM r)))";
+         FROM pg_auth_members WHERE member = (SELECT oid FROM r) OR roleid = (SELECT oid FROM r)))"
+    };
+}
+
+/// The shared catalogs' rows about a clone ([`catalog_sql`]).
+const CATALOG_SQL: &str = catalog_sql!();
+
+/// [`CATALOG_SQL`]'s two columns and the rows written in the clone so far (one round
+/// trip for a stamp).
+const STAMP_SQL: &str = concat!(
+    "SELECT c.*, (SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
+       FROM pg_stat_database WHERE datname = $1) FROM (",
+    catalog_sql!(),
+    ") c"
+);
 
 /// One file of a clone's directory: name, size, inode, mtime (seconds, nanoseconds).
 type FileStamp = (String, u64, u64, i64, i64);
@@ -79,16 +98,14 @@ impl Session {
         let Some(data_dir) = self.proof_dir.clone() else {
             return Err("this server's files are not pglease's".into());
         };
-        let (oid, catalog) = self
+        let (oid, catalog, rows_written) = self
             .bounded(
                 || format!("stamping {clone}"),
-                async |client| catalog(client, clone).await,
-            )
-            .await?;
-        let rows_written = self
-            .bounded(
-                || format!("reading the statistics of {clone}"),
-                async |client| rows_written(client, clone).await,
+                async |client| {
+                    let row = query_one_prepared(client, STAMP_SQL, &[&clone.as_str()]).await?;
+                    let (oid, catalog) = oid_and_catalog(&row, clone)?;
+                    Ok::<_, String>((oid, catalog, row.get::<_, i64>(2)))
+                },
             )
             .await?;
         let files = files_of(data_dir, oid).await?;
@@ -148,6 +165,45 @@ impl Session {
     }
 }
 
+/// How long a release waits for its holder's sessions to end on their own before the
+/// statistics are read: a test's backend exits within a millisecond or two of its client's
+/// goodbye, and its counts arrive as it exits.
+const LEAVING_WAIT: Duration = Duration::from_millis(50);
+/// How often the holder's sessions are looked for meanwhile.
+const LEAVING_POLL: Duration = Duration::from_millis(1);
+
+/// The holder's sessions (in `$1` or logged in as its role, `$1` too) and the rows written
+/// in it so far, by the statistics.
+const LEAVING_SQL: &str = "\
+    SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = $1 OR usename = $1), \
+           (SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
+              FROM pg_stat_database WHERE datname = $1)";
+
+/// "Changed" when the statistics count more rows written in `clone` than at `stamp`, read
+/// once the holder's sessions have ended on their own (or [`LEAVING_WAIT`] has passed):
+/// a backend sends its counts before it leaves `pg_stat_activity`, so a writer that has
+/// gone shows. It only reads `pg_stat_activity` and the statistics: a clone dropped anyway
+/// needs nobody locked out and no new password. `None` proves nothing.
+pub(super) async fn written_once_left(
+    client: &Object,
+    clone: &DbName,
+    stamp: &Stamp,
+) -> Result<Option<String>, String> {
+    let started = Instant::now();
+    loop {
+        let row = query_one_prepared(client, LEAVING_SQL, &[&clone.as_str()]).await?;
+        let (sessions, written): (i64, i64) = (row.get(0), row.get(1));
+        let written = written - stamp.rows_written;
+        if written > 0 {
+            return Ok(Some(format!("{written} row(s) written")));
+        }
+        if sessions == 0 || started.elapsed() >= LEAVING_WAIT {
+            return Ok(None);
+        }
+        tokio::time::sleep(LEAVING_POLL).await;
+    }
+}
+
 /// "Changed" when the statistics count more rows written in `clone` than at `stamp`; `None`
 /// proves nothing (a backend's counts arrive when it exits, and some writes count no row).
 pub(super) async fn written_since(
@@ -174,6 +230,11 @@ async fn rows_written(client: &Object, clone: &DbName) -> Result<i64, String> {
 /// The OID of `clone` and the shared catalogs' rows about it.
 async fn catalog(client: &Object, clone: &DbName) -> Result<(u32, String), String> {
     let row = query_one_prepared(client, CATALOG_SQL, &[&clone.as_str()]).await?;
+    oid_and_catalog(&row, clone)
+}
+
+/// The first two columns of [`CATALOG_SQL`]: the clone's OID and its catalog rows.
+fn oid_and_catalog(row: &tokio_postgres::Row, clone: &DbName) -> Result<(u32, String), String> {
     let oid: Option<i64> = row.get(0);
     let oid = oid
         .and_then(|oid| u32::try_from(oid).ok())

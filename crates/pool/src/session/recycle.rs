@@ -151,10 +151,11 @@ impl Session {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         if let Some(stamp) = proof {
-            // Most writers show already (their backends sent their counts as they exited):
-            // a clone that is dropped anyway needs nobody locked out. A failed read is
-            // no verdict; the full check after the lock-out decides.
-            if let Ok(Some(why)) = super::proof::written_since(client, clone, stamp).await {
+            // Most writers show once their sessions are gone (a backend sends its counts
+            // as it exits): a clone that is dropped anyway needs nobody locked out and no
+            // new verifier. A failed read is no verdict; the full check after the lock-out
+            // decides.
+            if let Ok(Some(why)) = super::proof::written_once_left(client, clone, stamp).await {
                 return Ok((password, Some(why)));
             }
         }

@@ -542,6 +542,59 @@ async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
     server.stop().await;
 }
 
+/// A writer whose session is still ending when its clone is released is told changed by the
+/// statistics once that session is gone, without being locked out: the role keeps LOGIN and
+/// its password (no new verifier is computed for a clone that is dropped anyway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_writer_is_told_changed_without_a_lock_out() {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let template = make_template(&session, "leaving").await;
+    let admin = server.superuser().await;
+    let clone = DbName::from_server("pglease_leaving_1".into());
+    let password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    let stamp = session.stamp(&clone).await.expect("stamp");
+    let holder = connect(&server.lease_config(&clone, &password))
+        .await
+        .expect("holder");
+    holder
+        .batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1), (2)")
+        .await
+        .expect("write");
+    // The holder leaves only after the release has begun: its counts arrive then.
+    let leaving = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(holder);
+    });
+    match session.recycle(&clone, false, Some(&stamp)).await {
+        Err(NotReused::Changed(why)) => assert!(why.ends_with("row(s) written"), "{why}"),
+        other => panic!("a writer was not told by its statistics: {other:?}"),
+    }
+    leaving.await.expect("the holder left");
+    let can_login: bool = admin
+        .query_one(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+            &[&clone.as_str()],
+        )
+        .await
+        .expect("the role")
+        .get(0);
+    assert!(
+        can_login,
+        "the writer was locked out before its statistics were read"
+    );
+    connect(&server.lease_config(&clone, &password))
+        .await
+        .expect("the holder's password was not replaced");
+    drop(admin);
+    server.stop().await;
+}
+
 /// Under trust no password is checked, so none is stored: a verifier would cost a PBKDF2
 /// per clone and per recycle for nothing. (Under SCRAM every lease test logs in with one.)
 #[tokio::test]
