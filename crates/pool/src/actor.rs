@@ -268,7 +268,8 @@ impl Actor {
                     template,
                     template_db,
                     clone,
-                } => self.spawn_clone(template, template_db, clone),
+                    stamp,
+                } => self.spawn_clone(template, template_db, clone, stamp),
                 Action::Recycle {
                     template,
                     template_db,

@@ -36,6 +36,7 @@ mod grants;
 mod invariants;
 mod kept;
 mod lifecycle;
+mod proofs;
 mod refill;
 mod release;
 mod server;
@@ -73,6 +74,8 @@ pub(crate) enum Action {
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
+        /// Stamp it for the proof of `--reuse-unchanged` (`state/proofs.rs`).
+        stamp: bool,
     },
     /// Lock out a reused clone's holder (or an adopted clone's unknown one) and give its role
     /// a new password; reported like a clone.

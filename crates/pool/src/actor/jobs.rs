@@ -178,7 +178,7 @@ impl Actor {
                             tracing::debug!(database = %clone, "released unchanged: back in the ready queue without a new clone")
                         }
                     }
-                    self.state.count_proof(unchanged);
+                    self.state.count_proof(&template, unchanged);
                 }
                 let outcome = match outcome {
                     Ok(made) => Ok(made),
@@ -364,6 +364,7 @@ impl Actor {
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
+        stamp: bool,
     ) {
         let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session| async move {
@@ -383,7 +384,10 @@ impl Actor {
             {
                 Ok(password) => Ok(Made {
                     password,
-                    stamp: stamp_of(&*session, &clone).await,
+                    stamp: match stamp {
+                        true => stamp_of(&*session, &clone).await,
+                        false => None,
+                    },
                 }),
                 Err(error) => Err(error),
             };

@@ -87,6 +87,19 @@ pub struct Stamp {
     rows_written: i64,
 }
 
+impl Stamp {
+    /// A stamp of nothing, for tests of the state, which only carries stamps.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Stamp {
+        Stamp {
+            oid: 0,
+            catalog: String::new(),
+            files: Vec::new(),
+            rows_written: 0,
+        }
+    }
+}
+
 impl Session {
     /// Whether this session can prove a clone unchanged.
     pub fn proves_unchanged(&self) -> bool {

@@ -430,6 +430,7 @@ impl World {
                 template,
                 template_db,
                 clone,
+                ..
             } => {
                 // Even a failed CREATE may leave files: the pool must drop it.
                 self.created.insert(clone.clone());

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::demand::Demand;
+use super::proofs::ProofHistory;
 use super::{Action, Built, WaiterId};
 use crate::config::TemplateSource;
 use crate::names::{DbName, LeaseId, TemplateName};
@@ -150,6 +151,8 @@ pub(super) struct TemplateEntry {
     pub last_used: Option<Instant>,
     /// How fast its ready clones are used up, to refill ahead of that.
     pub demand: Demand,
+    /// Its recent proofs, which say whether a new clone is worth a stamp.
+    pub proofs: ProofHistory,
     /// Its sources are being looked at (a lease request saw its stamp, maybe moved): its
     /// waiters wait, and count, but are not served until the look says whether a new
     /// version must be built first (`PoolState::sources_checked`).
@@ -187,6 +190,7 @@ impl TemplateEntry {
             last_build: None,
             last_used: None,
             demand: Demand::default(),
+            proofs: ProofHistory::default(),
         }
     }
 

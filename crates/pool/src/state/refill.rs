@@ -86,6 +86,11 @@ impl PoolState {
                     template: name.clone(),
                     template_db,
                     clone,
+                    stamp: self.limits.reuse_unchanged
+                        && self
+                            .templates
+                            .get_mut(name)
+                            .is_some_and(|e| e.proofs.stamp_next()),
                 });
             }
             if !started {

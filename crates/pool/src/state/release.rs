@@ -44,7 +44,10 @@ impl PoolState {
         // Released without `reuse`: the server may still prove it unchanged (never an
         // IntegreSQL test database, whose client says itself what it did).
         let verify = !reuse && self.limits.reuse_unchanged && !record.reclaimable;
-        match (reuse || verify, current) {
+        // A clone made without a stamp (`state/proofs.rs`) has nothing to prove against: it
+        // is dropped, as without `--reuse-unchanged`, and no proof is counted.
+        let stamped = db.made.as_ref().is_some_and(|made| made.stamp.is_some());
+        match (reuse || (verify && stamped), current) {
             (true, Some(template_db)) => {
                 if let Some(entry) = entry {
                     entry.demand.returned(now);

@@ -75,8 +75,12 @@ impl PoolState {
         }
     }
 
-    /// A released clone was put to the proof (`--reuse-unchanged`): it held, or not.
-    pub fn count_proof(&mut self, unchanged: bool) {
+    /// A released clone of `template` was put to the proof (`--reuse-unchanged`): it held,
+    /// or not.
+    pub fn count_proof(&mut self, template: &TemplateName, unchanged: bool) {
+        if let Some(entry) = self.templates.get_mut(template) {
+            entry.proofs.record(unchanged);
+        }
         if unchanged {
             self.proven.unchanged += 1;
         } else {

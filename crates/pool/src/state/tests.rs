@@ -1,4 +1,4 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::*;
@@ -87,6 +87,12 @@ struct Driver {
     builds: u32,
     /// How long each clone takes (the clock moves on by this much per clone).
     clone_duration: Duration,
+    /// The clones made, and whether each was stamped for the proof.
+    stamped: HashMap<DbName, bool>,
+    /// Proofs run (recycles with `verify`); each finds the clone changed, as the actor
+    /// reports it, when `proofs_find_changes`.
+    proofs: usize,
+    proofs_find_changes: bool,
 }
 
 impl Driver {
@@ -106,6 +112,9 @@ impl Driver {
             pending: Vec::new(),
             builds: 0,
             clone_duration: Duration::ZERO,
+            stamped: HashMap::new(),
+            proofs: 0,
+            proofs_find_changes: false,
         };
         let actions = driver.state.server_up(budget);
         driver.pending.extend(actions);
@@ -131,19 +140,51 @@ impl Driver {
                     template,
                     template_db,
                     clone,
+                    stamp,
                 } => {
                     self.now += self.clone_duration;
+                    self.stamped.insert(clone.clone(), stamp);
+                    let made = super::Made {
+                        stamp: stamp.then(crate::session::Stamp::for_tests),
+                        ..made()
+                    };
                     self.state
-                        .clone_finished(&template, &template_db, clone, Ok(made()), self.now)
+                        .clone_finished(&template, &template_db, clone, Ok(made), self.now)
                 }
                 Action::Recycle {
                     template,
                     template_db,
                     clone,
-                    ..
+                    verify,
+                    proof,
                 } => {
-                    self.state
-                        .clone_finished(&template, &template_db, clone, Ok(made()), self.now)
+                    if verify {
+                        assert!(
+                            proof.is_some(),
+                            "{clone} was put to the proof without a stamp"
+                        );
+                        self.proofs += 1;
+                    }
+                    if verify && self.proofs_find_changes {
+                        self.state.count_proof(&template, false);
+                        self.state.clone_finished(
+                            &template,
+                            &template_db,
+                            clone,
+                            Err(crate::sql_error::SqlError::other(
+                                "changed: 10 row(s) written",
+                            )),
+                            self.now,
+                        )
+                    } else {
+                        self.state.clone_finished(
+                            &template,
+                            &template_db,
+                            clone,
+                            Ok(made()),
+                            self.now,
+                        )
+                    }
                 }
                 Action::Drop { db } => {
                     self.drops.push(db.clone());
@@ -754,6 +795,7 @@ fn leases_wait_while_their_connections_do_not_fit() {
             template,
             template_db,
             clone,
+            ..
         } = action
         {
             actions.extend(state.clone_finished(&template, &template_db, clone, Ok(made()), now));
@@ -1933,6 +1975,42 @@ fn the_server_history_counts_losses_and_keeps_the_last_reason() {
 }
 
 /// What a clone job reports of a clone it made (no stamp: the proof is not under test).
+/// Under `--reuse-unchanged`, where every test writes: clones are stamped for the proof
+/// until a template's last eight proofs all found changes, then one in eight is; a release
+/// of an unstamped clone drops it at once, with no proof run.
+#[test]
+fn clones_of_a_template_whose_tests_all_write_are_rarely_stamped() {
+    let mut limits = limits(1, 4);
+    limits.reuse_unchanged = true;
+    let mut driver = Driver::new(pool_with(limits));
+    driver.proofs_find_changes = true;
+    driver.settle();
+    let mut released = Vec::new();
+    for _ in 0..40 {
+        let waiter = driver.lease("default", 1000);
+        driver.settle();
+        let grant = driver.grant_of(waiter).expect("granted").clone();
+        let (result, actions) = driver.state.release(&grant.lease_id, false, driver.now);
+        result.expect("released");
+        driver.pending.extend(actions);
+        driver.settle();
+        released.push(driver.stamped[&grant.database]);
+    }
+    assert_eq!(driver.failures.len(), 0);
+    assert!(
+        released[..8].iter().all(|s| *s),
+        "stamped until eight proofs say so: {released:?}"
+    );
+    // Every release of a stamped clone was put to the proof, and no other.
+    assert_eq!(driver.proofs, released.iter().filter(|s| **s).count());
+    let later = released[9..].iter().filter(|s| **s).count();
+    assert!(
+        (3..=5).contains(&later),
+        "one in eight stamped once only writers show: {released:?}"
+    );
+    assert_eq!(driver.drops.len(), 40, "every written clone dropped");
+}
+
 fn made() -> super::Made {
     super::Made {
         password: "secret".into(),
