@@ -195,6 +195,11 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         counter(report.limits.replaced_changed),
     );
     registry.register(
+        "releases_replaced_unstamped",
+        "Released databases made without a stamp (their template's tests all wrote lately), dropped and made again unproven",
+        counter(report.limits.replaced_unstamped),
+    );
+    registry.register(
         "leases_reclaimed",
         "IntegreSQL test databases ended to make room for a waiting request",
         counter(report.limits.reclaimed),

@@ -249,6 +249,9 @@ pub struct LimitsJson {
     pub reused_unchanged: u64,
     /// Released databases the proof found changed, dropped and made again, since the start.
     pub replaced_changed: u64,
+    /// Released databases made without a stamp for the proof (their template's tests all
+    /// wrote lately), dropped and made again unproven, since the start.
+    pub replaced_unstamped: u64,
     /// The byte budget (`--max-bytes` or its default), if any.
     pub byte_budget: Option<u64>,
     /// Bytes of templates and clones as postgres counts them (each clone as large as its

@@ -150,6 +150,8 @@ pub(crate) struct Made {
 struct Proven {
     unchanged: u64,
     changed: u64,
+    /// Releases of clones made without a stamp (`state/proofs.rs`), dropped unproven.
+    unstamped: u64,
 }
 
 /// The pool's bookkeeping. See the module docs.

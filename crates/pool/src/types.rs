@@ -185,6 +185,9 @@ pub struct LimitStatus {
     /// Released databases the proof found changed (or could not clear), dropped and made
     /// again.
     pub replaced_changed: u64,
+    /// Released databases made without a stamp (their template's tests all wrote lately),
+    /// dropped and made again with no proof run.
+    pub replaced_unstamped: u64,
     /// The byte budget, if any.
     pub byte_budget: Option<u64>,
     /// Bytes of templates and clones as postgres counts them (each clone as large as its

@@ -121,6 +121,7 @@ fn limits_json(limits: LimitStatus) -> LimitsJson {
         expired: limits.expired,
         reused_unchanged: limits.reused_unchanged,
         replaced_changed: limits.replaced_changed,
+        replaced_unstamped: limits.replaced_unstamped,
         byte_budget: limits.byte_budget,
         logical_bytes: limits.logical_bytes,
         store_bytes: limits.store_bytes,

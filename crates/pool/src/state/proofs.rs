@@ -1,6 +1,6 @@
 //! Whether a new clone is stamped for the proof of `--reuse-unchanged`. A stamp costs a
 //! query and a listing of the clone's files, and is wasted on a clone whose holder writes:
-//! its release finds it changed and drops it. So a template whose recent proofs all found
+//! its release finds it changed and drops it. So a template whose last [`WINDOW`] proofs all found
 //! changes gets its clones made unstamped (their release drops them without a proof, as
 //! with `--no-reuse-unchanged`), save one in every [`PROBE_EVERY`], whose proof notices
 //! when tests that only read come back.
@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 /// How many recent proofs of a template decide.
-const WINDOW: usize = 8;
+const WINDOW: usize = 16;
 /// While a template's recent proofs all found changes, every this-many-th clone is stamped
 /// all the same.
 const PROBE_EVERY: u32 = 8;

@@ -47,6 +47,9 @@ impl PoolState {
         // A clone made without a stamp (`state/proofs.rs`) has nothing to prove against: it
         // is dropped, as without `--reuse-unchanged`, and no proof is counted.
         let stamped = db.made.as_ref().is_some_and(|made| made.stamp.is_some());
+        if verify && !stamped {
+            self.proven.unstamped += 1;
+        }
         match (reuse || (verify && stamped), current) {
             (true, Some(template_db)) => {
                 if let Some(entry) = entry {

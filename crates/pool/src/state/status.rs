@@ -69,6 +69,7 @@ impl PoolState {
             kept: self.dbs.kept().len(),
             reused_unchanged: self.proven.unchanged,
             replaced_changed: self.proven.changed,
+            replaced_unstamped: self.proven.unstamped,
             byte_budget: self.limits.max_bytes,
             logical_bytes: self.logical_bytes(),
             store_bytes: self.store_used(),
