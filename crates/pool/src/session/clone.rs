@@ -56,11 +56,10 @@ impl Session {
         // database it owns, as ours: no comment to write on the hot path.
         client
             .batch_execute(&format!(
-                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} PASSWORD {verifier} \
-                   IN ROLE {owner}",
+                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} IN ROLE {owner}; {set}",
                 limit = self.lease_connections,
-                verifier = self.password_sql(&password, standard_scram),
                 owner = quote_ident(OWNER_ROLE),
+                set = self.set_password_sql(clone, &password, standard_scram),
             ))
             .await
             .map_err(|e| SqlError::from_pg(&e))?;
@@ -129,11 +128,25 @@ impl Session {
         .await
     }
 
-    /// What `PASSWORD` is set to for `password`: its SCRAM verifier under the configured
+    /// The statement that stores `password` for the role `role`, as `ALTER ROLE … PASSWORD`
+    /// stores it, by writing `pg_authid` itself (the session's admin is a superuser). That
+    /// skips the check postgres runs on a new password first — that it is not the empty
+    /// password's verifier, a whole PBKDF2 at the verifier's iteration count on the server:
+    /// 7 ms of postgres' CPU at 4096 (pgbench here), twenty times the rest of the role's
+    /// statements. Our passwords are 64 random hex digits, never empty.
+    pub(crate) fn set_password_sql(&self, role: &DbName, password: &str, standard: bool) -> String {
+        format!(
+            "UPDATE pg_catalog.pg_authid SET rolpassword = {} WHERE rolname = {};",
+            self.password_sql(password, standard),
+            quote_literal(role.as_str())
+        )
+    }
+
+    /// What the stored password is for `password`: its SCRAM verifier under the configured
     /// iteration count (at least postgres' standard count with `standard`), quoted; `NULL`
     /// under trust, which checks no password (computing a verifier nobody reads would cost
     /// a PBKDF2 per clone).
-    pub(crate) fn password_sql(&self, password: &str, standard: bool) -> String {
+    fn password_sql(&self, password: &str, standard: bool) -> String {
         let iterations = match self.lease_auth {
             LeaseAuth::Scram { iterations } if standard => {
                 iterations.max(scram::STANDARD_ITERATIONS)

@@ -165,8 +165,8 @@ impl Session {
         // not stay "ready" for a later run while someone holds it.
         client
             .batch_execute(&format!(
-                "ALTER ROLE {role} NOLOGIN PASSWORD {verifier}; COMMENT ON DATABASE {db} IS NULL;",
-                verifier = self.password_sql(&password, standard_scram),
+                "ALTER ROLE {role} NOLOGIN; {set} COMMENT ON DATABASE {db} IS NULL;",
+                set = self.set_password_sql(clone, &password, standard_scram),
                 db = clone.quoted(),
             ))
             .await
