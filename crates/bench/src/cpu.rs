@@ -87,8 +87,8 @@ impl CpuClock {
         }
         let busy_cores = busy as f64 / total as f64 * now.cores as f64;
         let busy_ms = busy_cores * wall.as_secs_f64() * 1000.0;
-        let by_process = self.processes.and_then(|(daemon, before)| {
-            processes::split(before, processes::read(daemon)?, busy_ms)
+        let by_process = self.processes.as_ref().and_then(|(daemon, before)| {
+            processes::split(before, &processes::read(*daemon)?, busy_ms)
         });
         Some(CpuUse {
             cores: now.cores,

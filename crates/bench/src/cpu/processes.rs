@@ -4,16 +4,21 @@
 //! `/proc/<pid>/stat`. It turns "a test costs 6 CPU ms more than the raw loop" into where
 //! those milliseconds are spent.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::stats::round3;
 
 /// CPU ticks of each party at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Ticks {
     postgres: u64,
     /// Of `postgres`, processes that exited (and were reaped) since the postmaster started.
     postgres_exited: u64,
+    /// The postgres processes running now, by pid, and their own ticks: one that exits
+    /// later brings these along into `postgres_exited`, though they were spent before.
+    postgres_running: HashMap<u32, u64>,
     daemon: u64,
     driver: u64,
 }
@@ -98,20 +103,33 @@ fn attribute(stats: &[Stat], daemon: u32, driver: u32) -> Ticks {
         .iter()
         .map(|pm| pm.reaped + children(pm).map(|s| s.reaped).sum::<u64>())
         .sum();
+    let postgres_running = postmasters
+        .iter()
+        .flat_map(|pm| children(pm).map(|s| (s.pid, s.own)))
+        .collect();
     Ticks {
         postgres,
         postgres_exited,
+        postgres_running,
         daemon: own(daemon),
         driver: own(driver),
     }
 }
 
 /// The parties' share of `busy_ms` between two readings.
-pub(super) fn split(before: Ticks, now: Ticks, busy_ms: f64) -> Option<ByProcess> {
+pub(super) fn split(before: &Ticks, now: &Ticks, busy_ms: f64) -> Option<ByProcess> {
     let ms_per_tick = 1000.0 / ticks_per_second()?;
     let ms = |b: u64, n: u64| n.saturating_sub(b) as f64 * ms_per_tick;
     let postgres_ms = ms(before.postgres, now.postgres);
-    let postgres_exited_ms = ms(before.postgres_exited, now.postgres_exited);
+    // What processes that were running at the start had spent by then went into the
+    // reaped counters with them: not spent in the stretch.
+    let spent_before: u64 = before
+        .postgres_running
+        .iter()
+        .filter(|(pid, _)| !now.postgres_running.contains_key(pid))
+        .map(|(_, own)| own)
+        .sum();
+    let postgres_exited_ms = ms(before.postgres_exited + spent_before, now.postgres_exited);
     let daemon_ms = ms(before.daemon, now.daemon);
     let driver_ms = ms(before.driver, now.driver);
     Some(ByProcess {
@@ -188,10 +206,32 @@ mod tests {
             Ticks {
                 postgres: 30 + 400 + 7 + 3 + 1,
                 postgres_exited: 400 + 1,
+                postgres_running: HashMap::from([(21, 7), (22, 3)]),
                 daemon: 100,
                 driver: 60,
             }
         );
+    }
+
+    #[test]
+    fn a_backend_that_exits_brings_only_its_time_in_the_stretch_into_exited() {
+        let tick_ms = 1000.0 / ticks_per_second().expect("CLK_TCK");
+        let before = Ticks {
+            postgres: 1_000,
+            postgres_exited: 500,
+            postgres_running: HashMap::from([(21, 300), (22, 100)]),
+            ..Ticks::default()
+        };
+        // 21 spent 20 more ticks and exited; 22 spent 5 more and runs on.
+        let now = Ticks {
+            postgres: 1_025,
+            postgres_exited: 500 + 320,
+            postgres_running: HashMap::from([(22, 105)]),
+            ..Ticks::default()
+        };
+        let split = split(&before, &now, 1_000.0).expect("CLK_TCK");
+        assert_eq!(split.postgres_ms, round3(25.0 * tick_ms));
+        assert_eq!(split.postgres_exited_ms, round3(20.0 * tick_ms));
     }
 
     #[test]
@@ -203,7 +243,7 @@ mod tests {
             x = std::hint::black_box(x.wrapping_add(1));
         }
         let now = read(u32::MAX).expect("/proc on Linux");
-        let split = split(before, now, 1_000.0).expect("CLK_TCK");
+        let split = split(&before, &now, 1_000.0).expect("CLK_TCK");
         assert!(split.driver_ms >= 100.0, "{split:?}");
         assert_eq!((split.postgres_ms, split.daemon_ms), (0.0, 0.0));
     }
