@@ -568,7 +568,7 @@ async fn a_leaving_writer_is_told_changed_without_a_lock_out() {
         .expect("write");
     // The holder leaves only after the release has begun: its counts arrive then.
     let leaving = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
         drop(holder);
     });
     match session.recycle(&clone, false, Some(&stamp)).await {
