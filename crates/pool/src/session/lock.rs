@@ -72,8 +72,12 @@ impl ServerLock {
                 .await
                 .map_err(sql_error("reading who holds the server lock"))?;
             let wait = match &holder {
-                Some(holder) if holder.application_name == name => OWN_WAIT,
-                _ => FOREIGN_WAIT,
+                Some(holder) if holder.application_name != name => FOREIGN_WAIT,
+                // Ours (a reconnect whose last jobs still run), or nobody any more: the
+                // holder let go between the two queries, and the next attempt takes it.
+                // Giving up then, after a long wait for our own holder, would blame "an
+                // unknown session" for a lock that is free.
+                _ => OWN_WAIT,
             };
             if started.elapsed() >= wait {
                 return Err(StartError::ServerInUse {
