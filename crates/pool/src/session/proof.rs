@@ -11,11 +11,15 @@
 //! 0. (a shortcut to "changed") the statistics count no more rows written than at the
 //!    stamp;
 //! 1. no prepared transaction is left in it;
-//! 2. no shared buffer of it is dirty (`pg_buffercache`): a change not yet written to its
-//!    files is there;
-//! 3. the shared catalogs' rows are the same;
-//! 4. its files are the same — read after 2, so that a buffer written between the two
-//!    shows in the files.
+//! 2. the shared catalogs' rows are the same;
+//! 3. no change of it is left only in memory: a `CHECKPOINT` writes every dirty buffer of
+//!    a permanent relation to its file, so the files show it. Where that cannot be relied
+//!    on — the clone has unlogged relations, whose buffers a plain checkpoint skips, or
+//!    its newest file is too recent for a write's modification time to differ — the
+//!    shared buffers are scanned for a dirty one of it instead (`pg_buffercache`, which
+//!    costs about ten times the checkpoint: it walks every buffer of the server);
+//! 4. its files are the same — read after 3, so that a buffer written meanwhile shows in
+//!    the files.
 //!
 //! Anything else — a failed query, a missing stamp — is "changed". A read that sets hint
 //! bits dirties a buffer: templates are frozen after their build (`template/seal.rs`) so
@@ -32,6 +36,7 @@ use tokio::time::Instant;
 use super::bounded::query_one_prepared;
 use super::Session;
 use crate::names::DbName;
+use crate::sql_error::pg_message;
 
 /// The relation cache's init file: rebuilt from the catalogs, not data.
 const RELCACHE_INIT: &str = "pg_internal.init";
@@ -56,17 +61,37 @@ macro_rules! catalog_sql {
     };
 }
 
-/// The shared catalogs' rows about a clone ([`catalog_sql`]).
-const CATALOG_SQL: &str = catalog_sql!();
+/// The rows written in a clone so far, by the statistics (`$1`, its name).
+macro_rules! rows_written_sql {
+    () => {
+        "(SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
+           FROM pg_stat_database WHERE datname = $1)"
+    };
+}
 
-/// [`CATALOG_SQL`]'s two columns and the rows written in the clone so far (one round
-/// trip for a stamp).
+/// The clone's OID and shared catalogs' rows ([`catalog_sql`]), and the rows written in it
+/// so far: a stamp's one round trip.
 const STAMP_SQL: &str = concat!(
-    "SELECT c.*, (SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
-       FROM pg_stat_database WHERE datname = $1) FROM (",
+    "SELECT c.*, ",
+    rows_written_sql!(),
+    " FROM (",
     catalog_sql!(),
     ") c"
 );
+
+/// [`STAMP_SQL`]'s columns and the prepared transactions left in the clone: what a proof
+/// asks before it looks at memory and files, in one round trip.
+const CHECK_SQL: &str = concat!(
+    "SELECT c.*, ",
+    rows_written_sql!(),
+    ", (SELECT count(*) FROM pg_prepared_xacts WHERE database = $1) FROM (",
+    catalog_sql!(),
+    ") c"
+);
+
+/// The clone's dirty shared buffers: a scan of every buffer of the server.
+const DIRTY_SQL: &str = "SELECT count(*) FROM pglease.pg_buffercache \
+     WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = $1) AND isdirty";
 
 /// One file of a clone's directory: name, size, inode, mtime (seconds, nanoseconds).
 type FileStamp = (String, u64, u64, i64, i64);
@@ -141,40 +166,63 @@ impl Session {
         let Some(data_dir) = self.proof_dir.clone() else {
             return Ok(Some("this server's files are not pglease's".into()));
         };
+        let row = query_one_prepared(client, CHECK_SQL, &[&clone.as_str()]).await?;
+        let (oid, catalog) = oid_and_catalog(&row, clone)?;
+        let (written, prepared): (i64, i64) = (row.get(2), row.get(3));
         // The cheap way to tell most writers: the row counts went up.
-        if let Some(why) = written_since(client, clone, stamp).await? {
-            return Ok(Some(why));
+        let written = written - stamp.rows_written;
+        if written > 0 {
+            return Ok(Some(format!("{written} row(s) written")));
         }
-        let row = query_one_prepared(
-            client,
-            "SELECT (SELECT count(*) FROM pg_prepared_xacts WHERE database = $1), \
-                        (SELECT count(*) FROM pglease.pg_buffercache \
-                          WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = $1) \
-                            AND isdirty)",
-            &[&clone.as_str()],
-        )
-        .await?;
-        let (prepared, dirty): (i64, i64) = (row.get(0), row.get(1));
         if prepared > 0 {
             return Ok(Some(format!(
                 "{prepared} prepared transaction(s) left in it"
             )));
         }
-        if dirty > 0 {
-            return Ok(Some(format!("{dirty} page(s) changed in memory")));
-        }
-        let (oid, catalog) = catalog(client, clone).await?;
         if oid != stamp.oid || catalog != stamp.catalog {
             return Ok(Some(format!(
                 "its settings, comments, grants or roles changed ({} → {catalog})",
                 stamp.catalog
             )));
         }
+        if checkpoint_shows_changes(stamp) {
+            client
+                .batch_execute("CHECKPOINT")
+                .await
+                .map_err(|e| pg_message(&e))?;
+        } else {
+            let dirty: i64 = query_one_prepared(client, DIRTY_SQL, &[&clone.as_str()])
+                .await?
+                .get(0);
+            if dirty > 0 {
+                return Ok(Some(format!("{dirty} page(s) changed in memory")));
+            }
+        }
         let files = files_of(data_dir, oid).await?;
         if files != stamp.files {
             return Ok(Some(describe_file_change(&stamp.files, &files)));
         }
         Ok(None)
+    }
+}
+
+/// Whether a `CHECKPOINT` now would make every change of the clone stamped `stamp` that is
+/// only in memory show in its files: none of them belongs to an unlogged relation (an
+/// `_init` fork marks one; a plain checkpoint leaves their buffers alone, and one created
+/// since is a new file anyway), and the clock the kernel stamps file writes with has moved
+/// past the newest modification time stamped, so a write from now on changes the time of
+/// the file it goes to.
+fn checkpoint_shows_changes(stamp: &Stamp) -> bool {
+    if stamp.files.iter().any(|file| file.0.ends_with("_init")) {
+        return false;
+    }
+    let Some(newest) = stamp.files.iter().map(|file| (file.3, file.4)).max() else {
+        return true;
+    };
+    // File times come from the coarse clock (or a finer one, never behind it).
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE) {
+        Ok(now) => (now.tv_sec(), now.tv_nsec()) > newest,
+        Err(_) => false,
     }
 }
 
@@ -189,10 +237,10 @@ const LEAVING_POLL: Duration = Duration::from_millis(1);
 
 /// The holder's sessions (in `$1` or logged in as its role, `$1` too) and the rows written
 /// in it so far, by the statistics.
-const LEAVING_SQL: &str = "\
-    SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = $1 OR usename = $1), \
-           (SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
-              FROM pg_stat_database WHERE datname = $1)";
+const LEAVING_SQL: &str = concat!(
+    "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = $1 OR usename = $1), ",
+    rows_written_sql!()
+);
 
 /// "Changed" when the statistics count more rows written in `clone` than at `stamp`, read
 /// once the holder's sessions have ended on their own (or [`LEAVING_WAIT`] has passed):
@@ -219,36 +267,8 @@ pub(super) async fn written_once_left(
     }
 }
 
-/// "Changed" when the statistics count more rows written in `clone` than at `stamp`; `None`
-/// proves nothing (a backend's counts arrive when it exits, and some writes count no row).
-pub(super) async fn written_since(
-    client: &Object,
-    clone: &DbName,
-    stamp: &Stamp,
-) -> Result<Option<String>, String> {
-    let written = rows_written(client, clone).await? - stamp.rows_written;
-    Ok((written > 0).then(|| format!("{written} row(s) written")))
-}
-
-/// Rows inserted, updated and deleted in `clone` so far, by the statistics.
-async fn rows_written(client: &Object, clone: &DbName) -> Result<i64, String> {
-    let row = query_one_prepared(
-        client,
-        "SELECT coalesce(sum(tup_inserted + tup_updated + tup_deleted), 0)::bigint \
-             FROM pg_stat_database WHERE datname = $1",
-        &[&clone.as_str()],
-    )
-    .await?;
-    Ok(row.get(0))
-}
-
-/// The OID of `clone` and the shared catalogs' rows about it.
-async fn catalog(client: &Object, clone: &DbName) -> Result<(u32, String), String> {
-    let row = query_one_prepared(client, CATALOG_SQL, &[&clone.as_str()]).await?;
-    oid_and_catalog(&row, clone)
-}
-
-/// The first two columns of [`CATALOG_SQL`]: the clone's OID and its catalog rows.
+/// The first two columns of [`STAMP_SQL`] and [`CHECK_SQL`]: the clone's OID and its
+/// catalog rows.
 fn oid_and_catalog(row: &tokio_postgres::Row, clone: &DbName) -> Result<(u32, String), String> {
     let oid: Option<i64> = row.get(0);
     let oid = oid

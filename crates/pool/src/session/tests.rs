@@ -542,6 +542,93 @@ async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
     server.stop().await;
 }
 
+/// A clone of a template with a sequence (and `extra` SQL), stamped, and its first holder's
+/// password: what the proof's tests below release.
+async fn stamped_clone_with_a_sequence(
+    server: &Server,
+    session: &Session,
+    name: &str,
+    extra: &str,
+) -> (DbName, Stamp, String) {
+    let template = make_template(session, name).await;
+    let mut in_template = server.running.admin_config();
+    in_template.dbname(template.as_str());
+    connect(&in_template)
+        .await
+        .expect("connect to the template")
+        .batch_execute(&format!(
+            "CREATE SEQUENCE s; GRANT USAGE ON SEQUENCE s TO PUBLIC; {extra}"
+        ))
+        .await
+        .expect("sequence");
+    let clone = DbName::from_server(format!("pglease_{name}_1"));
+    let password = session
+        .clone_database(&template, &clone, false)
+        .await
+        .expect("clone");
+    let stamp = session.stamp(&clone).await.expect("stamp");
+    (clone, stamp, password)
+}
+
+/// A change that counts no row (a sequence's nextval) and is still only in memory at
+/// release: the proof's checkpoint writes it out and the files show it. (Without the
+/// checkpoint, and without the buffer scan it replaces, this clone would be reused.)
+#[tokio::test]
+async fn a_change_left_in_memory_is_written_out_and_caught() {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let (clone, stamp, password) =
+        stamped_clone_with_a_sequence(&server, &session, "inmemory", "").await;
+    let holder = connect(&server.lease_config(&clone, &password))
+        .await
+        .expect("holder");
+    holder
+        .batch_execute("SELECT nextval('s')")
+        .await
+        .expect("nextval");
+    drop(holder);
+    // Past the file clock's tick: a write from now on changes a file's time.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match session.recycle(&clone, false, Some(&stamp)).await {
+        Err(NotReused::Changed(why)) => assert!(why.starts_with("file "), "{why}"),
+        other => panic!("a change in memory was not caught: {other:?}"),
+    }
+    server.stop().await;
+}
+
+/// A clone with an unlogged relation, whose buffers a plain checkpoint does not write: the
+/// proof scans the buffers instead, and a change in memory is found there.
+#[tokio::test]
+async fn with_unlogged_relations_the_buffers_are_scanned() {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let (clone, stamp, password) = stamped_clone_with_a_sequence(
+        &server,
+        &session,
+        "unlogged",
+        "CREATE UNLOGGED TABLE u (i int)",
+    )
+    .await;
+    let holder = connect(&server.lease_config(&clone, &password))
+        .await
+        .expect("holder");
+    holder
+        .batch_execute("SELECT nextval('s')")
+        .await
+        .expect("nextval");
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match session.recycle(&clone, false, Some(&stamp)).await {
+        Err(NotReused::Changed(why)) => assert!(why.ends_with("changed in memory"), "{why}"),
+        other => panic!("a change in memory was not caught: {other:?}"),
+    }
+    server.stop().await;
+}
+
 /// A writer whose session is still ending when its clone is released is told changed by the
 /// statistics once that session is gone, without being locked out: the role keeps LOGIN and
 /// its password (no new verifier is computed for a clone that is dropped anyway).
