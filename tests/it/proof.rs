@@ -137,7 +137,20 @@ async fn every_change_caught_and_every_read_reused(name: &str, schema: &str) {
         .start()
         .await;
     let first = lease(&daemon).await;
+    let limit_of = async |lease: &Value| -> i32 {
+        connect(lease)
+            .await
+            .expect("connect")
+            .query_one(
+                "SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user",
+                &[],
+            )
+            .await
+            .expect("the role's limit")
+            .get(0)
+    };
     let pristine = contents(&connect(&first).await.expect("connect")).await;
+    let default_limit = limit_of(&first).await;
     assert_eq!(daemon.release(&id_of(&first), false).await.0, 204);
     let mut current = first["database"].as_str().expect("database").to_owned();
 
@@ -190,6 +203,19 @@ async fn every_change_caught_and_every_read_reused(name: &str, schema: &str) {
         "reads taken for changes: {replaced:?}\n{}",
         daemon.log()
     );
+
+    // A lease with a connection limit of its own reads only: its database comes back with
+    // the default limit (the proof says nothing of the role's limit; the recycle resets it).
+    let (status, limited) = daemon
+        .lease(json!({"template": "app", "wait_ms": 60000, "max_connections": 3}))
+        .await;
+    assert_eq!(status, 201, "{limited}");
+    assert_eq!(limit_of(&limited).await, 3);
+    assert_eq!(daemon.release(&id_of(&limited), false).await.0, 204);
+    let next = self::lease(&daemon).await;
+    assert_eq!(next["database"], limited["database"], "a read was replaced");
+    assert_eq!(limit_of(&next).await, default_limit);
+    assert_eq!(daemon.release(&id_of(&next), false).await.0, 204);
 
     // A holder that disappears mid-transaction (its socket closed with a write pending).
     let lease = lease(&daemon).await;

@@ -146,7 +146,7 @@ impl Session {
     /// iteration count (at least postgres' standard count with `standard`), quoted; `NULL`
     /// under trust, which checks no password (computing a verifier nobody reads would cost
     /// a PBKDF2 per clone).
-    fn password_sql(&self, password: &str, standard: bool) -> String {
+    pub(super) fn password_sql(&self, password: &str, standard: bool) -> String {
         let iterations = match self.lease_auth {
             LeaseAuth::Scram { iterations } if standard => {
                 iterations.max(scram::STANDARD_ITERATIONS)

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use super::bounded::query_one_prepared;
 use super::Session;
-use crate::names::{quote_ident, DbName};
+use crate::names::{quote_ident, quote_literal, DbName};
 use crate::scram;
 use crate::sql_error::pg_message;
 
@@ -81,9 +81,13 @@ const STARTING_SQL: &str = concat!(
     ") starting WHERE pid = ANY($1)"
 );
 
-/// [`TERMINATE_SQL`], and every backend starting now, in one round trip.
+/// [`TERMINATE_SQL`], and every backend starting now, in one round trip, with one listing
+/// of the locks and one of the sessions: each walks every backend slot of the server.
 const FIRST_PASS_SQL: &str = concat!(
-    "SELECT (SELECT count(pg_terminate_backend(pid)) FROM (",
+    "WITH pg_locks AS MATERIALIZED (SELECT locktype, classid, objid, pid FROM pg_catalog.pg_locks), \
+          pg_stat_activity AS MATERIALIZED \
+            (SELECT pid, datname, usename, backend_type FROM pg_catalog.pg_stat_activity) \
+     SELECT (SELECT count(pg_terminate_backend(pid)) FROM (",
     holders!(),
     ") holder WHERE pid <> pg_backend_pid()), (SELECT coalesce(array_agg(pid), '{}') FROM (",
     starting!(),
@@ -163,16 +167,27 @@ impl Session {
         // the verifier while we wait must not get the old one, or it could pass the
         // LOGIN check after LOGIN is back. The plain marker again: an adopted clone must
         // not stay "ready" for a later run while someone holds it.
+        // NOLOGIN and the password in one new row of `pg_authid`: what `ALTER ROLE …
+        // NOLOGIN` and the password's UPDATE (`Session::set_password_sql`) would each write.
         client
             .batch_execute(&format!(
-                "ALTER ROLE {role} NOLOGIN; {set} COMMENT ON DATABASE {db} IS NULL;",
-                set = self.set_password_sql(clone, &password, standard_scram),
+                "UPDATE pg_catalog.pg_authid SET rolcanlogin = false, rolpassword = {stored} \
+                   WHERE rolname = {name}; \
+                 COMMENT ON DATABASE {db} IS NULL;",
+                stored = self.password_sql(&password, standard_scram),
+                name = quote_literal(clone.as_str()),
                 db = clone.quoted(),
             ))
             .await
             .map_err(|e| pg_message(&e))?;
         end_sessions(client, clone).await?;
-        if let Some(stamp) = proof {
+        let login = format!(
+            "UPDATE pg_catalog.pg_authid SET rolcanlogin = true, rolconnlimit = {} \
+               WHERE rolname = {}",
+            self.lease_connections,
+            quote_literal(clone.as_str()),
+        );
+        let sql = if let Some(stamp) = proof {
             // Unsure is changed: a failed check says so too.
             let changed = match self.changed_since(client, clone, stamp).await {
                 Ok(changed) => changed,
@@ -181,20 +196,23 @@ impl Session {
             if changed.is_some() {
                 return Ok((password, changed));
             }
-        }
-        // What the holder may have done to its own role and database is undone for the
-        // next one, with LOGIN in one transaction: role settings (a `search_path` or `role`
-        // of its choosing) and the attributes an owner can set that would break the pool
-        // (IS_TEMPLATE makes the drop fail; ALLOW_CONNECTIONS and CONNECTION LIMIT lock
-        // the next holder out). After the proof, which counts them as changes.
-        client
-            .batch_execute(&format!(
+            // Its role settings and database attributes are the stamp's: LOGIN is all.
+            login
+        } else {
+            // What the holder may have done to its own role and database is undone for
+            // the next one, with LOGIN in one transaction: role settings (a `search_path`
+            // or `role` of its choosing) and the attributes an owner can set that would
+            // break the pool (IS_TEMPLATE makes the drop fail; ALLOW_CONNECTIONS and
+            // CONNECTION LIMIT lock the next holder out). A proof counts them as changes.
+            format!(
                 "ALTER ROLE {role} RESET ALL; \
                  ALTER DATABASE {db} WITH IS_TEMPLATE false ALLOW_CONNECTIONS true CONNECTION LIMIT -1; \
-                 ALTER ROLE {role} LOGIN CONNECTION LIMIT {}",
-                self.lease_connections,
+                 {login}",
                 db = clone.quoted(),
-            ))
+            )
+        };
+        client
+            .batch_execute(&sql)
             .await
             .map_err(|e| pg_message(&e))?;
         Ok((password, None))
