@@ -512,14 +512,7 @@ async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
         .expect("an untouched clone is reused");
 
     // The holder advances the sequence; a checkpoint writes it out.
-    let holder = connect(&server.lease_config(&clone, &password))
-        .await
-        .expect("holder");
-    holder
-        .batch_execute("SELECT nextval('s')")
-        .await
-        .expect("nextval");
-    drop(holder);
+    nextval_as_holder(&server, &clone, &password).await;
     admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
     let dirty: i64 = admin
         .query_one(
@@ -542,15 +535,39 @@ async fn a_change_already_written_to_the_files_is_caught_by_the_proof() {
     server.stop().await;
 }
 
-/// A clone of a template with a sequence (and `extra` SQL), stamped, and its first holder's
-/// password: what the proof's tests below release.
-async fn stamped_clone_with_a_sequence(
-    server: &Server,
+/// The holder of `clone` advances its sequence `s` (a write that counts no row) and leaves.
+async fn nextval_as_holder(server: &Server, clone: &DbName, password: &str) {
+    connect(&server.lease_config(clone, password))
+        .await
+        .expect("holder")
+        .batch_execute("SELECT nextval('s')")
+        .await
+        .expect("nextval");
+}
+
+/// A clone `pglease_<name>_1` of `template`, its stamp and its role's password.
+async fn stamped_clone(
     session: &Session,
+    template: &DbName,
     name: &str,
-    extra: &str,
 ) -> (DbName, Stamp, String) {
-    let template = make_template(session, name).await;
+    let clone = DbName::from_server(format!("pglease_{name}_1"));
+    let password = session
+        .clone_database(template, &clone, false)
+        .await
+        .expect("clone");
+    let stamp = session.stamp(&clone).await.expect("stamp");
+    (clone, stamp, password)
+}
+
+/// The proof's verdict on a clone of a template with a sequence (and `extra` SQL) whose
+/// holder ran `nextval` — a change that counts no row and stays in memory — and left.
+async fn proof_after_a_nextval(name: &str, extra: &str) -> Result<String, NotReused> {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let template = make_template(&session, name).await;
     let mut in_template = server.running.admin_config();
     in_template.dbname(template.as_str());
     connect(&in_template)
@@ -561,72 +578,35 @@ async fn stamped_clone_with_a_sequence(
         ))
         .await
         .expect("sequence");
-    let clone = DbName::from_server(format!("pglease_{name}_1"));
-    let password = session
-        .clone_database(&template, &clone, false)
-        .await
-        .expect("clone");
-    let stamp = session.stamp(&clone).await.expect("stamp");
-    (clone, stamp, password)
-}
-
-/// A change that counts no row (a sequence's nextval) and is still only in memory at
-/// release: the proof's checkpoint writes it out and the files show it. (Without the
-/// checkpoint, and without the buffer scan it replaces, this clone would be reused.)
-#[tokio::test]
-async fn a_change_left_in_memory_is_written_out_and_caught() {
-    let server = Server::start().await;
-    let mut params = server.params();
-    params.proof_dir = Some(server.running.data_dir.clone());
-    let session = Session::open(params).await.expect("open a session");
-    let (clone, stamp, password) =
-        stamped_clone_with_a_sequence(&server, &session, "inmemory", "").await;
-    let holder = connect(&server.lease_config(&clone, &password))
-        .await
-        .expect("holder");
-    holder
-        .batch_execute("SELECT nextval('s')")
-        .await
-        .expect("nextval");
-    drop(holder);
+    let (clone, stamp, password) = stamped_clone(&session, &template, name).await;
+    nextval_as_holder(&server, &clone, &password).await;
     // Past the file clock's tick: a write from now on changes a file's time.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    match session.recycle(&clone, false, Some(&stamp)).await {
+    let verdict = session.recycle(&clone, false, Some(&stamp)).await;
+    drop(session);
+    server.stop().await;
+    verdict
+}
+
+/// Without unlogged relations the proof's checkpoint writes the change out and the files
+/// show it. (Without the checkpoint, and without the buffer scan it replaces, this clone
+/// would be reused.)
+#[tokio::test]
+async fn a_change_left_in_memory_is_written_out_and_caught() {
+    match proof_after_a_nextval("inmemory", "").await {
         Err(NotReused::Changed(why)) => assert!(why.starts_with("file "), "{why}"),
         other => panic!("a change in memory was not caught: {other:?}"),
     }
-    server.stop().await;
 }
 
 /// A clone with an unlogged relation, whose buffers a plain checkpoint does not write: the
-/// proof scans the buffers instead, and a change in memory is found there.
+/// proof scans the buffers instead, and the change is found there.
 #[tokio::test]
 async fn with_unlogged_relations_the_buffers_are_scanned() {
-    let server = Server::start().await;
-    let mut params = server.params();
-    params.proof_dir = Some(server.running.data_dir.clone());
-    let session = Session::open(params).await.expect("open a session");
-    let (clone, stamp, password) = stamped_clone_with_a_sequence(
-        &server,
-        &session,
-        "unlogged",
-        "CREATE UNLOGGED TABLE u (i int)",
-    )
-    .await;
-    let holder = connect(&server.lease_config(&clone, &password))
-        .await
-        .expect("holder");
-    holder
-        .batch_execute("SELECT nextval('s')")
-        .await
-        .expect("nextval");
-    drop(holder);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    match session.recycle(&clone, false, Some(&stamp)).await {
+    match proof_after_a_nextval("unlogged", "CREATE UNLOGGED TABLE u (i int)").await {
         Err(NotReused::Changed(why)) => assert!(why.ends_with("changed in memory"), "{why}"),
         other => panic!("a change in memory was not caught: {other:?}"),
     }
-    server.stop().await;
 }
 
 /// A writer whose session is still ending when its clone is released is told changed by the
@@ -640,12 +620,7 @@ async fn a_leaving_writer_is_told_changed_without_a_lock_out() {
     let session = Session::open(params).await.expect("open a session");
     let template = make_template(&session, "leaving").await;
     let admin = server.superuser().await;
-    let clone = DbName::from_server("pglease_leaving_1".into());
-    let password = session
-        .clone_database(&template, &clone, false)
-        .await
-        .expect("clone");
-    let stamp = session.stamp(&clone).await.expect("stamp");
+    let (clone, stamp, password) = stamped_clone(&session, &template, "leaving").await;
     let holder = connect(&server.lease_config(&clone, &password))
         .await
         .expect("holder");
