@@ -1,0 +1,283 @@
+//! One client connection at the front, in its own task: the start-up (`startup.rs`), the
+//! lease, the lease's connection to postgres (`backend.rs`), the relay (`relay.rs`), and the
+//! release when either side closes. A CancelRequest is sent on (`cancel.rs`) instead.
+//!
+//! Whatever the client sends, the session ends with an ErrorResponse or a closed connection,
+//! never a panic; a lease it took is released on every path but a panic's, and a lease lost
+//! that way is reclaimed by its time to live.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use pglease_pool::{Lease, LeaseRequest, TemplateName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::backend::{self, Address, Login, ServerStream};
+use crate::cancel::{self, CancelTarget};
+use crate::codec::{self, CancelKey, Startup};
+use crate::error::{Refusal, SessionError};
+use crate::relay::{relay, Relayed};
+use crate::startup::{self, Opening};
+use crate::Front;
+
+/// How long a client may take from connecting to being authenticated: its packets are a
+/// few hundred bytes, sent at once.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long postgres may take to log the lease in (a SCRAM exchange takes milliseconds).
+const BACKEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a CancelRequest may take to reach its server.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long writing an ErrorResponse to a client that reads nothing may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
+/// The most a client may send while its lease is made, before its connection is ready for
+/// queries (drivers send nothing then).
+const MAX_EARLY_BYTES: usize = 64 * 1024;
+/// Longest lease label, in characters (as over HTTP).
+const MAX_LABEL_CHARS: usize = 256;
+
+/// Serves one client connection to its end.
+pub(crate) async fn run(front: Arc<Front>, mut client: TcpStream, peer: SocketAddr) {
+    // Queries are small and answered one at a time: no waiting to fill a segment.
+    let _ = client.set_nodelay(true);
+    let mut buf = BytesMut::new();
+    let Err(error) = serve(&front, &mut client, &mut buf, peer).await else {
+        return;
+    };
+    let mut out = BytesMut::new();
+    error.answer(&mut out);
+    if !out.is_empty() {
+        let _ = tokio::time::timeout(ANSWER_TIMEOUT, client.write_all(&out)).await;
+    }
+    if error.is_clients() {
+        tracing::debug!(%peer, %error, "a connection at the PostgreSQL front ended");
+    } else {
+        tracing::warn!(%peer, %error, "a connection at the PostgreSQL front failed");
+    }
+}
+
+/// The session's steps, up to the relay's end.
+async fn serve(
+    front: &Front,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    peer: SocketAddr,
+) -> Result<(), SessionError> {
+    let opening = tokio::time::timeout(STARTUP_TIMEOUT, start(front, client, buf))
+        .await
+        .map_err(|_| SessionError::StartupTimeout {
+            secs: STARTUP_TIMEOUT.as_secs(),
+        })??;
+    let startup = match opening {
+        Opening::Cancel(key) => {
+            send_cancel(front, key, peer).await;
+            return Ok(());
+        }
+        Opening::Startup(startup) => startup,
+    };
+    let request = lease_request(front, &startup)?;
+    let template = request.template.clone();
+    let lease = wait_for_lease(front, client, buf, request).await?;
+    tracing::info!(
+        %peer,
+        %template,
+        lease_id = %lease.id,
+        database = %lease.connect.database,
+        "leased at the PostgreSQL front"
+    );
+    let started = Instant::now();
+    let relayed = connect_and_relay(front, client, buf, &lease, &startup).await;
+    // Released as an HTTP release without `reuse` is: dropped, or back to the pool when the
+    // server proves it unchanged.
+    if let Err(error) = front.servers.release(lease.id.clone(), false).await {
+        tracing::warn!(lease_id = %lease.id, %error, "releasing a lease of the PostgreSQL front failed");
+    }
+    let relayed = relayed?;
+    tracing::info!(
+        lease_id = %lease.id,
+        bytes_to_server = relayed.to_server,
+        bytes_to_client = relayed.to_client,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        ended_by = relayed.ended_by.name(),
+        error = relayed.error.as_ref().map(tracing::field::display),
+        "a connection at the PostgreSQL front closed; its lease is released"
+    );
+    Ok(())
+}
+
+/// The start-up up to an authenticated client (or a CancelRequest).
+async fn start(
+    front: &Front,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<Opening, SessionError> {
+    let startup = match startup::read_opening(client, buf).await? {
+        Opening::Startup(startup) => startup,
+        cancel @ Opening::Cancel(_) => return Ok(cancel),
+    };
+    let Some(user) = startup.get("user") else {
+        // What postgres says too; drivers always send one.
+        return Err(SessionError::Refused(Refusal::new(
+            "28000",
+            "no PostgreSQL user name specified in startup packet",
+        )));
+    };
+    let mut out = BytesMut::new();
+    startup::negotiate(&startup, &mut out);
+    startup::authenticate(client, buf, out, user, front.config.token.as_ref()).await?;
+    Ok(Opening::Startup(startup))
+}
+
+/// The lease request a StartupMessage makes: the template is the database's name (the user
+/// name when there is none, as postgres defaults it), the label its application_name; the
+/// rest is `POST /lease`'s defaults.
+fn lease_request(front: &Front, startup: &Startup) -> Result<LeaseRequest, SessionError> {
+    let database = startup
+        .get("database")
+        .filter(|name| !name.is_empty())
+        .or_else(|| startup.get("user"))
+        .unwrap_or_default();
+    let template = TemplateName::new(database).map_err(|error| {
+        SessionError::Refused(Refusal::new(
+            "3D000",
+            format!("database \"{database}\" does not name a template: {error}"),
+        ))
+    })?;
+    // A label that would not do over HTTP is left out rather than refused: the connection
+    // matters more than its name in /status.
+    let label = startup
+        .get("application_name")
+        .filter(|name| {
+            !name.is_empty()
+                && name.chars().count() <= MAX_LABEL_CHARS
+                && !name.chars().any(char::is_control)
+        })
+        .map(str::to_owned);
+    Ok(LeaseRequest {
+        template,
+        ttl: None,
+        wait: front.config.default_wait,
+        connections: None,
+        reclaimable: false,
+        postgres_version: None,
+        label,
+    })
+}
+
+/// Leases, watching the client meanwhile: if it leaves, the request is dropped and the pool
+/// takes the database back, as when an HTTP client goes away.
+async fn wait_for_lease(
+    front: &Front,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    request: LeaseRequest,
+) -> Result<Lease, SessionError> {
+    let lease = front.servers.lease(request);
+    tokio::pin!(lease);
+    loop {
+        buf.reserve(4096);
+        tokio::select! {
+            leased = &mut lease => {
+                return leased.map_err(|error| SessionError::Refused(Refusal::from(error)));
+            }
+            read = client.read_buf(buf) => match read {
+                Ok(0) => return Err(SessionError::ClientLeft),
+                Ok(_) if buf.len() > MAX_EARLY_BYTES => {
+                    return Err(SessionError::Refused(Refusal::protocol(
+                        "too many bytes before the connection was ready for queries",
+                    )))
+                }
+                // Kept for the server, as the relay would have passed them on.
+                Ok(_) => {}
+                Err(source) => return Err(SessionError::io("waiting for a lease", source)),
+            },
+        }
+    }
+}
+
+/// Logs the lease in at postgres, hands the client the server's greeting with a cancel key
+/// of the front's own, and relays until either side closes.
+async fn connect_and_relay(
+    front: &Front,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    lease: &Lease,
+    startup: &Startup,
+) -> Result<Relayed, SessionError> {
+    let address = Address {
+        host: lease.connect.host.clone(),
+        port: lease.connect.port,
+    };
+    // The client's parameters go on, but for those the lease decides and the protocol
+    // options the front declined.
+    let parameters = startup
+        .parameters
+        .iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "user" | "database"))
+        .filter(|(name, _)| !name.starts_with("_pq_."))
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let login = Login {
+        address: address.clone(),
+        user: &lease.connect.user,
+        password: &lease.connect.password,
+        database: lease.connect.database.as_str(),
+        parameters,
+    };
+    let connected = tokio::time::timeout(BACKEND_TIMEOUT, backend::connect(&login))
+        .await
+        .map_err(|_| SessionError::BackendTimeout {
+            secs: BACKEND_TIMEOUT.as_secs(),
+        })?
+        .map_err(SessionError::Backend)?;
+    let registration = front.cancels.register(CancelTarget {
+        address,
+        key: connected.key,
+    });
+    let mut out = BytesMut::new();
+    for message in &connected.greeting {
+        out.extend_from_slice(message);
+    }
+    codec::backend_key_data(registration.key(), &mut out);
+    out.extend_from_slice(&connected.ready);
+    out.extend_from_slice(&connected.leftover);
+    client
+        .write_all(&out)
+        .await
+        .map_err(|source| SessionError::io("greeting the client", source))?;
+    let mut server = connected.stream;
+    if !buf.is_empty() {
+        server
+            .write_all(buf)
+            .await
+            .map_err(|source| SessionError::io("passing on what the client sent early", source))?;
+    }
+    let (client_read, client_write) = client.split();
+    let relayed = match &mut server {
+        ServerStream::Tcp(stream) => relay((client_read, client_write), stream.split()).await,
+        ServerStream::Unix(stream) => relay((client_read, client_write), stream.split()).await,
+    };
+    // The key is forgotten before the release: no cancel reaches the next holder.
+    drop(registration);
+    Ok(relayed)
+}
+
+/// Sends a CancelRequest on to the backend whose front key it names; an unknown key is
+/// ignored, as postgres ignores one.
+async fn send_cancel(front: &Front, key: CancelKey, peer: SocketAddr) {
+    let Some(target) = front.cancels.lookup(key) else {
+        tracing::debug!(%peer, "a cancel request at the PostgreSQL front names no connection");
+        return;
+    };
+    match tokio::time::timeout(CANCEL_TIMEOUT, cancel::forward(&target)).await {
+        Ok(Ok(())) => tracing::debug!(%peer, server = %target.address, "sent a cancel request on"),
+        Ok(Err(error)) => {
+            tracing::warn!(%peer, server = %target.address, %error, "cannot send a cancel request on")
+        }
+        Err(_) => {
+            tracing::warn!(%peer, server = %target.address, "sending a cancel request on timed out")
+        }
+    }
+}
