@@ -1,9 +1,19 @@
-//! Binding the daemon's HTTP ports, before postgres starts, so a taken port fails fast.
+//! Binding the daemon's ports (HTTP, the IntegreSQL API's, the PostgreSQL front's) before
+//! postgres starts, so a taken port fails fast; and the PostgreSQL front's serve task.
 
-/// Binds the API's port and, if configured, the IntegreSQL API's; logs what failed.
-pub async fn bind(
-    config: &crate::cli::ServeConfig,
-) -> Result<(tokio::net::TcpListener, Option<tokio::net::TcpListener>), ()> {
+/// The daemon's bound listeners.
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: tokio::net::TcpListener,
+    /// The IntegreSQL API alone, if configured.
+    pub integresql: Option<tokio::net::TcpListener>,
+    /// The PostgreSQL front, if configured.
+    pub front: Option<tokio::net::TcpListener>,
+}
+
+/// Binds the API's port and, if configured, the IntegreSQL API's and the PostgreSQL
+/// front's; logs what failed.
+pub async fn bind(config: &crate::cli::ServeConfig) -> Result<Listeners, ()> {
     let bind = |address: std::net::SocketAddr, what: &'static str| async move {
         tokio::net::TcpListener::bind(address)
             .await
@@ -11,27 +21,72 @@ pub async fn bind(
                 tracing::error!(listen = %address, %error, "cannot listen for {what}");
             })
     };
-    let main = bind(config.listen, "HTTP").await?;
+    let http = bind(config.listen, "HTTP").await?;
     let integresql = match config.integresql_listen {
         Some(address) => Some(bind(address, "the IntegreSQL API").await?),
         None => None,
     };
-    Ok((main, integresql))
+    let front = match config.front_listen {
+        Some(address) => Some(bind(address, "the PostgreSQL front").await?),
+        None => None,
+    };
+    Ok(Listeners {
+        http,
+        integresql,
+        front,
+    })
 }
 
-/// The address to show in a "try it" hint: the bound one, with an all-interfaces IP
-/// (0.0.0.0, ::) replaced by loopback, which a client on this host can actually reach.
-pub fn local_url_base(listener: &tokio::net::TcpListener) -> String {
-    let Ok(mut address) = listener.local_addr() else {
-        return String::new();
+/// Serves the PostgreSQL front on `listener` until `stop` is cancelled, after saying where
+/// and how to try it. (The log line names the address `address=`, not `addr=`, which the
+/// tests take for the HTTP API's.)
+pub fn spawn_front(
+    listener: tokio::net::TcpListener,
+    servers: pglease_pool::Servers,
+    config: pglease_front::FrontConfig,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let shown = local_address(&listener);
+    let (host, port) = shown
+        .map(|a| (a.ip().to_string(), a.port().to_string()))
+        .unwrap_or_default();
+    let password = if config.token.is_some() {
+        "PGPASSWORD=\"$PGLEASE_TOKEN\" "
+    } else {
+        ""
     };
+    let address = shown.map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(
+        %address,
+        "PostgreSQL front listening on {address}; try: {password}psql -h {host} -p {port} default"
+    );
+    tokio::spawn(pglease_front::serve(
+        listener,
+        servers,
+        config,
+        stop.cancelled_owned(),
+    ))
+}
+
+/// The bound address with an all-interfaces IP (0.0.0.0, ::) replaced by loopback, which a
+/// client on this host can actually reach.
+fn local_address(listener: &tokio::net::TcpListener) -> Option<std::net::SocketAddr> {
+    let mut address = listener.local_addr().ok()?;
     if address.ip().is_unspecified() {
         address.set_ip(match address {
             std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
             std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
-    format!("http://{address}")
+    Some(address)
+}
+
+/// The address to show in a "try it" hint: the bound one, with an all-interfaces IP
+/// (0.0.0.0, ::) replaced by loopback, which a client on this host can actually reach.
+pub fn local_url_base(listener: &tokio::net::TcpListener) -> String {
+    local_address(listener)
+        .map(|address| format!("http://{address}"))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

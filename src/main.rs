@@ -66,7 +66,8 @@ fn main() -> ExitCode {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT: binds, starts the pool, serves, then stops in
-/// order — stop accepting HTTP, stop the pool (postgres, data dir), within a grace period.
+/// order — stop accepting HTTP and PostgreSQL-front connections, stop the pool (postgres,
+/// data dir), within a grace period.
 async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     let config = match args.into_config() {
         Ok(config) => config,
@@ -84,10 +85,10 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         }
     };
     // Both ports before postgres starts, so a taken port fails fast.
-    let (listener, integresql_listener) = match listen::bind(&config).await {
-        Ok(listeners) => listeners,
-        Err(()) => return Ok(ExitCode::FAILURE),
+    let Ok(listeners) = listen::bind(&config).await else {
+        return Ok(ExitCode::FAILURE);
     };
+    let listener = listeners.http;
     let grace = match &config.pool.server {
         pglease_pool::ServerConfig::Embedded(e) if e.snapshot_dir.is_some() => {
             SNAPSHOT_SHUTDOWN_GRACE
@@ -119,12 +120,15 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         state.clone(),
         stop_http.clone().cancelled_owned(),
     ));
-    let integresql_server = integresql_listener.map(|listener| {
+    let integresql_server = listeners.integresql.map(|listener| {
         let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let base = listen::local_url_base(&listener);
         tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL={base}/api");
         let stop = stop_http.clone().cancelled_owned();
         tokio::spawn(pglease_api::serve_integresql(listener, state.clone(), stop))
+    });
+    let front_server = listeners.front.map(|listener| {
+        listen::spawn_front(listener, servers.clone(), config.front, stop_http.clone())
     });
     tokio::select! {
         () = shutdown.recv() => {}
@@ -142,6 +146,9 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         let _ = server.await;
         if let Some(integresql_server) = integresql_server {
             let _ = integresql_server.await;
+        }
+        if let Some(front_server) = front_server {
+            let _ = front_server.await;
         }
     })
     .await;

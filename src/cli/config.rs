@@ -1,6 +1,6 @@
 //! `serve`'s flags merged over its config file, one function per section (`limits`,
 //! `templates` in `templates.rs`, `server` in `server.rs`, `clone_strategy`, `lease_auth`,
-//! `http`, `integresql`): each takes the flags and the file's table, applies the flags over
+//! `http`, `integresql`, `front`): each takes the flags and the file's table, applies the flags over
 //! the file and the file over the defaults, and checks the result; `into_config` only
 //! calls them in turn and assembles the validated `ServeConfig`.
 //!
@@ -11,7 +11,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use pglease_api::{ApiConfig, Token};
+use pglease_api::ApiConfig;
+use pglease_front::FrontConfig;
 use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
 use pglease_pool::{CloneStrategy, IntegresqlRole, LeaseAuth, PoolConfig, PoolLimits};
 
@@ -30,6 +31,10 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Where the IntegreSQL API is served alone, if anywhere.
     pub integresql_listen: Option<SocketAddr>,
+    /// Where the PostgreSQL front listens, if anywhere.
+    pub front_listen: Option<SocketAddr>,
+    /// The PostgreSQL front.
+    pub front: FrontConfig,
     /// The pool.
     pub pool: PoolConfig,
     /// The API.
@@ -53,18 +58,27 @@ impl ServeArgs {
         let lease_auth = lease_auth(&self, &file)?;
         let http = http(&self, &file)?;
         let integresql = integresql(&self, &file)?;
+        let front_listen = front_listen(&self, &file, &http)?;
         // Only a token holder may make the daemon download and start another major.
         let majors_on_request = http.token.is_some();
+        let api = ApiConfig {
+            max_ttl: limits.max_ttl,
+            allow_http_commands: self.allow_http_commands,
+            token: http.token.clone().map(pglease_api::Token::new),
+            ..ApiConfig::default()
+        };
+        // The front leases as POST /lease does, and asks for the same token.
+        let front = FrontConfig {
+            default_wait: api.default_wait,
+            token: http.token.map(pglease_front::Token::new),
+        };
         Ok(ServeConfig {
             config_from,
             listen: http.listen,
             integresql_listen: integresql.listen,
-            api: ApiConfig {
-                max_ttl: limits.max_ttl,
-                allow_http_commands: self.allow_http_commands,
-                token: http.token,
-                ..ApiConfig::default()
-            },
+            front_listen,
+            front,
+            api,
             pool: PoolConfig {
                 server,
                 templates,
@@ -209,8 +223,8 @@ fn lease_auth(flags: &ServeArgs, file: &ConfigFile) -> Result<LeaseAuth, String>
 struct Http {
     /// Where it listens.
     listen: SocketAddr,
-    /// The bearer token its clients must send, if any.
-    token: Option<Token>,
+    /// The bearer token its clients must send, if any (the front's password too).
+    token: Option<String>,
 }
 
 /// `--listen` over the config file's `listen`, else `DEFAULT_LISTEN`; the token from
@@ -232,7 +246,7 @@ fn http(flags: &ServeArgs, file: &ConfigFile) -> Result<Http, String> {
     };
     let token = match token {
         Some(token) if token.trim().is_empty() => return Err("--token is empty".into()),
-        Some(token) => Some(Token::new(token)),
+        Some(token) => Some(token),
         None if !listen.ip().is_loopback() => {
             return Err(format!(
                 "--listen {listen} is not a loopback address: give a --token or --token-file (or PGLEASE_TOKEN / PGLEASE_TOKEN_FILE) that clients must send"
@@ -270,6 +284,25 @@ fn integresql(flags: &ServeArgs, file: &ConfigFile) -> Result<Integresql, String
         listen: flags.integresql_listen,
         role,
     })
+}
+
+/// `--front-listen` over the config file's `front_listen`, else no front. Without a token
+/// the front lets in any user and password, as the HTTP API lets in any caller: loopback
+/// only, as for `--listen`.
+fn front_listen(
+    flags: &ServeArgs,
+    file: &ConfigFile,
+    http: &Http,
+) -> Result<Option<SocketAddr>, String> {
+    let listen = flags.front_listen.or(file.front_listen);
+    match listen {
+        Some(address) if !address.ip().is_loopback() && http.token.is_none() => Err(format!(
+            "--front-listen {address} is not a loopback address, and without a token the \
+             PostgreSQL front lets in any user and password: give a --token or --token-file \
+             (or PGLEASE_TOKEN / PGLEASE_TOKEN_FILE), which clients then send as the password"
+        )),
+        listen => Ok(listen),
+    }
 }
 
 /// `--integresql-pg-user` with its password: both or neither.

@@ -70,6 +70,7 @@ pub(super) struct TemplateFile {
 #[serde(deny_unknown_fields)]
 pub(super) struct ConfigFile {
     pub(super) listen: Option<SocketAddr>,
+    pub(super) front_listen: Option<SocketAddr>,
     pub(super) min_ready: Option<usize>,
     pub(super) max_total: Option<usize>,
     pub(super) clone_concurrency: Option<usize>,

@@ -351,6 +351,19 @@ pub struct ServeArgs {
     /// past that the template is discarded as abandoned [default: 900].
     #[arg(help_heading = "IntegreSQL API", long, value_name = "SECS")]
     pub initialize_timeout: Option<u64>,
+    /// Also serve the PostgreSQL protocol on this address, e.g. 127.0.0.1:5433: a client that
+    /// connects to database NAME gets a fresh clone of template NAME, leased as POST /lease
+    /// would (the label from application_name) and released when it disconnects, e.g.
+    /// `psql -h 127.0.0.1 -p 5433 default` or DATABASE_URL=postgresql://127.0.0.1:5433/app.
+    /// Without a token any user and password are let in, so a non-loopback address needs
+    /// --token, which is then the password (docs/front.md) [default: off].
+    #[arg(
+        help_heading = "PostgreSQL front",
+        long,
+        env = "PGLEASE_FRONT_LISTEN",
+        value_name = "ADDR"
+    )]
+    pub front_listen: Option<SocketAddr>,
 }
 
 /// `--storage`.

@@ -350,6 +350,60 @@ fn the_token_can_come_from_a_file_and_only_from_one_place() {
 }
 
 #[test]
+fn the_postgresql_front_is_off_by_default_and_beyond_loopback_needs_a_token() {
+    let config = serve_args(&[]).into_config().expect("valid");
+    assert_eq!(config.front_listen, None, "off unless asked for");
+    assert!(config.front.token.is_none());
+    assert_eq!(config.front.default_wait, config.api.default_wait);
+    let config = serve_args(&["--front-listen", "127.0.0.1:5433"])
+        .into_config()
+        .expect("loopback needs no token");
+    assert_eq!(
+        config.front_listen.map(|a| a.to_string()).as_deref(),
+        Some("127.0.0.1:5433")
+    );
+    let error = serve_args(&["--front-listen", "0.0.0.0:5433"])
+        .into_config()
+        .expect_err("any user and password, beyond loopback");
+    assert!(
+        error.contains("--front-listen 0.0.0.0:5433") && error.contains("--token"),
+        "{error}"
+    );
+    let config = serve_args(&["--front-listen", "0.0.0.0:5433", "--token", "t"])
+        .into_config()
+        .expect("the token is the password");
+    assert!(
+        config.front.token.is_some(),
+        "the API's token guards the front"
+    );
+
+    let dir = std::env::temp_dir().join(format!("pglease-front-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    std::fs::write(&file, "front_listen = \"127.0.0.1:6543\"\n").expect("write");
+    let path = file.to_str().expect("utf8");
+    let config = serve_args(&["--config", path])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        config.front_listen.map(|a| a.port()),
+        Some(6543),
+        "the config file's key"
+    );
+    let config = serve_args(&["--config", path, "--front-listen", "127.0.0.1:7000"])
+        .into_config()
+        .expect("valid");
+    assert_eq!(
+        config.front_listen.map(|a| a.port()),
+        Some(7000),
+        "the flag wins"
+    );
+    std::fs::write(&file, "front_listen = \"0.0.0.0:6543\"\n").expect("write");
+    assert!(serve_args(&["--config", path]).into_config().is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn superuser_templates_come_from_the_config_file() {
     let dir = std::env::temp_dir().join(format!("pglease-superuser-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -332,6 +332,7 @@ fn help_explains_serve() {
         "Leases:",
         "The PostgreSQL server:",
         "IntegreSQL API:",
+        "PostgreSQL front:",
     ];
     let at = |needle: &str| {
         text.find(needle)
@@ -348,6 +349,7 @@ fn help_explains_serve() {
         ("--lease-auth", 3),
         ("--postgres-url", 4),
         ("--integresql-listen", 5),
+        ("--front-listen", 6),
     ] {
         // Where it is listed (the about line mentions --postgres-url too).
         let position = at(&format!("{flag} <"));

@@ -18,6 +18,7 @@ mod dumps;
 mod external;
 mod faults;
 mod freshness;
+mod front;
 mod full_tmpfs;
 mod fuzz;
 mod helpers;

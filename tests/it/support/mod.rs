@@ -397,6 +397,23 @@ impl TestDaemon {
         .await
     }
 
+    /// The address of `--front-listen` (with port 0, the one it got), from the log line
+    /// `PostgreSQL front listening on …` (`address=`).
+    pub async fn front_address(&self) -> std::net::SocketAddr {
+        poll_until(
+            Duration::from_secs(10),
+            "the PostgreSQL front's address in the log",
+            || async {
+                self.log()
+                    .lines()
+                    .find(|l| l.contains("PostgreSQL front listening"))
+                    .and_then(|l| l.split("address=").nth(1))
+                    .and_then(|a| a.trim().parse().ok())
+            },
+        )
+        .await
+    }
+
     /// Everything the daemon logged so far.
     pub fn log(&self) -> String {
         self.log.lock().expect("log lock").join("\n")

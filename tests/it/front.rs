@@ -1,0 +1,397 @@
+//! The PostgreSQL front (issue 30, `--front-listen`): a client that connects to database
+//! `<template>` gets a fresh clone of it, leased as `POST /lease` would and released when the
+//! client disconnects; errors are ErrorResponses with fitting SQLSTATEs; cancel works; the
+//! front survives hostile start-up packets. Real daemon, real postgres, real drivers.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+use crate::support::{binary, poll_until, tool_available, TestDaemon};
+
+/// A daemon with the front on a port of its own.
+async fn daemon_with_front() -> (TestDaemon, SocketAddr) {
+    let daemon = TestDaemon::builder()
+        .args(["--front-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    (daemon, front)
+}
+
+/// The connection string of database `database` at the front.
+fn front_config(front: SocketAddr, database: &str, extra: &str) -> String {
+    format!(
+        "host={} port={} user=tester dbname={database} {extra}",
+        front.ip(),
+        front.port()
+    )
+}
+
+/// Connects through the front; the connection runs in a task the caller may abort (which
+/// closes the socket, as a killed client's does).
+async fn connect(
+    config: &str,
+) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(config, NoTls).await?;
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+/// The open leases `/status` shows.
+async fn open_leases(daemon: &TestDaemon) -> Vec<serde_json::Value> {
+    daemon.status().await["leases"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Waits until `/status` shows no open lease.
+async fn wait_until_no_lease(daemon: &TestDaemon, what: &str) {
+    poll_until(Duration::from_secs(10), what, || async {
+        open_leases(daemon).await.is_empty().then_some(())
+    })
+    .await;
+}
+
+async fn current_database(client: &Client) -> String {
+    client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("query")
+        .get(0)
+}
+
+#[tokio::test]
+async fn connecting_to_a_template_name_leases_a_clone_and_closing_releases_it() {
+    let (daemon, front) = daemon_with_front().await;
+    let config = front_config(front, "default", "application_name=front-test");
+    let (first, first_task) = connect(&config).await.expect("connect through the front");
+    let first_db = current_database(&first).await;
+    assert_ne!(first_db, "default", "a clone, not the template's name");
+    first
+        .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await
+        .expect("the holder owns its clone");
+    let (second, second_task) = connect(&config).await.expect("a second connection");
+    let second_db = current_database(&second).await;
+    assert_ne!(first_db, second_db, "each connection is a lease of its own");
+    let leases = open_leases(&daemon).await;
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert!(
+        leases
+            .iter()
+            .all(|lease| lease["label"] == "front-test" && lease["template"] == "default"),
+        "application_name is the label: {leases:?}"
+    );
+    drop((first, second));
+    let _ = tokio::join!(first_task, second_task);
+    wait_until_no_lease(
+        &daemon,
+        "both leases released after their connections closed",
+    )
+    .await;
+    let log = daemon.log();
+    assert!(log.contains("leased at the PostgreSQL front"), "{log}");
+    assert!(log.contains("bytes_to_server="), "{log}");
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn an_unknown_template_is_3d000_naming_the_templates_there_are() {
+    let (daemon, front) = daemon_with_front().await;
+    let error = connect(&front_config(front, "nope", ""))
+        .await
+        .expect_err("no such template");
+    assert_eq!(
+        error.code(),
+        Some(&SqlState::INVALID_CATALOG_NAME),
+        "{error}"
+    );
+    let message = error.as_db_error().expect("a server error").message();
+    assert!(
+        message.contains("\"nope\"") && message.contains("default"),
+        "{message}"
+    );
+    // A database name that no template can have is refused the same way.
+    let error = connect(&front_config(front, "Not-A-Template", ""))
+        .await
+        .expect_err("an invalid name");
+    assert_eq!(
+        error.code(),
+        Some(&SqlState::INVALID_CATALOG_NAME),
+        "{error}"
+    );
+    assert!(open_leases(&daemon).await.is_empty());
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn with_a_token_the_password_is_the_token() {
+    let daemon = TestDaemon::builder()
+        .token("s3cret-front")
+        .args(["--front-listen", "127.0.0.1:0"])
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    let error = connect(&front_config(front, "default", "password=wrong"))
+        .await
+        .expect_err("a wrong password");
+    assert_eq!(error.code(), Some(&SqlState::INVALID_PASSWORD), "{error}");
+    let (client, _task) = connect(&front_config(front, "default", "password=s3cret-front"))
+        .await
+        .expect("the token is the password");
+    assert_ne!(current_database(&client).await, "default");
+    assert!(
+        !daemon.log().contains("s3cret-front"),
+        "the token never shows in the log"
+    );
+    drop(client);
+    wait_until_no_lease(&daemon, "the lease released").await;
+    assert!(daemon.stop().await.success());
+}
+
+#[test]
+fn a_front_beyond_loopback_needs_a_token() {
+    let out = binary()
+        .args(["serve", "--front-listen", "0.0.0.0:0"])
+        .env_remove("PGLEASE_TOKEN")
+        .env_remove("PGLEASE_TOKEN_FILE")
+        .output()
+        .expect("run");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{log}");
+    assert!(
+        log.contains("--front-listen") && log.contains("--token"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_through_the_front_reaches_the_backend() {
+    let (daemon, front) = daemon_with_front().await;
+    let (client, _task) = connect(&front_config(front, "default", ""))
+        .await
+        .expect("connect");
+    let cancel = client.cancel_token();
+    let started = std::time::Instant::now();
+    let sleeping = tokio::spawn(async move {
+        let outcome = client.batch_execute("SELECT pg_sleep(30)").await;
+        (outcome, client)
+    });
+    // A cancel that arrives before the query is ignored, as postgres ignores one for an idle
+    // backend: cancel until the query returns.
+    poll_until(
+        Duration::from_secs(10),
+        "the query to be cancelled",
+        || async {
+            if sleeping.is_finished() {
+                return Some(());
+            }
+            cancel.cancel_query(NoTls).await.expect("cancel sent");
+            None
+        },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let (outcome, _client) = sleeping.await.expect("join");
+    let error = outcome.expect_err("cancelled");
+    assert_eq!(error.code(), Some(&SqlState::QUERY_CANCELED), "{error}");
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn a_client_killed_mid_query_releases_its_lease() {
+    let (daemon, front) = daemon_with_front().await;
+    let (client, connection) = connect(&front_config(front, "default", ""))
+        .await
+        .expect("connect");
+    let query = tokio::spawn(async move {
+        let _ = client.batch_execute("SELECT pg_sleep(30)").await;
+    });
+    poll_until(Duration::from_secs(10), "the lease to show", || async {
+        (open_leases(&daemon).await.len() == 1).then_some(())
+    })
+    .await;
+    // Time for the query to reach the server (a query not yet sent would make the same
+    // test of a client that leaves, only less of one).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The socket closes with the task, mid-query, as a killed client's does.
+    connection.abort();
+    query.abort();
+    let started = std::time::Instant::now();
+    wait_until_no_lease(&daemon, "the killed client's lease released").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "released only after {:?}, not while its query still ran",
+        started.elapsed()
+    );
+    assert!(daemon.stop().await.success());
+}
+
+/// Sends `bytes` on a new connection, closes the sending side, and returns everything the
+/// front answered before it closed.
+async fn exchange(front: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut stream = tokio::net::TcpStream::connect(front)
+        .await
+        .expect("connect");
+    // The front may close before it has read everything: that is an answer too.
+    let _ = stream.write_all(bytes).await;
+    let _ = stream.shutdown().await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), stream.read_to_end(&mut answer))
+        .await
+        .expect("the front closes the connection");
+    // A reset (the front closed with our bytes unread) ends the answer as well.
+    let _ = read;
+    answer
+}
+
+/// Whether `answer` is a FATAL ErrorResponse with SQLSTATE `code`.
+fn is_error(answer: &[u8], code: &str) -> bool {
+    answer.first() == Some(&b'E')
+        && answer
+            .windows(code.len() + 1)
+            .any(|window| window[0] == b'C' && &window[1..] == code.as_bytes())
+}
+
+fn packet(code: u32, body: &[u8]) -> Vec<u8> {
+    let mut packet = ((8 + body.len()) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&code.to_be_bytes());
+    packet.extend_from_slice(body);
+    packet
+}
+
+#[tokio::test]
+async fn hostile_startup_packets_are_refused_and_the_front_keeps_serving() {
+    let (daemon, front) = daemon_with_front().await;
+    let ssl_request = packet((1234 << 16) | 5679, &[]);
+    let startup = packet(3 << 16, b"user\0u\0database\0default\0\0");
+    // Refused with a protocol violation, and closed.
+    for (what, bytes) in [
+        ("length 0", 0u32.to_be_bytes().to_vec()),
+        ("length 7", 7u32.to_be_bytes().to_vec()),
+        ("a huge length", 0x7fff_ffffu32.to_be_bytes().to_vec()),
+        ("protocol 2.0", packet(2 << 16, b"user\0u\0\0")),
+        ("no terminator", packet(3 << 16, b"user\0u\0")),
+        ("a 3.2 cancel key", packet((1234 << 16) | 5678, &[0; 40])),
+    ] {
+        let answer = exchange(front, &bytes).await;
+        assert!(is_error(&answer, "08P01"), "{what}: {answer:?}");
+    }
+    // Cut off: closed without a word, as postgres does.
+    let mut truncated = startup.clone();
+    truncated.truncate(startup.len() - 5);
+    assert_eq!(exchange(front, &truncated).await, b"", "a truncated packet");
+    // SSLRequest twice: refused once with N, then a protocol violation.
+    let twice = [ssl_request.clone(), ssl_request.clone()].concat();
+    let answer = exchange(front, &twice).await;
+    assert_eq!(answer.first(), Some(&b'N'), "{answer:?}");
+    assert!(is_error(&answer[1..], "08P01"), "{answer:?}");
+    // Random bytes: refused or closed, never a lease.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..20 {
+        let bytes: Vec<u8> = (0..64)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let answer = exchange(front, &bytes).await;
+        assert!(
+            answer.is_empty() || is_error(&answer, "08P01"),
+            "{bytes:?}: {answer:?}"
+        );
+    }
+    // A client that sends nothing is cut off after the start-up's 10 s.
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(front)
+        .await
+        .expect("connect");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), silent.read_to_end(&mut answer))
+        .await
+        .expect("closed")
+        .expect("read");
+    assert!(is_error(&answer, "08P01"), "{answer:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+
+    assert!(open_leases(&daemon).await.is_empty());
+    let (client, _task) = connect(&front_config(front, "default", ""))
+        .await
+        .expect("a normal connection still works");
+    assert_ne!(current_database(&client).await, "default");
+    drop(client);
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn protocol_3_2_and_its_options_are_negotiated_down_to_3_0() {
+    let (daemon, front) = daemon_with_front().await;
+    let mut stream = tokio::net::TcpStream::connect(front)
+        .await
+        .expect("connect");
+    let startup = packet(
+        (3 << 16) | 2,
+        b"user\0u\0database\0default\0_pq_.future\0on\0\0",
+    );
+    stream.write_all(&startup).await.expect("write");
+    // NegotiateProtocolVersion (3.0, the option listed), then AuthenticationOk.
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).await.expect("read");
+    assert_eq!(head[0], b'v');
+    let length = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; length - 4];
+    stream.read_exact(&mut body).await.expect("read");
+    assert_eq!(&body[..8], &[0, 0, 0, 0, 0, 0, 0, 1]);
+    assert_eq!(&body[8..], b"_pq_.future\0");
+    let mut ok = [0u8; 9];
+    stream.read_exact(&mut ok).await.expect("read");
+    assert_eq!(ok, [b'R', 0, 0, 0, 8, 0, 0, 0, 0]);
+    drop(stream);
+    wait_until_no_lease(&daemon, "the lease of a client that left released").await;
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn psql_gets_a_scratch_database_from_the_front() {
+    let test = "psql_gets_a_scratch_database_from_the_front";
+    if !tool_available("psql", test, "install postgresql-client") {
+        return;
+    }
+    let (daemon, front) = daemon_with_front().await;
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("psql")
+            .args(["-X", "-A", "-t", "-h", &front.ip().to_string()])
+            .args(["-p", &front.port().to_string(), "default"])
+            .args(["-c", "SELECT 1 + 1, current_database() <> 'default'"])
+            .env_remove("PGPASSWORD")
+            .env_remove("PGSSLMODE")
+            .env_remove("PGUSER")
+            .output()
+            .expect("run psql")
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), "2|t");
+    wait_until_no_lease(&daemon, "psql's lease released").await;
+    assert!(daemon.stop().await.success());
+}
