@@ -42,15 +42,14 @@ pub async fn bind(config: &crate::cli::ServeConfig) -> Result<Listeners, ()> {
 /// tests take for the HTTP API's.)
 pub fn spawn_front(
     listener: tokio::net::TcpListener,
-    servers: pglease_pool::Servers,
-    config: pglease_front::FrontConfig,
+    front: pglease_front::FrontHandle,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let shown = local_address(&listener);
     let (host, port) = shown
         .map(|a| (a.ip().to_string(), a.port().to_string()))
         .unwrap_or_default();
-    let password = if config.token.is_some() {
+    let password = if front.asks_password() {
         "PGPASSWORD=\"$PGLEASE_TOKEN\" "
     } else {
         ""
@@ -62,8 +61,7 @@ pub fn spawn_front(
     );
     tokio::spawn(pglease_front::serve(
         listener,
-        servers,
-        config,
+        front,
         stop.cancelled_owned(),
     ))
 }

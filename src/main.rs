@@ -106,7 +106,16 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         Some(_) => " -H \"Authorization: Bearer $PGLEASE_TOKEN\"",
         None => "",
     };
-    let state = pglease_api::AppState::new(servers.clone(), config.api);
+    let front = listeners.front.map(|listener| {
+        (
+            listener,
+            pglease_front::FrontHandle::new(servers.clone(), config.front),
+        )
+    });
+    let mut state = pglease_api::AppState::new(servers.clone(), config.api);
+    if let Some((_, front)) = &front {
+        state = state.with_front(front.clone());
+    }
     systemd::spawn(servers.primary().clone());
     let stop_http = tokio_util::sync::CancellationToken::new();
     let address = listener
@@ -127,9 +136,8 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         let stop = stop_http.clone().cancelled_owned();
         tokio::spawn(pglease_api::serve_integresql(listener, state.clone(), stop))
     });
-    let front_server = listeners.front.map(|listener| {
-        listen::spawn_front(listener, servers.clone(), config.front, stop_http.clone())
-    });
+    let front_server =
+        front.map(|(listener, front)| listen::spawn_front(listener, front, stop_http.clone()));
     tokio::select! {
         () = shutdown.recv() => {}
         _ = &mut pool_task => {

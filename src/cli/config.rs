@@ -71,6 +71,10 @@ impl ServeArgs {
         let front = FrontConfig {
             default_wait: api.default_wait,
             token: http.token.map(pglease_front::Token::new),
+            key_grace: self
+                .front_key_grace_ms
+                .or(file.front_key_grace_ms)
+                .map_or(pglease_front::DEFAULT_KEY_GRACE, Duration::from_millis),
         };
         Ok(ServeConfig {
             config_from,

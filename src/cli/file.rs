@@ -71,6 +71,7 @@ pub(super) struct TemplateFile {
 pub(super) struct ConfigFile {
     pub(super) listen: Option<SocketAddr>,
     pub(super) front_listen: Option<SocketAddr>,
+    pub(super) front_key_grace_ms: Option<u64>,
     pub(super) min_ready: Option<usize>,
     pub(super) max_total: Option<usize>,
     pub(super) clone_concurrency: Option<usize>,

@@ -2,10 +2,11 @@
 //! laid out as aligned tables. Scripts get the JSON itself (`--json`, or any pipe).
 
 use pglease_api::wire::{
-    KeptJson, KeptResponse, PostgresJson, RefusedJson, StatusResponse, TemplateJson,
+    FrontJson, KeptJson, KeptResponse, PostgresJson, RefusedJson, StatusResponse, TemplateJson,
 };
 
-/// `GET /status` as tables: servers, templates, leases, then one line of limits.
+/// `GET /status` as tables: servers, templates, leases, the PostgreSQL front when it is on,
+/// then one line of limits.
 pub(super) fn status(status: &StatusResponse) -> String {
     let mut out = String::new();
     let servers: Vec<&PostgresJson> = match status.servers.as_slice() {
@@ -87,6 +88,9 @@ pub(super) fn status(status: &StatusResponse) -> String {
                 .collect(),
         ));
     }
+    if let Some(front) = &status.front {
+        out.push_str(&front_tables(front));
+    }
     let limits = &status.limits;
     out.push_str(&format!(
         "\nConnections {} of {} · drops pending {} · kept {} · expired {} · refused {}\n",
@@ -97,6 +101,54 @@ pub(super) fn status(status: &StatusResponse) -> String {
         limits.expired,
         refused(&limits.refused),
     ));
+    out
+}
+
+/// The PostgreSQL front: its connections, then the leases shared by key.
+fn front_tables(front: &FrontJson) -> String {
+    let mut out = format!(
+        "\nPostgreSQL front: {} connections open, {} accepted\n",
+        front.connections.len(),
+        front.accepted
+    );
+    if !front.connections.is_empty() {
+        out.push_str(&table(
+            &["PEER", "STAGE", "DATABASE", "KEY", "LEASE", "SINCE"],
+            front
+                .connections
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.peer.clone(),
+                        c.stage.clone(),
+                        cell(c.database.as_ref().or(c.template.as_ref())),
+                        shorten(c.key.as_deref().unwrap_or_default(), 40),
+                        cell(c.lease_id.as_ref()),
+                        c.since.clone(),
+                    ]
+                })
+                .collect(),
+        ));
+    }
+    if !front.keys.is_empty() {
+        out.push_str(&format!("\nKeys ({})\n", front.keys.len()));
+        out.push_str(&table(
+            &["KEY", "DATABASE", "CONNECTIONS", "RELEASED AT", "LEASE"],
+            front
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        shorten(&k.name, 40),
+                        cell(k.database.as_ref()),
+                        k.connections.to_string(),
+                        cell(k.release_at.as_ref()),
+                        cell(k.lease_id.as_ref()),
+                    ]
+                })
+                .collect(),
+        ));
+    }
     out
 }
 
@@ -382,6 +434,42 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    #[test]
+    fn the_front_shows_its_connections_and_keys_and_nothing_when_off() {
+        let front = json!({
+            "accepted": 7,
+            "connections": [
+                {"peer": "127.0.0.1:50000", "stage": "relaying", "since": "2026-11-26T22:00:00Z", "template": "app", "key": "app@t1", "database": "pglease_app_3"},
+                {"peer": "127.0.0.1:50001", "stage": "leasing", "since": "2026-11-26T22:00:01Z", "template": "app"},
+            ],
+            "keys": [{"name": "app@t1", "database": "pglease_app_3", "connections": 1}],
+        });
+        let out = super::status(&status_of(json!({ "front": front })));
+        assert!(
+            out.contains("PostgreSQL front: 2 connections open, 7 accepted"),
+            "{out}"
+        );
+        assert!(
+            out.lines().any(|l| l.contains("127.0.0.1:50000")
+                && l.contains("relaying")
+                && l.contains("pglease_app_3")
+                && l.contains("app@t1")),
+            "{out}"
+        );
+        assert!(
+            out.lines().any(|l| l.contains("127.0.0.1:50001")
+                && l.contains("leasing")
+                && l.contains("app")),
+            "{out}"
+        );
+        assert!(
+            out.contains("Keys (1)") && out.lines().any(|l| l.trim_start().starts_with("app@t1")),
+            "{out}"
+        );
+        let out = super::status(&status_of(json!({})));
+        assert!(!out.contains("PostgreSQL front"), "{out}");
     }
 
     #[test]

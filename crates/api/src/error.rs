@@ -104,6 +104,11 @@ impl ApiError {
         )
     }
 
+    /// 404 for a key no lease is shared under, or when the PostgreSQL front is off.
+    pub fn key_not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "key_not_found", message)
+    }
+
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,

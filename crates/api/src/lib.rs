@@ -12,7 +12,8 @@
 //! - `GET    /templates/{name}`   — one template (`routes::templates::show`)
 //! - `PUT    /templates/{name}`   — register a template, or give it a new source (`routes::templates::register`)
 //! - `POST   /templates/{name}/rebuild` — build a new version now (`routes::templates::rebuild`)
-//! - `GET    /status`             — postgres, templates, open leases (`routes::status::status`)
+//! - `GET    /status`             — postgres, templates, open leases, the PostgreSQL front (`routes::status::status`)
+//! - `DELETE /front/keys/{name}`  — release the lease shared under `<template>@<key>` at the PostgreSQL front (`routes::front::release_key`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
 //! - `GET    /openapi.json`       — this API as an OpenAPI document (`openapi::document`)
@@ -29,6 +30,7 @@ use std::time::Duration;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
+use pglease_front::FrontHandle;
 use pglease_pool::Servers;
 
 pub mod error;
@@ -107,6 +109,8 @@ impl std::fmt::Debug for Token {
 pub struct AppState {
     pool: Servers,
     config: ApiConfig,
+    /// The PostgreSQL front, when the daemon serves one: shown in `/status` and `/metrics`.
+    front: Option<FrontHandle>,
     metrics: metrics::Metrics,
     shutting_down: Arc<AtomicBool>,
 }
@@ -117,9 +121,17 @@ impl AppState {
         AppState {
             pool,
             config,
+            front: None,
             metrics: metrics::Metrics::new(),
             shutting_down: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The same, with the daemon's PostgreSQL front in `/status` and `/metrics`, and its keys
+    /// released by `DELETE /front/keys/{name}`.
+    pub fn with_front(mut self, front: FrontHandle) -> Self {
+        self.front = Some(front);
+        self
     }
 
     /// From now on every request is answered 503 with Retry-After.
@@ -158,6 +170,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/status", get(routes::status::status))
         .route("/metrics", get(routes::status::metrics))
+        .route("/front/keys/{name}", delete(routes::front::release_key))
         .route("/healthz", get(routes::status::healthz))
         .route("/readyz", get(routes::status::readyz))
         .route("/openapi.json", get(openapi::document))

@@ -3,7 +3,8 @@
 //! - what only the API sees, kept here for the daemon's life: lease requests by outcome
 //!   with how long each took to answer, and releases;
 //! - the pool's state and its event counts, read from the same report as `/status` at each
-//!   scrape, so that no figure is kept twice.
+//!   scrape, so that no figure is kept twice;
+//! - the PostgreSQL front's connections and keys, from its own report, likewise.
 //!
 //! It does not decide what a lease's outcome is: handlers report it.
 
@@ -16,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use pglease_front::{FrontReport, Stage};
 use pglease_pool::StatusReport;
 
 /// The content type of the OpenMetrics text format.
@@ -45,6 +47,12 @@ struct DatabaseLabel {
     postgres: String,
     /// `ready`, `leased` or `making`.
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    /// `starting`, `leasing` or `relaying`.
+    stage: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,7 +99,11 @@ impl Metrics {
     }
 
     /// Everything, in the OpenMetrics text format, with the pool's figures from `report`.
-    pub(crate) fn render(&self, report: &StatusReport) -> Result<String, std::fmt::Error> {
+    pub(crate) fn render(
+        &self,
+        report: &StatusReport,
+        front: Option<&FrontReport>,
+    ) -> Result<String, std::fmt::Error> {
         let mut registry = Registry::with_prefix("pglease");
         registry.register(
             "lease_wait_seconds",
@@ -104,6 +116,9 @@ impl Metrics {
             self.releases.clone(),
         );
         register_pool(&mut registry, report);
+        if let Some(front) = front {
+            register_front(&mut registry, front);
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry)?;
         Ok(text)
@@ -248,6 +263,42 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         "kept_databases",
         "Databases kept after failed tests (DELETE /leases/{id}?keep=SECS)",
         gauge(kept as u64),
+    );
+}
+
+/// The PostgreSQL front's figures, from its report at this scrape.
+fn register_front(registry: &mut Registry, front: &FrontReport) {
+    let connections = Family::<StageLabel, Gauge>::default();
+    for stage in Stage::ALL {
+        let count = front
+            .connections
+            .iter()
+            .filter(|c| c.stage == stage)
+            .count();
+        connections
+            .get_or_create(&StageLabel {
+                stage: stage.name(),
+            })
+            .set(gauge_value(count as u64));
+    }
+    registry.register(
+        "front_connections",
+        "Connections open at the PostgreSQL front, by stage (starting, leasing, relaying)",
+        connections,
+    );
+    let accepted = Counter::<u64>::default();
+    accepted.inc_by(front.accepted);
+    registry.register(
+        "front_connections_accepted",
+        "Connections the PostgreSQL front accepted since the start",
+        accepted,
+    );
+    let keys = Gauge::<i64>::default();
+    keys.set(gauge_value(front.keys.len() as u64));
+    registry.register(
+        "front_keys",
+        "Leases shared by key at the PostgreSQL front (database <template>@<key>)",
+        keys,
     );
 }
 

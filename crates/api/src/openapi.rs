@@ -5,7 +5,7 @@
 use axum::Json;
 use utoipa::OpenApi;
 
-use crate::routes::{kept, leases, status, templates};
+use crate::routes::{front, kept, leases, status, templates};
 use crate::wire;
 
 /// The document.
@@ -25,6 +25,7 @@ use crate::wire;
         status::metrics,
         status::healthz,
         status::readyz,
+        front::release_key,
         templates::list,
         templates::show,
         templates::register,
@@ -55,6 +56,10 @@ use crate::wire;
         wire::HealthResponse,
         wire::ReadyResponse,
         wire::FailedTemplateJson,
+        wire::FrontJson,
+        wire::FrontConnectionJson,
+        wire::FrontKeyJson,
+        wire::KeyReleasedResponse,
     ))
 )]
 pub struct ApiDoc;

@@ -210,6 +210,71 @@ pub struct StatusResponse {
     /// Every PostgreSQL server of the daemon, the primary first. `postgres`, `drops` and
     /// `limits` above are the primary's; `templates` and `leases` above are every server's.
     pub servers: Vec<ServerJson>,
+    /// The PostgreSQL front (`--front-listen`); absent when it is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front: Option<FrontJson>,
+}
+
+/// The PostgreSQL front, in `/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FrontJson {
+    /// Connections accepted since the start.
+    pub accepted: u64,
+    /// Its open connections, oldest first.
+    pub connections: Vec<FrontConnectionJson>,
+    /// The leases shared by key (database `<template>@<key>`).
+    pub keys: Vec<FrontKeyJson>,
+}
+
+/// One connection at the PostgreSQL front, in `/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FrontConnectionJson {
+    /// The client's address.
+    pub peer: String,
+    /// `starting` (start-up, password), `leasing` (waiting for a database) or `relaying`.
+    pub stage: String,
+    /// When it was accepted (RFC 3339).
+    pub since: String,
+    /// The template it asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The key it shares a lease by, `<template>@<key>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Its lease's id (only where a token guards the API, as in `leases`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// Its lease's database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+}
+
+/// A lease shared by key at the PostgreSQL front, in `/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FrontKeyJson {
+    /// `<template>@<key>`.
+    pub name: String,
+    /// Its lease's id (only where a token guards the API); absent while it is being made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// Its lease's database; absent while it is being made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// The connections that use it now.
+    pub connections: usize,
+    /// When no connection uses it: when it is released unless one comes (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_at: Option<String>,
+}
+
+/// The answer to `DELETE /front/keys/{name}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeyReleasedResponse {
+    /// The key, `<template>@<key>`.
+    pub key: String,
+    /// The lease that was released (only where a token guards the API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
 }
 
 /// One PostgreSQL server of the daemon, in `/status`.

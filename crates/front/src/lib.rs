@@ -2,7 +2,8 @@
 //! `<template>` on the front's port is given a fresh clone of that template: the front
 //! leases it from the pools ([`Servers`]) as `POST /lease` would, logs in to postgres as the
 //! lease, and from then on relays bytes both ways without reading them. When either side
-//! closes, the lease is released as an HTTP release without `reuse` is.
+//! closes, the lease is released as an HTTP release without `reuse` is. Connections to
+//! `<template>@<key>` share one lease while any of them is open (`keys.rs`).
 //!
 //! It speaks the protocol and runs no SQL of its own. Files, one concern each:
 //! - `listener.rs` — the accept loop ([`serve`]), one task per connection
@@ -12,20 +13,25 @@
 //! - `backend.rs`  — the lease's login at postgres (postgres-protocol's client side)
 //! - `relay.rs`    — bytes both ways until either side closes
 //! - `cancel.rs`   — the front's cancel keys and sending a CancelRequest on
+//! - `keys.rs`     — leases shared by key, released a grace after their last connection
+//! - `held.rs`     — the open connections, for `/status` and `/metrics` ([`FrontHandle::report`])
 //! - `error.rs`    — what a client is told, with which SQLSTATE
 //!
 //! Who may connect: anybody who reaches the port when no token is configured (the binary
 //! allows that on loopback only, as for the HTTP API), else a client whose password is the
 //! token ([`Token`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use pglease_pool::Servers;
+use pglease_pool::{LeaseId, Servers};
 
 mod backend;
 mod cancel;
 pub mod codec;
 mod error;
+mod held;
+mod keys;
 mod listener;
 #[cfg(test)]
 mod proptest_config;
@@ -33,6 +39,8 @@ mod relay;
 mod session;
 mod startup;
 
+pub use held::{ConnectionReport, Stage};
+pub use keys::{KeyError, KeyName, KeyReport};
 pub use listener::serve;
 
 /// How the front leases and whom it lets in.
@@ -42,7 +50,14 @@ pub struct FrontConfig {
     pub default_wait: Duration,
     /// The password every client must give; without one, any password (or none) will do.
     pub token: Option<Token>,
+    /// How long a key's lease outlives its last connection.
+    pub key_grace: Duration,
 }
+
+/// How long a key's lease outlives its last connection unless configured: long enough for
+/// a connection pool that closes a connection and opens another, short enough that the next
+/// test's key is not kept waiting for a database.
+pub const DEFAULT_KEY_GRACE: Duration = Duration::from_secs(2);
 
 /// The password the front asks for (the daemon's API token); its `Debug` does not show it.
 #[derive(Clone)]
@@ -80,4 +95,63 @@ struct Front {
     config: FrontConfig,
     /// The cancel keys of the connections being relayed.
     cancels: cancel::CancelMap,
+    /// The connections open now.
+    connections: held::Connections,
+    /// The leases shared by key.
+    keys: Arc<keys::Keys>,
+}
+
+/// The front, for the daemon to serve ([`serve`]) and for the HTTP API to report on and to
+/// release keys through. Cloneable; clones share one front.
+#[derive(Debug, Clone)]
+pub struct FrontHandle {
+    front: Arc<Front>,
+}
+
+/// What the front holds now.
+#[derive(Debug, Clone)]
+pub struct FrontReport {
+    /// Its open connections, oldest first.
+    pub connections: Vec<ConnectionReport>,
+    /// Connections accepted since the start.
+    pub accepted: u64,
+    /// The leases shared by key.
+    pub keys: Vec<KeyReport>,
+}
+
+impl FrontHandle {
+    /// A front that leases from `servers`.
+    pub fn new(servers: Servers, config: FrontConfig) -> Self {
+        let keys = Arc::new(keys::Keys::new(servers.clone(), config.key_grace));
+        FrontHandle {
+            front: Arc::new(Front {
+                servers,
+                config,
+                cancels: cancel::CancelMap::default(),
+                connections: held::Connections::default(),
+                keys,
+            }),
+        }
+    }
+
+    /// Whether clients must give a password (the token).
+    pub fn asks_password(&self) -> bool {
+        self.front.config.token.is_some()
+    }
+
+    /// Its connections and keys now.
+    pub fn report(&self) -> FrontReport {
+        let (connections, accepted) = self.front.connections.report();
+        FrontReport {
+            connections,
+            accepted,
+            keys: self.front.keys.report(),
+        }
+    }
+
+    /// Releases the lease shared under `name` (`<template>@<key>`) now; the connections
+    /// that use it are ended with it, and the next connection to the key gets a new one.
+    pub async fn release_key(&self, name: &str) -> Result<LeaseId, KeyError> {
+        self.front.keys.release(name).await
+    }
 }

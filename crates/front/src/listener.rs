@@ -3,11 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglease_pool::Servers;
 use tokio::net::TcpListener;
 
-use crate::cancel::CancelMap;
-use crate::{session, Front, FrontConfig};
+use crate::{session, FrontHandle};
 
 /// How long to wait after a failed accept (out of file descriptors, say) before the next:
 /// the error would come back at once, and the loop would spin.
@@ -18,15 +16,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// with the pools.
 pub async fn serve(
     listener: TcpListener,
-    servers: Servers,
-    config: FrontConfig,
+    front: FrontHandle,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let front = Arc::new(Front {
-        servers,
-        config,
-        cancels: CancelMap::default(),
-    });
+    let front = front.front;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

@@ -1,6 +1,8 @@
 //! One client connection at the front, in its own task: the start-up (`startup.rs`), the
-//! lease, the lease's connection to postgres (`backend.rs`), the relay (`relay.rs`), and the
-//! release when either side closes. A CancelRequest is sent on (`cancel.rs`) instead.
+//! lease (or the key's shared lease, `keys.rs`), the lease's connection to postgres
+//! (`backend.rs`), the relay (`relay.rs`), and the release when
+//! either side closes (for a key: when its last connection has, and the grace passed). A
+//! CancelRequest is sent on (`cancel.rs`) instead. Its row in `held.rs` says where it is.
 //!
 //! Whatever the client sends, the session ends with an ErrorResponse or a closed connection,
 //! never a panic; a lease it took is released on every path but a panic's, and a lease lost
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use pglease_pool::{Lease, LeaseRequest, TemplateName};
+use pglease_pool::{Lease, LeaseRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -19,6 +21,8 @@ use crate::backend::{self, Address, Login, ServerStream};
 use crate::cancel::{self, CancelTarget};
 use crate::codec::{self, CancelKey, Startup};
 use crate::error::{Refusal, SessionError};
+use crate::held::{Stage, Tracked};
+use crate::keys::KeyName;
 use crate::relay::{relay, Relayed};
 use crate::startup::{self, Opening};
 use crate::Front;
@@ -43,7 +47,8 @@ pub(crate) async fn run(front: Arc<Front>, mut client: TcpStream, peer: SocketAd
     // Queries are small and answered one at a time: no waiting to fill a segment.
     let _ = client.set_nodelay(true);
     let mut buf = BytesMut::new();
-    let Err(error) = serve(&front, &mut client, &mut buf, peer).await else {
+    let tracked = front.connections.open(peer);
+    let Err(error) = serve(&front, &mut client, &mut buf, peer, &tracked).await else {
         return;
     };
     let mut out = BytesMut::new();
@@ -64,6 +69,7 @@ async fn serve(
     client: &mut TcpStream,
     buf: &mut BytesMut,
     peer: SocketAddr,
+    tracked: &Tracked<'_>,
 ) -> Result<(), SessionError> {
     let opening = tokio::time::timeout(STARTUP_TIMEOUT, start(front, client, buf))
         .await
@@ -77,23 +83,54 @@ async fn serve(
         }
         Opening::Startup(startup) => startup,
     };
-    let request = lease_request(front, &startup)?;
+    let (request, key) = lease_request(front, &startup)?;
     let template = request.template.clone();
-    let lease = wait_for_lease(front, client, buf, request).await?;
+    let key_name = key.as_ref().map(ToString::to_string);
+    tracked.update(|row| {
+        row.stage = Stage::Leasing;
+        row.template = Some(template.clone());
+        row.key = key_name.clone();
+    });
+    // A connection to a key shares the key's lease; it is released a grace after the last
+    // of the key's connections closes (`keys.rs`), not with this one.
+    let member = key.map(|key| front.keys.join(key));
+    let lease = match &member {
+        None => wait_for_lease(front, client, buf, request).await?,
+        Some(member) => {
+            member
+                .lease(wait_for_lease(front, client, buf, request))
+                .await?
+        }
+    };
+    tracked.update(|row| {
+        row.stage = Stage::Relaying;
+        row.lease_id = Some(lease.id.clone());
+        row.database = Some(lease.connect.database.clone());
+    });
     tracing::info!(
         %peer,
         %template,
+        key = key_name.as_deref(),
         lease_id = %lease.id,
         database = %lease.connect.database,
         "leased at the PostgreSQL front"
     );
     let started = Instant::now();
     let relayed = connect_and_relay(front, client, buf, &lease, &startup).await;
-    // Released as an HTTP release without `reuse` is: dropped, or back to the pool when the
-    // server proves it unchanged.
-    if let Err(error) = front.servers.release(lease.id.clone(), false).await {
-        tracing::warn!(lease_id = %lease.id, %error, "releasing a lease of the PostgreSQL front failed");
-    }
+    let released = match member {
+        // Released as an HTTP release without `reuse` is: dropped, or back to the pool when
+        // the server proves it unchanged.
+        None => {
+            if let Err(error) = front.servers.release(lease.id.clone(), false).await {
+                tracing::warn!(lease_id = %lease.id, %error, "releasing a lease of the PostgreSQL front failed");
+            }
+            "its lease is released"
+        }
+        Some(member) => {
+            drop(member);
+            "the key's lease stays while another connection uses it"
+        }
+    };
     let relayed = relayed?;
     tracing::info!(
         lease_id = %lease.id,
@@ -102,7 +139,7 @@ async fn serve(
         elapsed_ms = started.elapsed().as_millis() as u64,
         ended_by = relayed.ended_by.name(),
         error = relayed.error.as_ref().map(tracing::field::display),
-        "a connection at the PostgreSQL front closed; its lease is released"
+        "a connection at the PostgreSQL front closed; {released}"
     );
     Ok(())
 }
@@ -131,15 +168,18 @@ async fn start(
 }
 
 /// The lease request a StartupMessage makes: the template is the database's name (the user
-/// name when there is none, as postgres defaults it), the label its application_name; the
-/// rest is `POST /lease`'s defaults.
-fn lease_request(front: &Front, startup: &Startup) -> Result<LeaseRequest, SessionError> {
+/// name when there is none, as postgres defaults it) up to a `@` and key, the label its
+/// application_name (else the key); the rest is `POST /lease`'s defaults.
+fn lease_request(
+    front: &Front,
+    startup: &Startup,
+) -> Result<(LeaseRequest, Option<KeyName>), SessionError> {
     let database = startup
         .get("database")
         .filter(|name| !name.is_empty())
         .or_else(|| startup.get("user"))
         .unwrap_or_default();
-    let template = TemplateName::new(database).map_err(|error| {
+    let (template, key) = KeyName::parse(database).map_err(|error| {
         SessionError::Refused(Refusal::new(
             "3D000",
             format!("database \"{database}\" does not name a template: {error}"),
@@ -154,8 +194,9 @@ fn lease_request(front: &Front, startup: &Startup) -> Result<LeaseRequest, Sessi
                 && name.chars().count() <= MAX_LABEL_CHARS
                 && !name.chars().any(char::is_control)
         })
-        .map(str::to_owned);
-    Ok(LeaseRequest {
+        .map(str::to_owned)
+        .or_else(|| key.as_ref().map(ToString::to_string));
+    let request = LeaseRequest {
         template,
         ttl: None,
         wait: front.config.default_wait,
@@ -163,7 +204,8 @@ fn lease_request(front: &Front, startup: &Startup) -> Result<LeaseRequest, Sessi
         reclaimable: false,
         postgres_version: None,
         label,
-    })
+    };
+    Ok((request, key))
 }
 
 /// Leases, watching the client meanwhile: if it leaves, the request is dropped and the pool

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
+pub mod front;
 pub mod kept;
 pub mod leases;
 pub mod status;

@@ -6,6 +6,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use pglease_pool::{DropStatus, LimitStatus, PostgresStatus};
 
+use super::front::front_json;
 use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
@@ -57,6 +58,10 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
                 limits: limits_json(server.limits),
             })
             .collect(),
+        front: state
+            .front
+            .as_ref()
+            .map(|front| front_json(front.report(), ids)),
     }))
 }
 
@@ -140,9 +145,10 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
         .status()
         .await
         .ok_or_else(ApiError::shutting_down)?;
+    let front = state.front.as_ref().map(|front| front.report());
     let text = state
         .metrics
-        .render(&report)
+        .render(&report, front.as_ref())
         .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }
