@@ -395,3 +395,26 @@ async fn psql_gets_a_scratch_database_from_the_front() {
     wait_until_no_lease(&daemon, "psql's lease released").await;
     assert!(daemon.stop().await.success());
 }
+
+#[tokio::test]
+async fn a_connection_keeps_its_lease_past_the_time_to_live_while_it_is_open() {
+    let daemon = TestDaemon::builder()
+        .args(["--front-listen", "127.0.0.1:0", "--default-ttl", "2"])
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    let (client, task) = connect(&front_config(front, "default", ""))
+        .await
+        .expect("connect");
+    let database = current_database(&client).await;
+    // Three times the time to live: renewed meanwhile, not expired under the connection.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(current_database(&client).await, database);
+    let leases = open_leases(&daemon).await;
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(daemon.status().await["limits"]["expired"], 0);
+    drop(client);
+    let _ = task.await;
+    wait_until_no_lease(&daemon, "released when the connection closed").await;
+    assert!(daemon.stop().await.success());
+}

@@ -1,6 +1,6 @@
 //! One client connection at the front, in its own task: the start-up (`startup.rs`), the
 //! lease (or the key's shared lease, `keys.rs`), the lease's connection to postgres
-//! (`backend.rs`), the relay (`relay.rs`), and the release when
+//! (`backend.rs`), the relay (`relay.rs`) while the lease is renewed, and the release when
 //! either side closes (for a key: when its last connection has, and the grace passed). A
 //! CancelRequest is sent on (`cancel.rs`) instead. Its row in `held.rs` says where it is.
 //!
@@ -39,6 +39,8 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
 /// The most a client may send while its lease is made, before its connection is ready for
 /// queries (drivers send nothing then).
 const MAX_EARLY_BYTES: usize = 64 * 1024;
+/// The shortest wait between two renewals of a connection's lease.
+const MIN_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest lease label, in characters (as over HTTP).
 const MAX_LABEL_CHARS: usize = 256;
 
@@ -297,13 +299,40 @@ async fn connect_and_relay(
             .map_err(|source| SessionError::io("passing on what the client sent early", source))?;
     }
     let (client_read, client_write) = client.split();
-    let relayed = match &mut server {
-        ServerStream::Tcp(stream) => relay((client_read, client_write), stream.split()).await,
-        ServerStream::Unix(stream) => relay((client_read, client_write), stream.split()).await,
+    let relaying = async {
+        match &mut server {
+            ServerStream::Tcp(stream) => relay((client_read, client_write), stream.split()).await,
+            ServerStream::Unix(stream) => relay((client_read, client_write), stream.split()).await,
+        }
+    };
+    // The lease lasts as long as its connection: renewed while the bytes flow.
+    let relayed = tokio::select! {
+        relayed = relaying => relayed,
+        never = keep_renewing(front, lease) => match never {},
     };
     // The key is forgotten before the release: no cancel reaches the next holder.
     drop(registration);
     Ok(relayed)
+}
+
+/// Renews `lease` whenever half of its time to live has passed, for as long as it is
+/// awaited (the relay's length); a lease that cannot be renewed (released over HTTP, say) is
+/// left to end, and its connection with it.
+async fn keep_renewing(front: &Front, lease: &Lease) -> std::convert::Infallible {
+    let mut expires_at = lease.expires_at;
+    loop {
+        let left = expires_at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::sleep((left / 2).max(MIN_RENEW_INTERVAL)).await;
+        match front.servers.renew(lease.id.clone(), None).await {
+            Ok(renewed) => expires_at = renewed,
+            Err(error) => {
+                tracing::debug!(lease_id = %lease.id, %error, "the lease of a connection at the PostgreSQL front cannot be renewed");
+                return std::future::pending().await;
+            }
+        }
+    }
 }
 
 /// Sends a CancelRequest on to the backend whose front key it names; an unknown key is
