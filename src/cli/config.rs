@@ -64,13 +64,13 @@ impl ServeArgs {
         let api = ApiConfig {
             max_ttl: limits.max_ttl,
             allow_http_commands: self.allow_http_commands,
-            token: http.token.clone().map(pglease_api::Token::new),
+            token: http.token.map(pglease_pool::Token::new),
             ..ApiConfig::default()
         };
         // The front leases as POST /lease does, and asks for the same token.
         let front = FrontConfig {
             default_wait: api.default_wait,
-            token: http.token.map(pglease_front::Token::new),
+            token: api.token.clone(),
             key_grace: self
                 .front_key_grace_ms
                 .or(file.front_key_grace_ms)

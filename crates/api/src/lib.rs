@@ -75,34 +75,8 @@ impl Default for ApiConfig {
     }
 }
 
-/// The API's bearer token; its `Debug` does not show it.
-#[derive(Clone)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token; empty ones are refused by the caller.
-    pub fn new(token: String) -> Self {
-        Token(token)
-    }
-
-    /// Compares in constant time: both sides are hashed first, so neither the time taken
-    /// nor the lengths tell anything about the token.
-    fn matches(&self, given: &str) -> bool {
-        use sha2::{Digest, Sha256};
-        use subtle::ConstantTimeEq;
-        let (expected, given) = (
-            Sha256::digest(self.0.as_bytes()),
-            Sha256::digest(given.as_bytes()),
-        );
-        expected.as_slice().ct_eq(given.as_slice()).into()
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
+/// The API's bearer token (the front's password too).
+pub use pglease_pool::Token;
 
 /// Shared by every handler.
 #[derive(Debug, Clone)]
@@ -207,7 +181,7 @@ async fn require_token(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
-    if given.is_some_and(|given| token.matches(given)) {
+    if given.is_some_and(|given| token.matches(given.as_bytes())) {
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()

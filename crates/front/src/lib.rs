@@ -59,32 +59,8 @@ pub struct FrontConfig {
 /// test's key is not kept waiting for a database.
 pub const DEFAULT_KEY_GRACE: Duration = Duration::from_secs(2);
 
-/// The password the front asks for (the daemon's API token); its `Debug` does not show it.
-#[derive(Clone)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token; empty ones are refused by the caller.
-    pub fn new(token: String) -> Self {
-        Token(token)
-    }
-
-    /// Compares in constant time, as the HTTP API does (`pglease-api`'s `require_token`):
-    /// both sides are hashed first, so neither the time taken nor the lengths tell anything
-    /// about the token.
-    pub(crate) fn matches(&self, given: &[u8]) -> bool {
-        use sha2::{Digest, Sha256};
-        use subtle::ConstantTimeEq;
-        let (expected, given) = (Sha256::digest(self.0.as_bytes()), Sha256::digest(given));
-        expected.as_slice().ct_eq(given.as_slice()).into()
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
+/// The password the front asks for: the daemon's API token.
+pub use pglease_pool::Token;
 
 /// What every session shares.
 #[derive(Debug)]

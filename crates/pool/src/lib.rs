@@ -23,6 +23,7 @@ mod state;
 mod template;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod token;
 pub mod types;
 
 pub use actor::start;
@@ -35,6 +36,7 @@ pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use pglease_binaries::{parse_version_number, VersionSpec};
 pub use servers::Servers;
+pub use token::Token;
 // How the pool words a driver error in logs and reports; the benchmark words its own the
 // same way.
 pub use sql_error::{pg_message, SqlError, SqlErrorKind};
