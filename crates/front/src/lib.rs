@@ -33,8 +33,6 @@ mod error;
 mod held;
 mod keys;
 mod listener;
-#[cfg(test)]
-mod proptest_config;
 mod relay;
 mod session;
 mod startup;

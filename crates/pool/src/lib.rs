@@ -13,8 +13,6 @@ mod handle;
 pub mod names;
 pub mod postgres;
 mod progress;
-#[cfg(test)]
-mod proptest_config;
 mod scram;
 mod servers;
 mod session;

@@ -308,7 +308,11 @@ fn parameter() -> impl Strategy<Value = (String, String)> {
 }
 
 proptest! {
-    #![proptest_config(crate::proptest_config::cases("PGLEASE_FRONT_CODEC_CASES", 2_000))]
+    #![proptest_config(pglease_pool::testing::proptest_config(
+        "PGLEASE_FRONT_CODEC_CASES",
+        2_000,
+        proptest::test_runner::Config::default().max_shrink_iters
+    ))]
 
     #[test]
     fn any_bytes_decode_to_packets_or_a_typed_error_without_panicking(

@@ -676,7 +676,7 @@ fn run_case(events: &[Event], min_ready: usize) {
 }
 
 proptest! {
-    #![proptest_config(crate::proptest_config::interleavings(
+    #![proptest_config(crate::testing::proptest_config(
         "PGLEASE_ACTOR_INTERLEAVINGS",
         DEFAULT_CASES,
         5_000,

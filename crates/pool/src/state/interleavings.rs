@@ -803,7 +803,7 @@ fn template(name: &str) -> TemplateName {
 }
 
 proptest! {
-    #![proptest_config(crate::proptest_config::interleavings(
+    #![proptest_config(crate::testing::proptest_config(
         "PGLEASE_INTERLEAVINGS",
         DEFAULT_CASES,
         20_000,
