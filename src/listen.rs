@@ -27,7 +27,20 @@ pub async fn bind(config: &crate::cli::ServeConfig) -> Result<Listeners, ()> {
         None => None,
     };
     let front = match config.front_listen {
-        Some(address) => Some(bind(address, "the PostgreSQL front").await?),
+        Some(front) if front.chosen => Some(bind(front.address, "the PostgreSQL front").await?),
+        // The default address: a daemon without its front beats no daemon.
+        Some(front) => match tokio::net::TcpListener::bind(front.address).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                tracing::warn!(
+                    listen = %front.address,
+                    %error,
+                    "the PostgreSQL front's default address is not free; serving without the \
+                     front (give --front-listen ADDR for another, or --front-listen off)"
+                );
+                None
+            }
+        },
         None => None,
     };
     Ok(Listeners {

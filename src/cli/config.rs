@@ -17,10 +17,20 @@ use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
 use pglease_pool::{CloneStrategy, IntegresqlRole, LeaseAuth, PoolConfig, PoolLimits};
 
 use super::file::{self, ConfigFile, ConfigFrom, Loaded};
-use super::serve::{LeaseAuthArg, ServeArgs, StrategyArg};
+use super::serve::{FrontAddress, LeaseAuthArg, ServeArgs, StrategyArg};
 use super::server::server;
 use super::templates::{command_timeout, templates};
 use super::DEFAULT_LISTEN;
+
+/// Where the PostgreSQL front listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrontListen {
+    /// The address.
+    pub address: SocketAddr,
+    /// Whether the operator chose it: a chosen address that cannot be bound stops the start;
+    /// the default one is skipped with a warning (another daemon, or a postgres, has it).
+    pub chosen: bool,
+}
 
 /// Everything `serve` needs, validated.
 #[derive(Debug)]
@@ -32,7 +42,7 @@ pub struct ServeConfig {
     /// Where the IntegreSQL API is served alone, if anywhere.
     pub integresql_listen: Option<SocketAddr>,
     /// Where the PostgreSQL front listens, if anywhere.
-    pub front_listen: Option<SocketAddr>,
+    pub front_listen: Option<FrontListen>,
     /// The PostgreSQL front.
     pub front: FrontConfig,
     /// The pool.
@@ -290,23 +300,43 @@ fn integresql(flags: &ServeArgs, file: &ConfigFile) -> Result<Integresql, String
     })
 }
 
-/// `--front-listen` over the config file's `front_listen`, else no front. Without a token
-/// the front lets in any user and password, as the HTTP API lets in any caller: loopback
-/// only, as for `--listen`.
+/// `--front-listen` over the config file's `front_listen`, else the default: loopback, on
+/// the HTTP port + 1 (a port of 0 stays 0). Without a token the front lets in any user and
+/// password, as the HTTP API lets in any caller: loopback only, as for `--listen`.
 fn front_listen(
     flags: &ServeArgs,
     file: &ConfigFile,
     http: &Http,
-) -> Result<Option<SocketAddr>, String> {
-    let listen = flags.front_listen.or(file.front_listen);
-    match listen {
-        Some(address) if !address.ip().is_loopback() && http.token.is_none() => Err(format!(
+) -> Result<Option<FrontListen>, String> {
+    let address = match flags.front_listen.or(file.front_listen) {
+        Some(FrontAddress::Off) => return Ok(None),
+        Some(FrontAddress::At(address)) => address,
+        None => {
+            let ip = match http.listen.ip() {
+                ip if ip.is_loopback() => ip,
+                _ => std::net::Ipv4Addr::LOCALHOST.into(),
+            };
+            let port = match http.listen.port() {
+                0 | u16::MAX => 0,
+                port => port + 1,
+            };
+            return Ok(Some(FrontListen {
+                address: SocketAddr::new(ip, port),
+                chosen: false,
+            }));
+        }
+    };
+    if !address.ip().is_loopback() && http.token.is_none() {
+        return Err(format!(
             "--front-listen {address} is not a loopback address, and without a token the \
              PostgreSQL front lets in any user and password: give a --token or --token-file \
              (or PGLEASE_TOKEN / PGLEASE_TOKEN_FILE), which clients then send as the password"
-        )),
-        listen => Ok(listen),
+        ));
     }
+    Ok(Some(FrontListen {
+        address,
+        chosen: true,
+    }))
 }
 
 /// `--integresql-pg-user` with its password: both or neither.

@@ -70,7 +70,7 @@ pub(super) struct TemplateFile {
 #[serde(deny_unknown_fields)]
 pub(super) struct ConfigFile {
     pub(super) listen: Option<SocketAddr>,
-    pub(super) front_listen: Option<SocketAddr>,
+    pub(super) front_listen: Option<super::serve::FrontAddress>,
     pub(super) front_key_grace_ms: Option<u64>,
     pub(super) min_ready: Option<usize>,
     pub(super) max_total: Option<usize>,

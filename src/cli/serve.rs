@@ -351,24 +351,54 @@ pub struct ServeArgs {
     /// past that the template is discarded as abandoned [default: 900].
     #[arg(help_heading = "IntegreSQL API", long, value_name = "SECS")]
     pub initialize_timeout: Option<u64>,
-    /// Also serve the PostgreSQL protocol on this address, e.g. 127.0.0.1:5433: a client that
-    /// connects to database NAME gets a fresh clone of template NAME, leased as POST /lease
-    /// would (the label from application_name) and released when it disconnects, e.g.
-    /// `psql -h 127.0.0.1 -p 5433 default` or DATABASE_URL=postgresql://127.0.0.1:5433/app.
-    /// Without a token any user and password are let in, so a non-loopback address needs
-    /// --token, which is then the password (docs/front.md) [default: off].
+    /// Where to serve the PostgreSQL protocol, or `off`: a client that connects to database
+    /// NAME gets a fresh clone of template NAME, leased as POST /lease would (the label from
+    /// application_name) and released when it disconnects, e.g. `psql -h 127.0.0.1 -p 5481
+    /// default` or DATABASE_URL=postgresql://127.0.0.1:5481/app. Without a token any user and
+    /// password are let in, so a non-loopback address needs --token, which is then the
+    /// password (docs/front.md) [default: loopback, the HTTP port + 1 (127.0.0.1:5481);
+    /// skipped with a warning if that port is taken].
     #[arg(
         help_heading = "PostgreSQL front",
         long,
         env = "PGLEASE_FRONT_LISTEN",
-        value_name = "ADDR"
+        value_name = "ADDR|off"
     )]
-    pub front_listen: Option<SocketAddr>,
+    pub front_listen: Option<FrontAddress>,
     /// How long the lease of database NAME@KEY outlives the last connection to it: every
     /// connection to the same NAME@KEY shares one lease while any of them is open, so a
     /// test's connection pool sees one database [default: 2000].
     #[arg(help_heading = "PostgreSQL front", long, value_name = "MS")]
     pub front_key_grace_ms: Option<u64>,
+}
+
+/// `--front-listen` and `front_listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontAddress {
+    /// No PostgreSQL front.
+    Off,
+    /// The front on this address.
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for FrontAddress {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(FrontAddress::Off);
+        }
+        text.parse()
+            .map(FrontAddress::At)
+            .map_err(|_| format!("{text:?} is neither an address such as 127.0.0.1:5481 nor off"))
+    }
+}
+
+impl<'de> Deserialize<'de> for FrontAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// `--storage`.

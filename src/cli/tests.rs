@@ -5,7 +5,7 @@ use clap::Parser;
 use pglease_pool::config::DumpSource;
 use pglease_pool::{CloneStrategy, EmbeddedConfig, ServerConfig, Storage, TemplateSource};
 
-use super::config::parse_size;
+use super::config::{parse_size, FrontListen};
 use super::file::{found_file_is_ours, ConfigFrom};
 use super::*;
 
@@ -350,20 +350,42 @@ fn the_token_can_come_from_a_file_and_only_from_one_place() {
 }
 
 #[test]
-fn the_postgresql_front_is_off_by_default_and_beyond_loopback_needs_a_token() {
+fn the_postgresql_front_is_on_loopback_by_default_and_beyond_loopback_needs_a_token() {
+    let front = |args: &[&str]| serve_args(args).into_config().map(|c| c.front_listen);
+    let at = |address: &str, chosen: bool| {
+        Ok(Some(FrontListen {
+            address: address.parse().expect("an address"),
+            chosen,
+        }))
+    };
+    // The default: loopback, beside the HTTP port; not chosen, so a taken port is skipped.
+    assert_eq!(front(&[]), at("127.0.0.1:5481", false));
+    assert_eq!(
+        front(&["--listen", "127.0.0.1:0"]),
+        at("127.0.0.1:0", false)
+    );
+    assert_eq!(front(&["--listen", "[::1]:7000"]), at("[::1]:7001", false));
+    assert_eq!(
+        front(&["--listen", "0.0.0.0:5480", "--token", "t"]),
+        at("127.0.0.1:5481", false),
+        "loopback, even when the API is not"
+    );
+    assert_eq!(front(&["--front-listen", "off"]), Ok(None));
+    assert_eq!(
+        front(&["--front-listen", "127.0.0.1:5433"]),
+        at("127.0.0.1:5433", true)
+    );
+    let error = Cli::try_parse_from(["pglease", "serve", "--front-listen", "nowhere"])
+        .expect_err("not an address")
+        .to_string();
+    assert!(
+        error.contains("nowhere") && error.contains("off"),
+        "{error}"
+    );
     let config = serve_args(&[]).into_config().expect("valid");
-    assert_eq!(config.front_listen, None, "off unless asked for");
     assert!(config.front.token.is_none());
     assert_eq!(config.front.default_wait, config.api.default_wait);
-    let config = serve_args(&["--front-listen", "127.0.0.1:5433"])
-        .into_config()
-        .expect("loopback needs no token");
-    assert_eq!(
-        config.front_listen.map(|a| a.to_string()).as_deref(),
-        Some("127.0.0.1:5433")
-    );
-    let error = serve_args(&["--front-listen", "0.0.0.0:5433"])
-        .into_config()
+    let error = front(&["--front-listen", "0.0.0.0:5433"])
         .expect_err("any user and password, beyond loopback");
     assert!(
         error.contains("--front-listen 0.0.0.0:5433") && error.contains("--token"),
@@ -382,24 +404,25 @@ fn the_postgresql_front_is_off_by_default_and_beyond_loopback_needs_a_token() {
     let file = dir.join("pglease.toml");
     std::fs::write(&file, "front_listen = \"127.0.0.1:6543\"\n").expect("write");
     let path = file.to_str().expect("utf8");
-    let config = serve_args(&["--config", path])
-        .into_config()
-        .expect("valid");
     assert_eq!(
-        config.front_listen.map(|a| a.port()),
-        Some(6543),
+        front(&["--config", path]),
+        at("127.0.0.1:6543", true),
         "the config file's key"
     );
-    let config = serve_args(&["--config", path, "--front-listen", "127.0.0.1:7000"])
-        .into_config()
-        .expect("valid");
     assert_eq!(
-        config.front_listen.map(|a| a.port()),
-        Some(7000),
+        front(&["--config", path, "--front-listen", "127.0.0.1:7000"]),
+        at("127.0.0.1:7000", true),
         "the flag wins"
     );
+    assert_eq!(
+        front(&["--config", path, "--front-listen", "off"]),
+        Ok(None),
+        "the flag turns it off"
+    );
+    std::fs::write(&file, "front_listen = \"off\"\n").expect("write");
+    assert_eq!(front(&["--config", path]), Ok(None), "off in the file");
     std::fs::write(&file, "front_listen = \"0.0.0.0:6543\"\n").expect("write");
-    assert!(serve_args(&["--config", path]).into_config().is_err());
+    assert!(front(&["--config", path]).is_err());
     let _ = std::fs::remove_dir_all(dir);
 }
 

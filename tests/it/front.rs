@@ -418,3 +418,53 @@ async fn a_connection_keeps_its_lease_past_the_time_to_live_while_it_is_open() {
     wait_until_no_lease(&daemon, "released when the connection closed").await;
     assert!(daemon.stop().await.success());
 }
+
+#[tokio::test]
+async fn the_front_is_on_by_default_and_a_taken_default_port_is_skipped() {
+    // No --front-listen: the front is on, on loopback (here on a port of its own, as the
+    // API's --listen has port 0).
+    let daemon = TestDaemon::start().await;
+    let front = daemon.front_address().await;
+    assert!(front.ip().is_loopback(), "{front}");
+    let (client, _task) = connect(&front_config(front, "default", ""))
+        .await
+        .expect("a clone through the default front");
+    assert_ne!(current_database(&client).await, "default");
+    drop(client);
+    assert!(daemon.stop().await.success());
+
+    // The default port, the API's + 1, taken: the daemon serves without its front.
+    let (taken, api_port) = loop {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = taken.local_addr().expect("addr").port();
+        if port > 1024 && std::net::TcpListener::bind(("127.0.0.1", port - 1)).is_ok() {
+            break (taken, port - 1);
+        }
+    };
+    let daemon = TestDaemon::builder()
+        .args(["--listen", &format!("127.0.0.1:{api_port}")])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("default").await;
+    assert!(lease["url"].is_string(), "the API serves: {lease}");
+    let log = daemon.log();
+    assert!(
+        log.contains("default address is not free") && log.contains("--front-listen off"),
+        "{log}"
+    );
+    assert!(daemon.status().await.get("front").is_none());
+    assert!(daemon.stop().await.success());
+    drop(taken);
+
+    // A chosen address that is taken stops the start, saying which.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let (status, log) = TestDaemon::builder()
+        .args(["--front-listen", &format!("127.0.0.1:{port}")])
+        .run_to_exit();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("cannot listen for the PostgreSQL front"),
+        "{log}"
+    );
+}

@@ -231,7 +231,10 @@ async fn a_key_released_over_http_ends_its_connections_and_the_next_gets_a_new_d
 
 #[tokio::test]
 async fn without_the_front_the_key_route_says_it_is_off_and_status_has_no_front() {
-    let daemon = TestDaemon::start().await;
+    let daemon = TestDaemon::builder()
+        .args(["--front-listen", "off"])
+        .start()
+        .await;
     let (code, body) = daemon
         .send(
             daemon
@@ -243,7 +246,7 @@ async fn without_the_front_the_key_route_says_it_is_off_and_status_has_no_front(
     assert!(
         body["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("--front-listen")),
+            .is_some_and(|m| m.contains("--front-listen off")),
         "{body}"
     );
     assert!(daemon.status().await.get("front").is_none());

@@ -26,7 +26,7 @@ pub async fn release_key(
     Path(name): Path<String>,
 ) -> Result<Json<KeyReleasedResponse>, ApiError> {
     let front: &FrontHandle = state.front.as_ref().ok_or_else(|| {
-        ApiError::key_not_found("the PostgreSQL front is off (pglease serve --front-listen ADDR)")
+        ApiError::key_not_found("the PostgreSQL front is off (--front-listen off, or its default port was taken at start)")
     })?;
     match front.release_key(&name).await {
         Ok(lease_id) => Ok(Json(KeyReleasedResponse {
