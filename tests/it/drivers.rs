@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use crate::support::{tool_available, TestDaemon, REQUIRE_TOOLS};
 
-fn drivers_dir() -> PathBuf {
+/// The check scripts' directory, tests/drivers (`front_drivers.rs` runs them too).
+pub(crate) fn drivers_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers")
 }
 
@@ -32,7 +33,7 @@ fn run_check(mut command: Command, lease: &Value) -> (bool, String) {
 
 /// pgjdbc's jar: `PGLEASE_PGJDBC_JAR`, else the newest in the local Maven repository
 /// (`mvn dependency:get -Dartifact=org.postgresql:postgresql:<version>` puts it there).
-fn pgjdbc_jar() -> Option<PathBuf> {
+pub(crate) fn pgjdbc_jar() -> Option<PathBuf> {
     if let Some(jar) = std::env::var_os("PGLEASE_PGJDBC_JAR") {
         return Some(PathBuf::from(jar));
     }

@@ -19,6 +19,7 @@ mod external;
 mod faults;
 mod freshness;
 mod front;
+mod front_drivers;
 mod front_keys;
 mod full_tmpfs;
 mod fuzz;
