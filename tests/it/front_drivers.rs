@@ -1,8 +1,12 @@
-//! The driver matrix through the PostgreSQL front (issue 30). Every driver of `drivers.rs`
-//! connects to `postgresql://tester@<front>/default` on its default options — the same check
-//! scripts in tests/drivers, in their front mode (`PGLEASE_FRONT_URL`), and Go's pgx and
-//! lib/pq from tests/drivers/go — and every lease it took is released when its connections
-//! close.
+//! The driver matrix and the budgets through the PostgreSQL front (issue 30). Every driver of
+//! `drivers.rs` connects to `postgresql://tester@<front>/default` on its default options —
+//! the same check scripts in tests/drivers, in their front mode (`PGLEASE_FRONT_URL`), and
+//! Go's pgx and lib/pq from tests/drivers/go — and every lease it took is released when its
+//! connections close. The budgets hold at the front as over HTTP: a connection beyond
+//! `--max-total` waits `POST /lease`'s default wait and then gets `53300` naming the limit, a
+//! connection beyond `--max-waiting` or the byte budget (`--max-bytes`) gets it at once, and
+//! leases over HTTP and connections at the front count against the same limits and make
+//! room for each other.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -10,11 +14,13 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::process::Command;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
 
 use crate::drivers::{drivers_dir, pgjdbc_jar};
-use crate::support::{tool_available, TestDaemon, REQUIRE_TOOLS};
+use crate::support::{id_of, poll_until, tool_available, TestDaemon, REQUIRE_TOOLS};
 
 /// The variable that puts a check script in its front mode.
 const FRONT_URL: &str = "PGLEASE_FRONT_URL";
@@ -23,10 +29,11 @@ const CLIENT_USER: &str = "tester";
 /// How long one driver's check may take (Go's first `go run` compiles pgx).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// A daemon with the front on a port of its own.
-async fn daemon_with_front() -> (TestDaemon, SocketAddr) {
+/// A daemon with the front on a port of its own, started with `args` too.
+async fn daemon_with_front(args: &[&str]) -> (TestDaemon, SocketAddr) {
     let daemon = TestDaemon::builder()
         .args(["--front-listen", "127.0.0.1:0"])
+        .args(args.iter().copied())
         .start()
         .await;
     let front = daemon.front_address().await;
@@ -182,7 +189,7 @@ fn leased_at_the_front(log: &str, database: &str) -> bool {
 
 #[tokio::test]
 async fn every_driver_connects_through_the_front_on_default_options() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let mut failures = Vec::new();
     let mut report = String::new();
     let mut seen = HashSet::new();
@@ -220,5 +227,211 @@ async fn every_driver_connects_through_the_front_on_default_options() {
         daemon.log()
     );
     eprintln!("{report}");
+    assert!(daemon.stop().await.success());
+}
+
+/// Connects to `template` through the front; the connection runs in a task of its own, and
+/// closes when the client is dropped.
+async fn connect_to(front: SocketAddr, template: &str) -> Result<Client, tokio_postgres::Error> {
+    let config = format!(
+        "host={} port={} user={CLIENT_USER} dbname={template}",
+        front.ip(),
+        front.port()
+    );
+    let (client, connection) = tokio_postgres::connect(&config, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Connects to `default` through the front.
+async fn connect(front: SocketAddr) -> Result<Client, tokio_postgres::Error> {
+    connect_to(front, "default").await
+}
+
+/// Connects from a task, for connections that are meant to wait.
+fn connect_in_background(
+    front: SocketAddr,
+) -> tokio::task::JoinHandle<Result<Client, tokio_postgres::Error>> {
+    tokio::spawn(connect(front))
+}
+
+async fn current_database(client: &Client) -> String {
+    client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("query")
+        .get(0)
+}
+
+/// A refused connection's SQLSTATE and message.
+fn refusal(error: &tokio_postgres::Error) -> (Option<&SqlState>, String) {
+    let message = error
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_else(|| error.to_string());
+    (error.code(), message)
+}
+
+#[tokio::test]
+async fn a_connection_beyond_max_total_waits_the_default_wait_then_gets_53300() {
+    let (daemon, front) = daemon_with_front(&["--min-ready", "1", "--max-total", "1"]).await;
+    let holder = connect(front).await.expect("the first connection");
+    let started = Instant::now();
+    let waiting = connect_in_background(front);
+    daemon.wait_for_waiting("default", 1).await;
+    let error = waiting
+        .await
+        .expect("join")
+        .expect_err("no room beyond --max-total");
+    let waited = started.elapsed();
+    let (code, message) = refusal(&error);
+    assert_eq!(code, Some(&SqlState::TOO_MANY_CONNECTIONS), "{error}");
+    assert!(
+        message.contains("max_total") && message.contains("--max-total"),
+        "the message names the limit: {message}"
+    );
+    // POST /lease's default wait_ms, 60 s: the front waits as an HTTP request would.
+    assert!(
+        waited >= Duration::from_secs(59) && waited < Duration::from_secs(90),
+        "refused after {waited:?}"
+    );
+    // The refused connection took nothing; the holder's lease is the only one.
+    assert_eq!(open_leases(&daemon).await.len(), 1);
+    assert_ne!(current_database(&holder).await, "default");
+    drop(holder);
+    assert_eq!(leases_left(&daemon).await, None);
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn leases_over_http_and_connections_at_the_front_share_the_budgets() {
+    let (daemon, front) =
+        daemon_with_front(&["--min-ready", "1", "--max-total", "2", "--max-waiting", "1"]).await;
+    // One lease over HTTP and one connection at the front fill --max-total 2.
+    let over_http = daemon.lease_ok("default").await;
+    let first = connect(front)
+        .await
+        .expect("a connection within the budget");
+
+    // The front's connection counts against HTTP's requests...
+    let (status, body) = daemon
+        .lease(json!({ "template": "default", "wait_ms": 300 }))
+        .await;
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_total")),
+        "{body}"
+    );
+
+    // ...and the HTTP lease against the front's connections: the next one waits...
+    let second = connect_in_background(front);
+    daemon.wait_for_waiting("default", 1).await;
+    assert!(!second.is_finished());
+    // ...and one more is refused at once: --max-waiting is full, for both.
+    let started = Instant::now();
+    let error = connect(front).await.expect_err("no room to wait");
+    let (code, message) = refusal(&error);
+    assert_eq!(code, Some(&SqlState::TOO_MANY_CONNECTIONS), "{error}");
+    assert!(message.contains("already waiting"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (status, body) = daemon.lease(json!({ "template": "default" })).await;
+    assert_eq!(status, 429, "{body}");
+
+    // An HTTP release lets the waiting connection in.
+    let (status, _) = daemon.release(&id_of(&over_http), false).await;
+    assert_eq!(status, 204);
+    let second = second.await.expect("join").expect("in after the release");
+    let first_db = current_database(&first).await;
+    let second_db = current_database(&second).await;
+    assert_ne!(first_db, second_db);
+
+    // A closed connection lets a waiting connection in...
+    let third = connect_in_background(front);
+    daemon.wait_for_waiting("default", 1).await;
+    drop(first);
+    let third = third
+        .await
+        .expect("join")
+        .expect("in after a connection closed");
+    assert_ne!(current_database(&third).await, "default");
+
+    // ...and a waiting HTTP request.
+    let waiter = daemon.lease_in_background(json!({ "template": "default", "wait_ms": 20000 }));
+    daemon.wait_for_waiting("default", 1).await;
+    drop(second);
+    let answer = waiter.await.expect("waiter");
+    assert_eq!(answer.status, 201, "{answer:?}");
+
+    let (status, _) = daemon.release(&id_of(&answer.body), false).await;
+    assert_eq!(status, 204);
+    drop(third);
+    poll_until(Duration::from_secs(10), "every lease released", || async {
+        open_leases(&daemon).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn the_byte_budget_refuses_a_connection_at_the_front_with_53300() {
+    // As in budget.rs: an empty database is ~7.5 MB, 40 MB hold five.
+    let (daemon, front) = daemon_with_front(&[
+        "--max-bytes",
+        "40M",
+        "--min-ready",
+        "3",
+        "--max-total",
+        "20",
+        "--template",
+        "other=empty",
+    ])
+    .await;
+    poll_until(Duration::from_secs(10), "default's warm clones", || async {
+        (daemon.template_status("default").await["ready"] == 3).then_some(())
+    })
+    .await;
+    // Connections until nothing more fits: refused, not kept waiting.
+    let mut held = Vec::new();
+    let error = loop {
+        let started = Instant::now();
+        match connect_to(front, "other").await {
+            Ok(client) => held.push(client),
+            Err(error) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "refused only after {:?}",
+                    started.elapsed()
+                );
+                break error;
+            }
+        }
+        assert!(held.len() < 10, "the budget never filled");
+    };
+    assert!(!held.is_empty(), "no connection fitted: {error}");
+    let (code, message) = refusal(&error);
+    assert_eq!(code, Some(&SqlState::TOO_MANY_CONNECTIONS), "{error}");
+    assert!(message.contains("budget"), "{message}");
+    assert_eq!(open_leases(&daemon).await.len(), held.len());
+    // The same budget over HTTP.
+    let (status, body) = daemon
+        .lease(json!({ "template": "other", "wait_ms": 2000 }))
+        .await;
+    assert_eq!(status, 507, "{body}");
+
+    // A closed connection makes room for the next.
+    held.pop();
+    let next = poll_until(
+        Duration::from_secs(10),
+        "room for another connection",
+        || async { connect_to(front, "other").await.ok() },
+    )
+    .await;
+    assert_ne!(current_database(&next).await, "other");
+    drop((held, next));
+    assert_eq!(leases_left(&daemon).await, None);
     assert!(daemon.stop().await.success());
 }
