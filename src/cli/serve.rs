@@ -365,8 +365,8 @@ pub struct ServeArgs {
         value_name = "ADDR|off"
     )]
     pub front_listen: Option<FrontAddress>,
-    /// How long the lease of database NAME@KEY outlives the last connection to it: every
-    /// connection to the same NAME@KEY shares one lease while any of them is open, so a
+    /// How long the lease of database NAME.KEY outlives the last connection to it: every
+    /// connection to the same NAME.KEY shares one lease while any of them is open, so a
     /// test's connection pool sees one database [default: 2000].
     #[arg(help_heading = "PostgreSQL front", long, value_name = "MS")]
     pub front_key_grace_ms: Option<u64>,

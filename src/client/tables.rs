@@ -441,10 +441,10 @@ mod tests {
         let front = json!({
             "accepted": 7,
             "connections": [
-                {"peer": "127.0.0.1:50000", "stage": "relaying", "since": "2026-11-26T22:00:00Z", "template": "app", "key": "app@t1", "database": "pglease_app_3"},
+                {"peer": "127.0.0.1:50000", "stage": "relaying", "since": "2026-11-26T22:00:00Z", "template": "app", "key": "app.t1", "database": "pglease_app_3"},
                 {"peer": "127.0.0.1:50001", "stage": "leasing", "since": "2026-11-26T22:00:01Z", "template": "app"},
             ],
-            "keys": [{"name": "app@t1", "database": "pglease_app_3", "connections": 1}],
+            "keys": [{"name": "app.t1", "database": "pglease_app_3", "connections": 1}],
         });
         let out = super::status(&status_of(json!({ "front": front })));
         assert!(
@@ -455,7 +455,7 @@ mod tests {
             out.lines().any(|l| l.contains("127.0.0.1:50000")
                 && l.contains("relaying")
                 && l.contains("pglease_app_3")
-                && l.contains("app@t1")),
+                && l.contains("app.t1")),
             "{out}"
         );
         assert!(
@@ -465,7 +465,7 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains("Keys (1)") && out.lines().any(|l| l.trim_start().starts_with("app@t1")),
+            out.contains("Keys (1)") && out.lines().any(|l| l.trim_start().starts_with("app.t1")),
             "{out}"
         );
         let out = super::status(&status_of(json!({})));

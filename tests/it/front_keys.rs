@@ -1,5 +1,5 @@
 //! Sharing a lease by key at the PostgreSQL front (issue 30): every connection to database
-//! `<template>@<key>` gets the same lease while any of them is open; it is released a grace
+//! `<template>.<key>` gets the same lease while any of them is open; it is released a grace
 //! after the last closes, or at once by `DELETE /front/keys/{name}`. `/status` and
 //! `/metrics` show the front's connections and keys. Real daemon, real postgres.
 
@@ -76,7 +76,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
     let (daemon, front) = daemon_with_front(None).await;
     // Five at once, as a pool opens them: they wait for the first one's lease.
     let connecting: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(connect(front, "default@test_one", "")))
+        .map(|_| tokio::spawn(connect(front, "default.test_one", "")))
         .collect();
     let mut pool: Vec<Client> = Vec::new();
     for connected in connecting {
@@ -110,7 +110,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
         .get(0);
     assert_eq!(seen, 7);
     // Another key, and no key, are other databases.
-    let other = connect(front, "default@test_two", "")
+    let other = connect(front, "default.test_two", "")
         .await
         .expect("connect");
     assert_ne!(current_database(&other).await, databases[0]);
@@ -127,14 +127,14 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
         .as_array()
         .expect("connections")
         .iter()
-        .filter(|c| c["stage"] == "relaying" && c["key"] == "default@test_one")
+        .filter(|c| c["stage"] == "relaying" && c["key"] == "default.test_one")
         .count();
     assert_eq!(relaying, 5, "{status}");
     let key = status["keys"]
         .as_array()
         .expect("keys")
         .iter()
-        .find(|k| k["name"] == "default@test_one")
+        .find(|k| k["name"] == "default.test_one")
         .cloned()
         .unwrap_or_else(|| panic!("the key in {status}"));
     assert_eq!(key["connections"], 5, "{key}");
@@ -149,7 +149,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
 
     // A connection that closes and comes back within the grace finds its database.
     drop(pool);
-    let back = connect(front, "default@test_one", "")
+    let back = connect(front, "default.test_one", "")
         .await
         .expect("reconnect");
     assert_eq!(
@@ -180,7 +180,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
 async fn a_key_released_over_http_ends_its_connections_and_the_next_gets_a_new_database() {
     // With a token, so that /status shows lease ids (and the token is the front's password).
     let (daemon, front) = daemon_with_front(Some(TOKEN)).await;
-    let first = connect(front, "default@k", TOKEN).await.expect("connect");
+    let first = connect(front, "default.k", TOKEN).await.expect("connect");
     let first_db = current_database(&first).await;
 
     let delete = |name: &str| {
@@ -188,9 +188,9 @@ async fn a_key_released_over_http_ends_its_connections_and_the_next_gets_a_new_d
             .http
             .delete(format!("{}/front/keys/{name}", daemon.base))
     };
-    let (code, body) = daemon.send(delete("default@k")).await;
+    let (code, body) = daemon.send(delete("default.k")).await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(body["key"], "default@k", "{body}");
+    assert_eq!(body["key"], "default.k", "{body}");
     assert!(body["lease_id"].is_string(), "{body}");
     // Its connection was ended with the lease.
     poll_until(
@@ -199,7 +199,7 @@ async fn a_key_released_over_http_ends_its_connections_and_the_next_gets_a_new_d
         || async { first.simple_query("SELECT 1").await.is_err().then_some(()) },
     )
     .await;
-    let next = connect(front, "default@k", TOKEN)
+    let next = connect(front, "default.k", TOKEN)
         .await
         .expect("connect again");
     let next_db = current_database(&next).await;
@@ -214,13 +214,13 @@ async fn a_key_released_over_http_ends_its_connections_and_the_next_gets_a_new_d
         .to_owned();
     let (code, body) = daemon.release(&id, false).await;
     assert_eq!(code, 204, "{body}");
-    let after = connect(front, "default@k", TOKEN)
+    let after = connect(front, "default.k", TOKEN)
         .await
         .expect("connect after");
     let after_db = current_database(&after).await;
     assert_ne!(after_db, next_db, "not the released database");
 
-    let (code, body) = daemon.send(delete("default@nobody")).await;
+    let (code, body) = daemon.send(delete("default.nobody")).await;
     assert_eq!(code, 404, "{body}");
     assert_eq!(body["error"]["code"], "key_not_found", "{body}");
     let (code, body) = daemon.send(delete("default")).await;
@@ -239,7 +239,7 @@ async fn without_the_front_the_key_route_says_it_is_off_and_status_has_no_front(
         .send(
             daemon
                 .http
-                .delete(format!("{}/front/keys/default@k", daemon.base)),
+                .delete(format!("{}/front/keys/default.k", daemon.base)),
         )
         .await;
     assert_eq!(code, 404, "{body}");
@@ -250,5 +250,70 @@ async fn without_the_front_the_key_route_says_it_is_off_and_status_has_no_front(
         "{body}"
     );
     assert!(daemon.status().await.get("front").is_none());
+    assert!(daemon.stop().await.success());
+}
+
+/// A real driver's connection pool, as a suite would use it: five connections checked out
+/// at once from SQLAlchemy's pool and from node-postgres' `Pool`, with a key in the URL, see
+/// one database; without a key, five.
+#[tokio::test]
+async fn a_drivers_own_pool_with_a_key_in_its_url_sees_one_database() {
+    let (daemon, front) = daemon_with_front(None).await;
+    let python = r#"
+import sys, sqlalchemy
+engine = sqlalchemy.create_engine(sys.argv[1], pool_size=5, max_overflow=0)
+conns = [engine.connect() for _ in range(5)]
+print(len({c.execute(sqlalchemy.text("SELECT current_database()")).scalar() for c in conns}))
+"#;
+    let node = r#"
+const pg = require(process.argv[2] + '/pg')
+const pool = new pg.Pool({ connectionString: process.argv[1], max: 5 })
+Promise.all([0, 1, 2, 3, 4].map(() => pool.connect())).then(async (clients) => {
+  const names = new Set()
+  for (const c of clients) names.add((await c.query('SELECT current_database() AS d')).rows[0].d)
+  console.log(names.size)
+  clients.forEach((c) => c.release())
+  await pool.end()
+})
+"#;
+    let modules = crate::drivers::drivers_dir().join("node/node_modules");
+    let mut runs: Vec<(&str, Vec<String>)> = Vec::new();
+    if crate::support::tool_available(
+        "python3",
+        "key pools (SQLAlchemy)",
+        "pip install sqlalchemy psycopg",
+    ) {
+        runs.push(("python3", vec!["-c".into(), python.into()]));
+    }
+    if modules.join("pg").is_dir()
+        && crate::support::tool_available(
+            "node",
+            "key pools (node-postgres)",
+            "apt-get install nodejs npm",
+        )
+    {
+        runs.push(("node", vec!["-e".into(), node.into()]));
+    }
+    for (program, args) in runs {
+        for (database, expected) in [("default.pooled", "1"), ("default", "5")] {
+            let url = format!("postgresql://tester@{front}/{database}");
+            let output = std::process::Command::new(program)
+                .args(&args)
+                .arg(&url)
+                .arg(&modules)
+                .output()
+                .expect("run the pool");
+            let out = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success() && out.trim() == expected,
+                "{program} with {url}: {out} {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    poll_until(Duration::from_secs(10), "every lease released", || async {
+        (open_leases(&daemon).await == 0).then_some(())
+    })
+    .await;
     assert!(daemon.stop().await.success());
 }

@@ -13,7 +13,7 @@
 //! - `PUT    /templates/{name}`   — register a template, or give it a new source (`routes::templates::register`)
 //! - `POST   /templates/{name}/rebuild` — build a new version now (`routes::templates::rebuild`)
 //! - `GET    /status`             — postgres, templates, open leases, the PostgreSQL front (`routes::status::status`)
-//! - `DELETE /front/keys/{name}`  — release the lease shared under `<template>@<key>` at the PostgreSQL front (`routes::front::release_key`)
+//! - `DELETE /front/keys/{name}`  — release the lease shared under `<template>.<key>` at the PostgreSQL front (`routes::front::release_key`)
 //! - `GET    /healthz`            — the daemon is alive (`routes::status::healthz`)
 //! - `GET    /readyz`             — postgres up and the default template built (`routes::status::readyz`)
 //! - `GET    /openapi.json`       — this API as an OpenAPI document (`openapi::document`)

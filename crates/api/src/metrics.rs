@@ -297,7 +297,7 @@ fn register_front(registry: &mut Registry, front: &FrontReport) {
     keys.set(gauge_value(front.keys.len() as u64));
     registry.register(
         "front_keys",
-        "Leases shared by key at the PostgreSQL front (database <template>@<key>)",
+        "Leases shared by key at the PostgreSQL front (database <template>.<key>)",
         keys,
     );
 }

@@ -222,7 +222,7 @@ pub struct FrontJson {
     pub accepted: u64,
     /// Its open connections, oldest first.
     pub connections: Vec<FrontConnectionJson>,
-    /// The leases shared by key (database `<template>@<key>`).
+    /// The leases shared by key (database `<template>.<key>`).
     pub keys: Vec<FrontKeyJson>,
 }
 
@@ -238,7 +238,7 @@ pub struct FrontConnectionJson {
     /// The template it asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// The key it shares a lease by, `<template>@<key>`.
+    /// The key it shares a lease by, `<template>.<key>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// Its lease's id (only where a token guards the API, as in `leases`).
@@ -252,7 +252,7 @@ pub struct FrontConnectionJson {
 /// A lease shared by key at the PostgreSQL front, in `/status`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FrontKeyJson {
-    /// `<template>@<key>`.
+    /// `<template>.<key>`.
     pub name: String,
     /// Its lease's id (only where a token guards the API); absent while it is being made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,7 +270,7 @@ pub struct FrontKeyJson {
 /// The answer to `DELETE /front/keys/{name}`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct KeyReleasedResponse {
-    /// The key, `<template>@<key>`.
+    /// The key, `<template>.<key>`.
     pub key: String,
     /// The lease that was released (only where a token guards the API).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -46,7 +46,7 @@ pub struct ConnectionReport {
     pub since: SystemTime,
     /// The template it asked for, once its start-up named one.
     pub template: Option<TemplateName>,
-    /// The key it shares a lease by (`<template>@<key>`), if it gave one.
+    /// The key it shares a lease by (`<template>.<key>`), if it gave one.
     pub key: Option<String>,
     /// Its lease, once it has one.
     pub lease_id: Option<LeaseId>,

@@ -1,8 +1,8 @@
-//! Sharing a lease by key: every connection to database `<template>@<key>` gets the same
+//! Sharing a lease by key: every connection to database `<template>.<key>` gets the same
 //! lease while any of them is open, for suites whose connection pool opens several
 //! connections per test. The lease is released a grace after the last of them closes
 //! (a pool that closes and reopens a connection keeps its database), or at once by
-//! `DELETE /front/keys/<template>@<key>` ([`crate::FrontHandle::release_key`]).
+//! `DELETE /front/keys/<template>.<key>` ([`crate::FrontHandle::release_key`]).
 //!
 //! The table is the one owner of which keys exist and how many connections each has; a
 //! key's lease sits behind an async lock of its own, so that the connections that arrive
@@ -17,14 +17,15 @@ use pglease_pool::{DbName, Lease, LeaseId, Servers, TemplateName};
 
 use crate::error::SessionError;
 
-/// The character between the template and the key in a database name. `@` is allowed in
-/// a URL's path (RFC 3986's pchar), so `postgresql://host/app@k` and `jdbc:postgresql://…/app@k`
-/// name database `app@k` in every driver, and template names cannot contain it.
-pub const SEPARATOR: char = '@';
+/// The character between the template and the key in a database name. Template names
+/// cannot contain it, and every URL parser takes it as part of the path: `.` is unreserved
+/// in RFC 3986. Not `@`, which looks natural but SQLAlchemy's URL parser reads
+/// `postgresql://u@host:5481/app@k` as user `u@host`, password `5481/app`, host `k`.
+pub const SEPARATOR: char = '.';
 /// Longest key, in characters.
 const MAX_KEY_CHARS: usize = 128;
 
-/// A key: the template and the caller's key, written `<template>@<key>`.
+/// A key: the template and the caller's key, written `<template>.<key>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyName {
     /// The template the shared lease is a clone of.
@@ -33,13 +34,17 @@ pub struct KeyName {
 }
 
 impl KeyName {
-    /// Splits a database name: `app` is the template alone (`Ok(None)`), `app@k` is a key.
+    /// Splits a database name: `app` is the template alone (`Ok(None)`), `app.k` is a key.
     pub fn parse(database: &str) -> Result<(TemplateName, Option<KeyName>), String> {
         let (template, key) = match database.split_once(SEPARATOR) {
             Some((template, key)) => (template, Some(key)),
             None => (database, None),
         };
-        let template = TemplateName::new(template).map_err(|e| e.to_string())?;
+        let template =
+            TemplateName::new(template).map_err(|error| match database.contains('@') {
+                true => format!("{error}; a key is written <template>{SEPARATOR}<key>"),
+                false => error.to_string(),
+            })?;
         let Some(key) = key else {
             return Ok((template, None));
         };
@@ -68,7 +73,7 @@ impl fmt::Display for KeyName {
 /// One key's shared lease, in `/status`.
 #[derive(Debug, Clone)]
 pub struct KeyReport {
-    /// `<template>@<key>`.
+    /// `<template>.<key>`.
     pub name: String,
     /// Its lease, unless it is being made.
     pub lease_id: Option<LeaseId>,
@@ -83,7 +88,7 @@ pub struct KeyReport {
 /// Why a key could not be released.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    /// The name is not `<template>@<key>`.
+    /// The name is not `<template>.<key>`.
     #[error("\"{name}\" is not <template>{SEPARATOR}<key>: {reason}")]
     Invalid {
         /// What was given.
@@ -308,18 +313,20 @@ mod tests {
     fn a_database_name_is_a_template_or_a_template_and_a_key() {
         let (template, key) = KeyName::parse("app").expect("a template");
         assert_eq!((template.as_str(), key), ("app", None));
-        let (template, key) = KeyName::parse("app@test_42").expect("a key");
+        let (template, key) = KeyName::parse("app.test_42").expect("a key");
         let key = key.expect("a key");
         assert_eq!(template.as_str(), "app");
-        assert_eq!(key.to_string(), "app@test_42");
-        // Only the first @ splits: the key may hold more.
-        let (_, key) = KeyName::parse("app@a@b").expect("a key");
-        assert_eq!(key.expect("a key").to_string(), "app@a@b");
+        assert_eq!(key.to_string(), "app.test_42");
+        // Only the first . splits: the key may hold more.
+        let (_, key) = KeyName::parse("app.a.b").expect("a key");
+        assert_eq!(key.expect("a key").to_string(), "app.a.b");
+        let error = KeyName::parse("app@k").expect_err("not a template");
+        assert!(error.contains("<template>.<key>"), "{error}");
         for bad in [
-            "app@",
-            "@k",
-            "app@\u{1}",
-            &format!("app@{}", "k".repeat(129)),
+            "app.",
+            ".k",
+            "app.\u{1}",
+            &format!("app.{}", "k".repeat(129)),
         ] {
             assert!(KeyName::parse(bad).is_err(), "{bad:?}");
         }

@@ -3,7 +3,7 @@
 //! leases it from the pools ([`Servers`]) as `POST /lease` would, logs in to postgres as the
 //! lease, and from then on relays bytes both ways without reading them. When either side
 //! closes, the lease is released as an HTTP release without `reuse` is. Connections to
-//! `<template>@<key>` share one lease while any of them is open (`keys.rs`).
+//! `<template>.<key>` share one lease while any of them is open (`keys.rs`).
 //!
 //! It speaks the protocol and runs no SQL of its own. Files, one concern each:
 //! - `listener.rs` — the accept loop ([`serve`]), one task per connection
@@ -123,7 +123,7 @@ impl FrontHandle {
         }
     }
 
-    /// Releases the lease shared under `name` (`<template>@<key>`) now; the connections
+    /// Releases the lease shared under `name` (`<template>.<key>`) now; the connections
     /// that use it are ended with it, and the next connection to the key gets a new one.
     pub async fn release_key(&self, name: &str) -> Result<LeaseId, KeyError> {
         self.front.keys.release(name).await

@@ -11,15 +11,15 @@ use crate::wire::{ErrorBody, FrontConnectionJson, FrontJson, FrontKeyJson, KeyRe
 use crate::AppState;
 
 /// `DELETE /front/keys/{name}`: releases the lease every connection to database
-/// `<template>@<key>` shares, now rather than a grace after its last connection closes. Its
+/// `<template>.<key>` shares, now rather than a grace after its last connection closes. Its
 /// connections end with it; the next connection to the key gets a new database.
 #[utoipa::path(delete, path = "/front/keys/{name}",
-    params(("name" = String, Path, description = "The key: `<template>@<key>`, as the database name the connections gave")),
+    params(("name" = String, Path, description = "The key: `<template>.<key>`, as the database name the connections gave")),
     responses(
         (status = 200, description = "Released", body = KeyReleasedResponse),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No lease is shared under this key, or the front is off", body = ErrorBody),
-        (status = 422, description = "Not `<template>@<key>`", body = ErrorBody),
+        (status = 422, description = "Not `<template>.<key>`", body = ErrorBody),
     ))]
 pub async fn release_key(
     State(state): State<AppState>,
