@@ -7,6 +7,7 @@ mod client;
 mod docs;
 mod listen;
 mod logging;
+mod open_files;
 mod postgres;
 mod signal;
 mod snapshot;
@@ -84,6 +85,7 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    open_files::raise();
     // Both ports before postgres starts, so a taken port fails fast.
     let Ok(listeners) = listen::bind(&config).await else {
         return Ok(ExitCode::FAILURE);

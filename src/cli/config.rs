@@ -85,6 +85,11 @@ impl ServeArgs {
                 .front_key_grace_ms
                 .or(file.front_key_grace_ms)
                 .map_or(pglease_front::DEFAULT_KEY_GRACE, Duration::from_millis),
+            max_connections: match self.front_max_connections.or(file.front_max_connections) {
+                Some(0) => return Err("--front-max-connections must be at least 1".into()),
+                Some(max) => max,
+                None => pglease_front::DEFAULT_MAX_CONNECTIONS,
+            },
         };
         Ok(ServeConfig {
             config_from,

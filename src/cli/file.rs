@@ -72,6 +72,7 @@ pub(super) struct ConfigFile {
     pub(super) listen: Option<SocketAddr>,
     pub(super) front_listen: Option<super::serve::FrontAddress>,
     pub(super) front_key_grace_ms: Option<u64>,
+    pub(super) front_max_connections: Option<usize>,
     pub(super) min_ready: Option<usize>,
     pub(super) max_total: Option<usize>,
     pub(super) clone_concurrency: Option<usize>,

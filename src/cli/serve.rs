@@ -370,6 +370,10 @@ pub struct ServeArgs {
     /// test's connection pool sees one database [default: 2000].
     #[arg(help_heading = "PostgreSQL front", long, value_name = "MS")]
     pub front_key_grace_ms: Option<u64>,
+    /// The most connections the PostgreSQL front holds at once, in any stage (each relayed
+    /// one takes two file descriptors); more are refused with SQLSTATE 53300 [default: 2048].
+    #[arg(help_heading = "PostgreSQL front", long, value_name = "N")]
+    pub front_max_connections: Option<usize>,
 }
 
 /// `--front-listen` and `front_listen`: an address, or `off`.

@@ -468,3 +468,53 @@ async fn the_front_is_on_by_default_and_a_taken_default_port_is_skipped() {
         "{log}"
     );
 }
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_refused_and_the_front_keeps_serving() {
+    let daemon = TestDaemon::builder()
+        .args([
+            "--front-listen",
+            "127.0.0.1:0",
+            "--front-max-connections",
+            "2",
+        ])
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    // Two connections that say nothing hold the two places (until the start-up timeout).
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(
+            tokio::net::TcpStream::connect(front)
+                .await
+                .expect("connect"),
+        );
+    }
+    poll_until(
+        Duration::from_secs(10),
+        "two connections at the front",
+        || async {
+            let open = daemon.status().await["front"]["connections"]
+                .as_array()
+                .map_or(0, Vec::len);
+            (open == 2).then_some(())
+        },
+    )
+    .await;
+    let answer = exchange(front, b"").await;
+    assert!(is_error(&answer, "53300"), "{answer:?}");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("--front-max-connections"), "{text}");
+    // A place freed is a place for the next, which gets its database.
+    drop(silent.pop());
+    let client = poll_until(
+        Duration::from_secs(10),
+        "a connection in the freed place",
+        || async { connect(&front_config(front, "default", "")).await.ok() },
+    )
+    .await;
+    assert_ne!(current_database(&client.0).await, "default");
+    assert!(daemon.log().contains("the PostgreSQL front is full"));
+    drop(client);
+    assert!(daemon.stop().await.success());
+}

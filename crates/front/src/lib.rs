@@ -50,7 +50,15 @@ pub struct FrontConfig {
     pub token: Option<Token>,
     /// How long a key's lease outlives its last connection.
     pub key_grace: Duration,
+    /// The most connections open at once, in any stage; more are refused with `53300`.
+    /// Each takes two file descriptors (the client's, postgres') while relayed.
+    pub max_connections: usize,
 }
+
+/// The most connections at the front at once unless configured: more than the daemon's
+/// postgres has for lease holders by default, few enough that their file descriptors fit
+/// any sane limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 2048;
 
 /// How long a key's lease outlives its last connection unless configured: long enough for
 /// a connection pool that closes a connection and opens another, short enough that the next
