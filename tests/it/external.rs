@@ -57,6 +57,30 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
         .expect("template applied");
     assert_eq!(row.get::<_, i64>(0), 1);
     drop(client);
+    // The PostgreSQL front (on by default) reaches an external server over TCP, logging in
+    // with the lease's password: there is no private socket of ours there.
+    let front = daemon.front_address().await;
+    let (through, connection) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user=u dbname=app",
+            front.ip(),
+            front.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect through the front");
+    let task = tokio::spawn(connection);
+    let row = through
+        .query_one(
+            "SELECT count(*), inet_server_addr() IS NOT NULL FROM t",
+            &[],
+        )
+        .await
+        .expect("a clone of app through the front");
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, bool>(1)), (1, true));
+    drop(through);
+    let _ = task.await;
     let status = daemon.status().await;
     assert_eq!(status["postgres"]["external"], true);
     assert_eq!(status["postgres"]["settings"]["fsync"], "on");

@@ -74,6 +74,14 @@ async fn connecting_to_a_template_name_leases_a_clone_and_closing_releases_it() 
     let (first, first_task) = connect(&config).await.expect("connect through the front");
     let first_db = current_database(&first).await;
     assert_ne!(first_db, "default", "a clone, not the template's name");
+    // Relayed over the server's private socket (no TCP stack, no SCRAM at login), as the
+    // lease's own role.
+    let row = first
+        .query_one("SELECT inet_server_addr() IS NULL, current_user", &[])
+        .await
+        .expect("query");
+    assert!(row.get::<_, bool>(0), "a unix socket connection");
+    assert_eq!(row.get::<_, String>(1), first_db, "the lease's role");
     first
         .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
         .await

@@ -119,6 +119,7 @@ fn lease(template_name: &str) -> Lease {
         },
         expires_at: expiry(),
         number: 3,
+        local_socket: None,
     }
 }
 

@@ -250,8 +250,14 @@ async fn connect_and_relay(
     lease: &Lease,
     startup: &Startup,
 ) -> Result<Relayed, SessionError> {
+    // The server's private socket where pglease runs it: no TCP stack on every round trip,
+    // and no SCRAM exchange at login (the socket is the daemon's alone, and trusted). An
+    // external server is reached as the lease's holder would reach it.
     let address = Address {
-        host: lease.connect.host.clone(),
+        host: match &lease.local_socket {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => lease.connect.host.clone(),
+        },
         port: lease.connect.port,
     };
     // The client's parameters go on, but for those the lease decides and the protocol

@@ -64,6 +64,9 @@ pub struct SessionParams {
     pub lease_host: String,
     /// Port lease holders connect to.
     pub lease_port: u16,
+    /// The server's private socket directory, for the daemon's own logins as a lease's
+    /// role; None for an external server.
+    pub local_socket: Option<std::path::PathBuf>,
     /// Connections the workers may hold at once.
     pub pool_size: usize,
     /// `CREATE DATABASE … STRATEGY`.
@@ -105,6 +108,8 @@ pub struct Session {
     pub lease_host: String,
     /// Port lease holders connect to.
     pub lease_port: u16,
+    /// The server's private socket directory, if pglease runs the server.
+    pub local_socket: Option<std::path::PathBuf>,
     /// Settings read back with the server's values.
     pub settings: Vec<(String, String)>,
     /// True for a server pglease did not start.

@@ -44,6 +44,11 @@ pub struct Lease {
     /// A small number counting this template's leases from 0 (the IntegreSQL API's test
     /// database id); never reused while the template exists.
     pub number: u32,
+    /// The server's private socket directory, where the daemon itself logs in as the lease's
+    /// role without its password (`pg_hba.conf`'s `local … trust`, on a socket only the
+    /// daemon can reach): what the PostgreSQL front connects to. None for an external server.
+    /// Never shown to a client.
+    pub local_socket: Option<std::path::PathBuf>,
 }
 
 /// How to reach a leased database.

@@ -30,6 +30,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Where lease holders connect.
     fn lease_host(&self) -> &str;
     fn lease_port(&self) -> u16;
+    /// The private socket directory the daemon's own logins as a lease's role use.
+    fn local_socket(&self) -> Option<&std::path::Path>;
     /// Whether lease holders may use TLS.
     fn ssl(&self) -> bool;
     /// Settings read back with the server's values.
@@ -134,6 +136,9 @@ impl Backend for Session {
     }
     fn lease_port(&self) -> u16 {
         self.lease_port
+    }
+    fn local_socket(&self) -> Option<&std::path::Path> {
+        self.local_socket.as_deref()
     }
     fn ssl(&self) -> bool {
         Session::ssl(self)

@@ -310,6 +310,9 @@ impl Backend for FakeBackend {
     fn lease_port(&self) -> u16 {
         5432
     }
+    fn local_socket(&self) -> Option<&std::path::Path> {
+        None
+    }
     fn ssl(&self) -> bool {
         false
     }

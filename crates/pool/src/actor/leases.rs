@@ -61,6 +61,7 @@ impl Actor {
             },
             expires_at: SystemTime::now() + grant.ttl,
             number: grant.number,
+            local_socket: session.local_socket().map(ToOwned::to_owned),
         };
         let (template, database) = (lease.template.clone(), lease.connect.database.clone());
         match reply.send(Ok(lease)) {

@@ -169,6 +169,7 @@ async fn a_lease_of_a_further_server_carries_its_stamp_and_goes_back_there_alone
                     connect: connect(),
                     expires_at: expiry(),
                     number: 0,
+                    local_socket: None,
                 };
                 let _ = reply.send(Ok(lease));
             }

@@ -132,6 +132,7 @@ impl Session {
             pg_major: (version_num / 10000) as u32,
             version,
             lease_host: params.lease_host,
+            local_socket: params.local_socket,
             lease_port: params.lease_port,
             // The IntegreSQL clients' role holds up to a lease's connections of its own.
             connection_budget: budget(&client, params.pool_size).await?.saturating_sub(

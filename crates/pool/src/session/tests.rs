@@ -45,6 +45,7 @@ impl Server {
             admin_config: self.running.admin_config(),
             lease_host: self.running.host.clone(),
             lease_port: self.running.port,
+            local_socket: Some(self.running.socket_dir.clone()),
             pool_size: 4,
             clone_strategy: CloneStrategy::FileCopy,
             external: false,
