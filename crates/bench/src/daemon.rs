@@ -1,6 +1,8 @@
 //! Starting and stopping `pglease serve` processes. A [`Launcher`] spawns the release
 //! binary with `--listen 127.0.0.1:0`, copies its stderr to a log file and reads the HTTP
-//! address from the `listening … addr=127.0.0.1:PORT` line. A [`Daemon`] is stopped with
+//! address from the `listening … addr=127.0.0.1:PORT` line (and, when it was started with
+//! `--front-listen`, the PostgreSQL front's from `PostgreSQL front listening … address=…`).
+//! A [`Daemon`] is stopped with
 //! SIGTERM (the daemon then stops postgres and removes its instance directory); if it is
 //! dropped without [`Daemon::stop`] (an error, an interrupted run), `Drop` does the same,
 //! blocking, so nothing the benchmark started outlives it.
@@ -30,6 +32,9 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_TIMEOUT: Duration = Duration::from_secs(40);
 /// How often a stopping daemon is checked for exit.
 const EXIT_POLL: Duration = Duration::from_millis(10);
+/// How long after the HTTP address the front's may still be logged (they are logged
+/// moments apart, in either order).
+const FRONT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Spawns daemons with the same binary, log directory and pid file.
 #[derive(Debug)]
@@ -110,8 +115,10 @@ impl Launcher {
             .take()
             .ok_or_else(|| BenchError::Daemon("no stderr pipe".into()))?;
         let (addr_tx, addr_rx) = tokio::sync::oneshot::channel::<SocketAddr>();
-        // Copies every line to the log file; hands over the address when it appears. Ends
-        // at EOF, i.e. when the daemon exits.
+        let (front_tx, front_rx) = tokio::sync::watch::channel(None);
+        // Copies every line to the log file; hands over the addresses when they appear.
+        // Ends at EOF, i.e. when the daemon exits (which drops `front_tx`: a daemon that
+        // never logged its front is then known not to have one).
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             let mut addr_tx = Some(addr_tx);
@@ -121,6 +128,11 @@ impl Launcher {
                         if let Some(tx) = addr_tx.take() {
                             let _ = tx.send(addr);
                         }
+                    }
+                }
+                if front_tx.borrow().is_none() {
+                    if let Some(addr) = front_addr(&line) {
+                        front_tx.send_replace(Some(addr));
                     }
                 }
                 let _ = log.write_all(line.as_bytes()).await;
@@ -133,6 +145,7 @@ impl Launcher {
             pid,
             label: label.to_string(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            front: front_rx,
             api: None,
             spawned_at,
             listening_after: Duration::ZERO,
@@ -194,6 +207,18 @@ pub fn listening_addr(line: &str) -> Option<SocketAddr> {
     token.trim_matches('"').parse().ok()
 }
 
+/// The PostgreSQL front's address in its `PostgreSQL front listening on …` log line: the
+/// token after `address=` (the line says `address=`, not `addr=`, so that
+/// [`listening_addr`] never takes it for the HTTP API's).
+pub fn front_addr(line: &str) -> Option<SocketAddr> {
+    if !line.contains("PostgreSQL front listening") {
+        return None;
+    }
+    let start = line.find("address=")? + "address=".len();
+    let token = line[start..].split_whitespace().next()?;
+    token.trim_matches('"').parse().ok()
+}
+
 /// The last `lines` lines of a log file, for error messages.
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -234,6 +259,8 @@ pub struct Daemon {
     pub label: String,
     /// Its HTTP address.
     pub addr: SocketAddr,
+    /// Its PostgreSQL front's address, once logged (`--front-listen`).
+    front: tokio::sync::watch::Receiver<Option<SocketAddr>>,
     api: Option<Api>,
     /// When the process was spawned.
     pub spawned_at: Instant,
@@ -256,6 +283,21 @@ impl Daemon {
         self.api
             .as_ref()
             .ok_or_else(|| BenchError::Daemon(format!("daemon {} is not listening", self.label)))
+    }
+
+    /// The address of its PostgreSQL front: an error when it was not started with
+    /// `--front-listen`, or did not log the front's address.
+    pub async fn front_addr(&self) -> Result<SocketAddr> {
+        let mut front = self.front.clone();
+        let logged = tokio::time::timeout(FRONT_TIMEOUT, front.wait_for(Option::is_some)).await;
+        match logged {
+            Ok(Ok(addr)) => (*addr).ok_or_else(|| BenchError::Daemon("no front address".into())),
+            _ => Err(BenchError::Daemon(format!(
+                "daemon {} logged no PostgreSQL front address (`PostgreSQL front listening`); log: {}",
+                self.label,
+                self.log_path.display()
+            ))),
+        }
     }
 
     /// Reads `/status` and works out where postgres is; records the instance directory
@@ -386,7 +428,7 @@ impl Drop for Daemon {
 
 #[cfg(test)]
 mod tests {
-    use super::listening_addr;
+    use super::{front_addr, listening_addr};
 
     #[test]
     fn reads_the_address_of_the_listening_line() {
@@ -399,5 +441,15 @@ mod tests {
         );
         assert_eq!(listening_addr("INFO pool started addr=127.0.0.1:1"), None);
         assert_eq!(listening_addr("listening without an address"), None);
+    }
+
+    #[test]
+    fn reads_the_front_address_and_never_takes_it_for_the_api() {
+        let line = "2026-11-26T20:00:00.000000Z  INFO pglease::listen: PostgreSQL front listening \
+                    on 127.0.0.1:41234; try: psql -h 127.0.0.1 -p 41234 default address=127.0.0.1:41234";
+        assert_eq!(front_addr(line).map(|a| a.port()), Some(41234), "{line}");
+        assert_eq!(listening_addr(line), None, "{line}");
+        let api = "INFO pglease: listening; lease with: curl … addr=127.0.0.1:35003";
+        assert_eq!(front_addr(api), None);
     }
 }
