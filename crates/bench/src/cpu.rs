@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::stats::round3;
 
 mod processes;
+pub(crate) use processes::postgres_pids;
 pub use processes::ByProcess;
 
 /// A reading of the machine's CPU counters, to measure from.

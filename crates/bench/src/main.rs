@@ -5,7 +5,7 @@
 //!
 //! It judges no figure: targets are printed beside the figures. The exit status is 0
 //! when every scenario ran, 1 when the harness failed somewhere (the report says where),
-//! and 2 when scenario 2 saw a database leased twice or missing. On SIGINT/SIGTERM it
+//! and 2 when scenario 2 or 14 saw a database leased twice or missing. On SIGINT/SIGTERM it
 //! stops every daemon it started before exiting.
 //!
 //! The scenarios, numbered as in the benchmark issue (`--only N,…`):
@@ -24,7 +24,9 @@
 //! 10. a template from a dump: pg_restore -j 1 vs -j N by hand, pglease's build, clones;
 //! 11. a cold CI runner: first lease after building the template vs from a snapshot;
 //! 12. half the tests read only: --reuse-unchanged off vs on.
-//! 13. copy-on-write storage on PostgreSQL 18: tmpfs vs --storage cow.
+//! 13. copy-on-write storage on PostgreSQL 18: tmpfs vs --storage cow;
+//! 14. the PostgreSQL front (`--front-listen`) against the HTTP way: round trips,
+//!     connect, the fixture's suite, idle connections.
 
 mod admin;
 mod api;
@@ -51,8 +53,8 @@ use crate::machine::MachineInfo;
 use crate::plan::Plan;
 use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
 use crate::scenarios::{
-    ceiling, connect, cow, dumps, integresql, latency, majors, reuse, scale, seeds, snapshots,
-    startup, throughput, Ctx, FIXTURE,
+    ceiling, connect, cow, dumps, front, integresql, latency, majors, reuse, scale, seeds,
+    snapshots, startup, throughput, Ctx, FIXTURE,
 };
 
 /// Benchmarks of pglease: lease latency, test throughput against the create+drop
@@ -82,7 +84,7 @@ struct Cli {
     /// Append every daemon pid and instance directory here (for a shell exit trap).
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
-    /// Run only these scenarios (comma-separated numbers: 1 to 13).
+    /// Run only these scenarios (comma-separated numbers: 1 to 14).
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     only: Vec<u8>,
     /// An argument for every `pglease serve` started (repeatable), e.g.
@@ -263,6 +265,11 @@ async fn run(cli: Cli) -> ExitCode {
     } else {
         not_run()
     };
+    let s14 = if wanted(14) {
+        outcome("14", front::run(&ctx).await)
+    } else {
+        not_run()
+    };
     let _ = std::fs::remove_dir_all(&ctx.scratch_dir);
 
     if machine.postgres_version.is_empty() {
@@ -271,7 +278,8 @@ async fn run(cli: Cli) -> ExitCode {
     let throughput_vs_ceiling = fractions(&s2, &s3);
     let isolation_ok = s2
         .done()
-        .is_none_or(|r| r.double_leases == 0 && r.missing_databases == 0);
+        .is_none_or(|r| r.double_leases == 0 && r.missing_databases == 0)
+        && s14.done().is_none_or(|r| r.isolation_failures() == 0);
     let harness_failed = [
         matches!(fixture, Outcome::Failed { .. }),
         matches!(s1, Outcome::Failed { .. }),
@@ -290,6 +298,9 @@ async fn run(cli: Cli) -> ExitCode {
         matches!(s12, Outcome::Failed { .. }),
         s12.done().is_some_and(|r| r.dirty_handouts > 0),
         matches!(s13, Outcome::Failed { .. }),
+        matches!(s14, Outcome::Failed { .. }),
+        // So is a part of 14 that did not run.
+        s14.done().is_some_and(|r| r.harness_failed()),
         // So is a major that did not run.
         s9.done()
             .is_some_and(|r| r.majors.iter().any(|m| m.outcome.is_err())),
@@ -317,6 +328,7 @@ async fn run(cli: Cli) -> ExitCode {
             snapshots: s11,
             reuse: s12,
             cow: s13,
+            front: s14,
         },
         isolation_ok,
         total_secs: stats::round3(started.elapsed().as_secs_f64()),

@@ -78,6 +78,21 @@ pub struct Plan {
     /// Scenario 13: how long each end-to-end level runs.
     #[serde(serialize_with = "secs")]
     pub cow_duration: Duration,
+    /// Scenario 14: queries timed per kind and per path (front, direct).
+    pub front_queries: usize,
+    /// Scenario 14: pgbench runs per path (select-only-like, one connection), alternating.
+    pub front_pgbench_runs: usize,
+    /// Scenario 14: seconds per pgbench run.
+    pub front_pgbench_secs: u64,
+    /// Scenario 14: connections timed per path (front, `POST /lease` + direct).
+    pub front_connects: usize,
+    /// Scenario 14: the fixture's suite, concurrency levels (the issue's: 1 and 8).
+    pub front_suite_workers: Vec<usize>,
+    /// Scenario 14: how long each suite level runs, per path.
+    #[serde(serialize_with = "secs")]
+    pub front_suite_duration: Duration,
+    /// Scenario 14: idle connections held open through the front (the issue's: 1,000).
+    pub front_idle_connections: usize,
 }
 
 fn secs<S: serde::Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
@@ -120,6 +135,13 @@ impl Plan {
             cow_template_mb: vec![10, 100],
             cow_clone_reps: 3,
             cow_duration: Duration::from_secs(3),
+            front_queries: 2_000,
+            front_pgbench_runs: 2,
+            front_pgbench_secs: 2,
+            front_connects: 60,
+            front_suite_workers: vec![1, 8],
+            front_suite_duration: Duration::from_secs(3),
+            front_idle_connections: 100,
         }
     }
 
@@ -160,6 +182,13 @@ impl Plan {
             cow_template_mb: vec![10, 50, 100, 250, 1024, 4096],
             cow_clone_reps: 5,
             cow_duration: Duration::from_secs(10),
+            front_queries: 20_000,
+            front_pgbench_runs: 4,
+            front_pgbench_secs: 5,
+            front_connects: 300,
+            front_suite_workers: vec![1, 8],
+            front_suite_duration: Duration::from_secs(15),
+            front_idle_connections: 1_000,
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::scenarios::ceiling::CeilingResult;
 use crate::scenarios::connect::ConnectResult;
 use crate::scenarios::cow::{self, CowResult};
 use crate::scenarios::dumps::{self, DumpsResult};
+use crate::scenarios::front::{self, FrontResult};
 use crate::scenarios::integresql::SuiteResult;
 use crate::scenarios::latency::LatencyResult;
 use crate::scenarios::majors::{self, MajorsResult};
@@ -130,6 +131,8 @@ pub struct Scenarios {
     pub reuse: Outcome<ReuseResult>,
     /// 13: copy-on-write storage against tmpfs.
     pub cow: Outcome<CowResult>,
+    /// 14: the PostgreSQL front against the HTTP way.
+    pub front: Outcome<FrontResult>,
 }
 
 /// The whole run.
@@ -212,12 +215,13 @@ impl Report {
         snapshots::render(&self.scenarios.snapshots, &mut out);
         reuse::render(&self.scenarios.reuse, &mut out);
         cow::render(&self.scenarios.cow, &mut out);
+        front::render(&self.scenarios.front, &self.plan, &mut out);
         out.push_str(&format!(
             "\nisolation: {}\n",
             if self.isolation_ok {
                 "OK (0 double leases, 0 missing databases)"
             } else {
-                "FAILED — see scenario 2"
+                "FAILED — see scenarios 2 and 14"
             }
         ));
         out

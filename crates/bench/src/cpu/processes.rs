@@ -80,6 +80,31 @@ pub(super) fn read(daemon: u32) -> Option<Ticks> {
     Some(attribute(&stats, daemon, std::process::id()))
 }
 
+/// The pids of the postgres servers `daemon` runs: each postmaster (a child of the daemon
+/// named `postgres`) and its children (backends and auxiliary processes), as [`read`]
+/// counts them. Scenario 14 sums their memory.
+pub(crate) fn postgres_pids(daemon: u32) -> Vec<u32> {
+    let stats: Vec<Stat> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            name.to_str()?.parse::<u32>().ok()?;
+            parse_stat(&std::fs::read_to_string(entry_path(&name)).ok()?)
+        })
+        .collect();
+    let postmasters: Vec<u32> = stats
+        .iter()
+        .filter(|s| s.ppid == daemon && s.comm == "postgres")
+        .map(|s| s.pid)
+        .collect();
+    stats
+        .iter()
+        .filter(|s| postmasters.contains(&s.pid) || postmasters.contains(&s.ppid))
+        .map(|s| s.pid)
+        .collect()
+}
+
 fn entry_path(name: &std::ffi::OsStr) -> std::path::PathBuf {
     std::path::Path::new("/proc").join(name).join("stat")
 }

@@ -9,6 +9,7 @@ pub mod ceiling;
 pub mod connect;
 pub mod cow;
 pub mod dumps;
+pub mod front;
 pub mod integresql;
 pub mod latency;
 pub mod majors;
