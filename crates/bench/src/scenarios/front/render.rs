@@ -213,6 +213,7 @@ fn suite_table(s: &SuiteResult, out: &mut String) {
 
 fn idle_lines(i: &IdleResult, out: &mut String) {
     let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
+    out.push_str(&format!("  daemon: {}\n", i.daemon_args.join(" ")));
     out.push_str(&format!(
         "  opened {} of {} in {:.2} s ({} /s); leased while held: {}; postgres max_connections {}\n",
         i.opened,
