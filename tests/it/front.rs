@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use crate::support::{binary, poll_until, tool_available, TestDaemon};
+use crate::support::{binary, current_database, poll_until, tool_available, TestDaemon};
 
 /// A daemon with the front on a port of its own.
 async fn daemon_with_front() -> (TestDaemon, SocketAddr) {
@@ -43,28 +43,12 @@ async fn connect(
     Ok((client, task))
 }
 
-/// The open leases `/status` shows.
-async fn open_leases(daemon: &TestDaemon) -> Vec<serde_json::Value> {
-    daemon.status().await["leases"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// Waits until `/status` shows no open lease.
 async fn wait_until_no_lease(daemon: &TestDaemon, what: &str) {
     poll_until(Duration::from_secs(10), what, || async {
-        open_leases(daemon).await.is_empty().then_some(())
+        daemon.open_leases().await.is_empty().then_some(())
     })
     .await;
-}
-
-async fn current_database(client: &Client) -> String {
-    client
-        .query_one("SELECT current_database()", &[])
-        .await
-        .expect("query")
-        .get(0)
 }
 
 #[tokio::test]
@@ -89,7 +73,7 @@ async fn connecting_to_a_template_name_leases_a_clone_and_closing_releases_it() 
     let (second, second_task) = connect(&config).await.expect("a second connection");
     let second_db = current_database(&second).await;
     assert_ne!(first_db, second_db, "each connection is a lease of its own");
-    let leases = open_leases(&daemon).await;
+    let leases = daemon.open_leases().await;
     assert_eq!(leases.len(), 2, "{leases:?}");
     assert!(
         leases
@@ -135,7 +119,7 @@ async fn an_unknown_template_is_3d000_naming_the_templates_there_are() {
         Some(&SqlState::INVALID_CATALOG_NAME),
         "{error}"
     );
-    assert!(open_leases(&daemon).await.is_empty());
+    assert!(daemon.open_leases().await.is_empty());
     assert!(daemon.stop().await.success());
 }
 
@@ -224,7 +208,7 @@ async fn a_client_killed_mid_query_releases_its_lease() {
         let _ = client.batch_execute("SELECT pg_sleep(30)").await;
     });
     poll_until(Duration::from_secs(10), "the lease to show", || async {
-        (open_leases(&daemon).await.len() == 1).then_some(())
+        (daemon.open_leases().await.len() == 1).then_some(())
     })
     .await;
     // Time for the query to reach the server (a query not yet sent would make the same
@@ -336,7 +320,7 @@ async fn hostile_startup_packets_are_refused_and_the_front_keeps_serving() {
         started.elapsed()
     );
 
-    assert!(open_leases(&daemon).await.is_empty());
+    assert!(daemon.open_leases().await.is_empty());
     let (client, _task) = connect(&front_config(front, "default", ""))
         .await
         .expect("a normal connection still works");
@@ -418,7 +402,7 @@ async fn a_connection_keeps_its_lease_past_the_time_to_live_while_it_is_open() {
     // Three times the time to live: renewed meanwhile, not expired under the connection.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(current_database(&client).await, database);
-    let leases = open_leases(&daemon).await;
+    let leases = daemon.open_leases().await;
     assert_eq!(leases.len(), 1, "{leases:?}");
     assert_eq!(daemon.status().await["limits"]["expired"], 0);
     drop(client);

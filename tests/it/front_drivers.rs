@@ -20,7 +20,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
 use crate::drivers::{drivers_dir, pgjdbc_jar};
-use crate::support::{id_of, poll_until, tool_available, TestDaemon, REQUIRE_TOOLS};
+use crate::support::{
+    current_database, id_of, poll_until, tool_available, TestDaemon, REQUIRE_TOOLS,
+};
 
 /// The variable that puts a check script in its front mode.
 const FRONT_URL: &str = "PGLEASE_FRONT_URL";
@@ -40,19 +42,11 @@ async fn daemon_with_front(args: &[&str]) -> (TestDaemon, SocketAddr) {
     (daemon, front)
 }
 
-/// The open leases `/status` shows.
-async fn open_leases(daemon: &TestDaemon) -> Vec<Value> {
-    daemon.status().await["leases"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// Waits until `/status` shows no open lease; returns those still open after 10 s.
 async fn leases_left(daemon: &TestDaemon) -> Option<Vec<Value>> {
     let started = Instant::now();
     loop {
-        let leases = open_leases(daemon).await;
+        let leases = daemon.open_leases().await;
         if leases.is_empty() {
             return None;
         }
@@ -257,14 +251,6 @@ fn connect_in_background(
     tokio::spawn(connect(front))
 }
 
-async fn current_database(client: &Client) -> String {
-    client
-        .query_one("SELECT current_database()", &[])
-        .await
-        .expect("query")
-        .get(0)
-}
-
 /// A refused connection's SQLSTATE and message.
 fn refusal(error: &tokio_postgres::Error) -> (Option<&SqlState>, String) {
     let message = error
@@ -298,7 +284,7 @@ async fn a_connection_beyond_max_total_waits_the_default_wait_then_gets_53300() 
         "refused after {waited:?}"
     );
     // The refused connection took nothing; the holder's lease is the only one.
-    assert_eq!(open_leases(&daemon).await.len(), 1);
+    assert_eq!(daemon.open_leases().await.len(), 1);
     assert_ne!(current_database(&holder).await, "default");
     drop(holder);
     assert_eq!(leases_left(&daemon).await, None);
@@ -370,7 +356,7 @@ async fn leases_over_http_and_connections_at_the_front_share_the_budgets() {
     assert_eq!(status, 204);
     drop(third);
     poll_until(Duration::from_secs(10), "every lease released", || async {
-        open_leases(&daemon).await.is_empty().then_some(())
+        daemon.open_leases().await.is_empty().then_some(())
     })
     .await;
     assert!(daemon.stop().await.success());
@@ -415,7 +401,7 @@ async fn the_byte_budget_refuses_a_connection_at_the_front_with_53300() {
     let (code, message) = refusal(&error);
     assert_eq!(code, Some(&SqlState::TOO_MANY_CONNECTIONS), "{error}");
     assert!(message.contains("budget"), "{message}");
-    assert_eq!(open_leases(&daemon).await.len(), held.len());
+    assert_eq!(daemon.open_leases().await.len(), held.len());
     // The same budget over HTTP.
     let (status, body) = daemon
         .lease(json!({ "template": "other", "wait_ms": 2000 }))

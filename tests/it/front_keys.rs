@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
 
-use crate::support::{poll_until, TestDaemon};
+use crate::support::{current_database, poll_until, TestDaemon};
 
 /// The API token (and front password) of the tests that need lease ids.
 const TOKEN: &str = "key-token";
@@ -53,22 +53,8 @@ async fn connect(
     Ok(client)
 }
 
-async fn current_database(client: &Client) -> String {
-    client
-        .query_one("SELECT current_database()", &[])
-        .await
-        .expect("query")
-        .get(0)
-}
-
 async fn front_status(daemon: &TestDaemon) -> Value {
     daemon.status().await["front"].clone()
-}
-
-async fn open_leases(daemon: &TestDaemon) -> usize {
-    daemon.status().await["leases"]
-        .as_array()
-        .map_or(0, Vec::len)
 }
 
 #[tokio::test]
@@ -117,7 +103,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
     let alone = connect(front, "default", "").await.expect("connect");
     assert_ne!(current_database(&alone).await, databases[0]);
     assert_eq!(
-        open_leases(&daemon).await,
+        daemon.open_leases().await.len(),
         3,
         "one lease per key, one alone"
     );
@@ -166,7 +152,7 @@ async fn a_pool_of_five_connections_with_one_key_sees_one_database() {
     // After the last one closes, the grace passes and the lease is released.
     drop((back, other, alone));
     poll_until(Duration::from_secs(10), "every lease released", || async {
-        (open_leases(&daemon).await == 0).then_some(())
+        daemon.open_leases().await.is_empty().then_some(())
     })
     .await;
     let status = front_status(&daemon).await;
@@ -312,7 +298,7 @@ Promise.all([0, 1, 2, 3, 4].map(() => pool.connect())).then(async (clients) => {
         }
     }
     poll_until(Duration::from_secs(10), "every lease released", || async {
-        (open_leases(&daemon).await == 0).then_some(())
+        daemon.open_leases().await.is_empty().then_some(())
     })
     .await;
     assert!(daemon.stop().await.success());

@@ -472,6 +472,14 @@ impl TestDaemon {
         self.send(self.http.delete(url)).await
     }
 
+    /// The open leases `/status` shows.
+    pub async fn open_leases(&self) -> Vec<Value> {
+        self.status().await["leases"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// `GET /status`.
     pub async fn status(&self) -> Value {
         let (status, body) = self.get("/status").await;
@@ -716,4 +724,13 @@ fn stop_child(mut child: std::process::Child) {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// The database a connection is in.
+pub async fn current_database(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .expect("SELECT current_database()")
+        .get(0)
 }
