@@ -30,6 +30,8 @@ if ! "$docker" image inspect "$image" >/dev/null 2>&1; then
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
   tar --numeric-owner -C "$rootfs" -c . | "$docker" import --change 'CMD ["bash"]' - "$image" >/dev/null
 fi
-glibc=$("$docker" run --rm "$image" ldd --version | head -1)
+# The first line taken inside the container: `docker run … | head -1` outside it closes the
+# pipe while docker still writes, and docker's "broken pipe" failed the run under pipefail.
+glibc=$("$docker" run --rm "$image" sh -c 'ldd --version | head -n 1')
 echo "==> $image: $glibc" >&2
 PGLEASE_RUNTIME_IMAGE=$image PGLEASE_CHECK_PG_MAJOR=13 bash release/check-in-container.sh "$@"
