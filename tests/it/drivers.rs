@@ -52,6 +52,23 @@ pub(crate) fn pgjdbc_jar() -> Option<PathBuf> {
     jars.pop()
 }
 
+/// Whether node and the Node drivers (tests/drivers/node/node_modules) are here; without
+/// them `test` is skipped, or fails where CI requires every tool (`REQUIRE_TOOLS`).
+pub(crate) fn node_drivers_available(test: &str) -> bool {
+    if !tool_available("node", test, "apt-get install nodejs npm") {
+        return false;
+    }
+    if drivers_dir().join("node/node_modules/postgres").is_dir() {
+        return true;
+    }
+    assert!(
+        std::env::var_os(REQUIRE_TOOLS).is_none(),
+        "the Node drivers are missing: (cd tests/drivers/node && npm install)"
+    );
+    eprintln!("SKIPPED {test}: (cd tests/drivers/node && npm install)");
+    false
+}
+
 #[tokio::test]
 async fn every_driver_connects_with_the_lease_answer_on_default_options() {
     let daemon = TestDaemon::start().await;
@@ -64,19 +81,10 @@ async fn every_driver_connects_with_the_lease_answer_on_default_options() {
         results.push(run_check(python, &lease));
     }
 
-    let node_modules = drivers_dir().join("node/node_modules");
-    if tool_available("node", "drivers (Node)", "apt-get install nodejs npm") {
-        if node_modules.join("postgres").is_dir() {
-            let mut node = Command::new("node");
-            node.arg(drivers_dir().join("node/check.mjs"));
-            results.push(run_check(node, &lease));
-        } else {
-            assert!(
-                std::env::var_os(REQUIRE_TOOLS).is_none(),
-                "the Node drivers are missing: (cd tests/drivers/node && npm install)"
-            );
-            eprintln!("SKIPPED drivers (Node): (cd tests/drivers/node && npm install)");
-        }
+    if node_drivers_available("drivers (Node)") {
+        let mut node = Command::new("node");
+        node.arg(drivers_dir().join("node/check.mjs"));
+        results.push(run_check(node, &lease));
     }
 
     if tool_available(

@@ -19,7 +19,7 @@ use tokio::process::Command;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use crate::drivers::{drivers_dir, pgjdbc_jar};
+use crate::drivers::{drivers_dir, node_drivers_available, pgjdbc_jar};
 use crate::support::{
     current_database, id_of, poll_until, tool_available, TestDaemon, REQUIRE_TOOLS,
 };
@@ -89,19 +89,11 @@ fn checks(front: SocketAddr) -> Vec<Check> {
         }
     }
 
-    if tool_available("node", "front drivers (Node)", "apt-get install nodejs npm") {
-        if drivers_dir().join("node/node_modules/postgres").is_dir() {
-            for driver in ["pg", "postgres.js"] {
-                let mut node = Command::new("node");
-                node.arg(drivers_dir().join("node/check.mjs")).arg(driver);
-                add(driver, node, &url);
-            }
-        } else {
-            assert!(
-                std::env::var_os(REQUIRE_TOOLS).is_none(),
-                "the Node drivers are missing: (cd tests/drivers/node && npm install)"
-            );
-            eprintln!("SKIPPED front drivers (Node): (cd tests/drivers/node && npm install)");
+    if node_drivers_available("front drivers (Node)") {
+        for driver in ["pg", "postgres.js"] {
+            let mut node = Command::new("node");
+            node.arg(drivers_dir().join("node/check.mjs")).arg(driver);
+            add(driver, node, &url);
         }
     }
 

@@ -271,13 +271,7 @@ Promise.all([0, 1, 2, 3, 4].map(() => pool.connect())).then(async (clients) => {
     ) {
         runs.push(("python3", vec!["-c".into(), python.into()]));
     }
-    if modules.join("pg").is_dir()
-        && crate::support::tool_available(
-            "node",
-            "key pools (node-postgres)",
-            "apt-get install nodejs npm",
-        )
-    {
+    if crate::drivers::node_drivers_available("key pools (node-postgres)") {
         runs.push(("node", vec!["-e".into(), node.into()]));
     }
     for (program, args) in runs {
