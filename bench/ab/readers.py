@@ -12,6 +12,7 @@ test's database is proven unchanged and reused; with EXTRA=--no-reuse-unchanged 
 dropped and cloned again. Run the binaries alternately: the machine's load drifts.
 """
 import json, os, subprocess, sys, time, urllib.request
+import psycopg2  # before the daemon starts: a missing driver must not leave it running
 binary, n = sys.argv[1], int(sys.argv[2])
 port = 7811
 log = open(os.environ.get('PGLEASE_AB_LOG', '/dev/null'), 'w')
@@ -27,6 +28,8 @@ for _ in range(200):
     except Exception:
         time.sleep(0.1)
 time.sleep(2)
+if d.poll() is not None:
+    sys.exit(f'{binary} exited with {d.returncode} (is port {port} taken?)')
 HZ = os.sysconf('SC_CLK_TCK')
 def tree_cpu(root):
     kids = {}
@@ -47,7 +50,6 @@ def tree_cpu(root):
     walk(root, f)
     return total / HZ
 
-import psycopg2
 def one():
     l = req('POST', '/lease', {'template': 'app', 'wait_ms': 30000})
     c = psycopg2.connect(l['url'])
