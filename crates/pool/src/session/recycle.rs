@@ -81,18 +81,29 @@ const STARTING_SQL: &str = concat!(
     ") starting WHERE pid = ANY($1)"
 );
 
-/// [`TERMINATE_SQL`], and every backend starting now, in one round trip, with one listing
-/// of the locks and one of the sessions: each walks every backend slot of the server.
+/// Terminates the previous holder's backends and lists them (those signalled), and every
+/// backend starting now, in one round trip, with one listing of the locks and one of the
+/// sessions: each walks every backend slot of the server.
 const FIRST_PASS_SQL: &str = concat!(
     "WITH pg_locks AS MATERIALIZED (SELECT locktype, classid, objid, pid FROM pg_catalog.pg_locks), \
           pg_stat_activity AS MATERIALIZED \
             (SELECT pid, datname, usename, backend_type FROM pg_catalog.pg_stat_activity) \
-     SELECT (SELECT count(pg_terminate_backend(pid)) FROM (",
+     SELECT (SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') FROM (",
     holders!(),
     ") holder WHERE pid <> pg_backend_pid()), (SELECT coalesce(array_agg(pid), '{}') FROM (",
     starting!(),
     ") starting WHERE pid <> pg_backend_pid())"
 );
+
+/// Of the backends in `$2` that were starting, those that have shown up in
+/// `pg_stat_activity` as a client with its user (or as another kind of process), and of
+/// them those of the previous holder (in the clone or logged in as its role, `$1`),
+/// terminated. Reads the sessions only, not the lock table.
+const SHOWN_SQL: &str = "SELECT coalesce(array_agg(pid), '{}'), \
+       coalesce(array_agg(pid) FILTER (WHERE CASE WHEN datname = $1 OR usename = $1 \
+                                                  THEN pg_terminate_backend(pid) ELSE false END), '{}') \
+     FROM pg_catalog.pg_stat_activity \
+     WHERE pid = ANY($2) AND (usename IS NOT NULL OR backend_type <> 'client backend')";
 
 /// Why a clone is not ready to lease again.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +154,15 @@ impl Session {
         }
     }
 
+    /// How this session's recycles tell that a backend has exited.
+    fn exits(&self) -> Exits {
+        if self.external {
+            Exits::Asked
+        } else {
+            Exits::Seen
+        }
+    }
+
     /// The password, and why the clone is not reused when its proof failed (then LOGIN is
     /// not given back).
     async fn recycle_with(
@@ -180,7 +200,7 @@ impl Session {
             ))
             .await
             .map_err(|e| pg_message(&e))?;
-        end_sessions(client, clone).await?;
+        end_sessions(client, clone, self.exits()).await?;
         let login = format!(
             "UPDATE pg_catalog.pg_authid SET rolcanlogin = true, rolconnlimit = {} \
                WHERE rolname = {}",
@@ -219,45 +239,116 @@ impl Session {
     }
 }
 
+/// How the recycle tells that a backend has exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Exits {
+    /// The server is pglease's: its backends are processes of this machine and of the
+    /// daemon's PID namespace, and signal 0 tells whether one is still there, with no query.
+    Seen,
+    /// An external server: only its lock table says whether a backend that has not shown
+    /// up in `pg_stat_activity` is still starting, and `pg_locks` walks every lock slot of
+    /// the server (about 0.2 ms at 1,310 connections, against 0.07 for the sessions).
+    Asked,
+}
+
 /// Terminates the sessions of `clone` and its role until none is left and every backend
 /// that was starting when NOLOGIN committed has shown up (and was terminated if it is the
 /// holder's) or gone, giving up after [`END_LIMIT`], or after [`STARTING_GRACE`] while one
 /// is still starting.
-async fn end_sessions(client: &Object, clone: &DbName) -> Result<(), String> {
+async fn end_sessions(client: &Object, clone: &DbName, exits: Exits) -> Result<(), String> {
     let started = Instant::now();
-    let starting = |of: Vec<i32>| async move {
-        query_one_prepared(client, STARTING_SQL, &[&of])
-            .await
-            .map(|row| row.get::<_, Vec<i32>>(0))
-    };
     // Taken after NOLOGIN committed (any later backend fails its role check), in the same
     // round trip as the first pass: the usual recycle takes no other.
     let first = query_one_prepared(client, FIRST_PASS_SQL, &[&clone.as_str()]).await?;
-    let (mut found, mut waiting_for): (i64, Vec<i32>) = (first.get(0), first.get(1));
+    let (ending, starting): (Vec<i32>, Vec<i32>) = (first.get(0), first.get(1));
+    match exits {
+        Exits::Seen => wait_seen(client, clone, started, ending, starting).await,
+        Exits::Asked => wait_asked(client, clone, started, !ending.is_empty(), starting).await,
+    }
+}
+
+/// [`end_sessions`] on a server of pglease's: the backends it ended are watched until they
+/// exit, and those that were starting until they show up (the holder's among them are
+/// ended too) or exit.
+async fn wait_seen(
+    client: &Object,
+    clone: &DbName,
+    started: Instant,
+    mut ending: Vec<i32>,
+    mut starting: Vec<i32>,
+) -> Result<(), String> {
     loop {
-        if found == 0 && waiting_for.is_empty() {
+        ending.retain(|pid| still_there(*pid));
+        if ending.is_empty() && starting.is_empty() {
             return Ok(());
         }
-        if started.elapsed() > END_LIMIT {
-            return Err(format!(
-                "sessions of the previous holder of {clone} were still running {END_LIMIT:?} after they were terminated"
-            ));
+        check_limits(clone, started, &starting)?;
+        tokio::time::sleep(POLL).await;
+        if !starting.is_empty() {
+            let row = query_one_prepared(client, SHOWN_SQL, &[&clone.as_str(), &starting]).await?;
+            let (shown, ended): (Vec<i32>, Vec<i32>) = (row.get(0), row.get(1));
+            // One that has not shown up and is gone never will.
+            starting.retain(|pid| !shown.contains(pid) && still_there(*pid));
+            ending.extend(ended);
         }
+    }
+}
+
+/// [`end_sessions`] on an external server: the holder's sessions and the starting
+/// backends are asked for again at each pass.
+async fn wait_asked(
+    client: &Object,
+    clone: &DbName,
+    started: Instant,
+    mut found: bool,
+    mut waiting_for: Vec<i32>,
+) -> Result<(), String> {
+    loop {
+        if !found && waiting_for.is_empty() {
+            return Ok(());
+        }
+        check_limits(clone, started, &waiting_for)?;
         tokio::time::sleep(POLL).await;
         if !waiting_for.is_empty() {
             // Those that showed up are in pg_stat_activity now: the next pass sees them.
-            waiting_for = starting(waiting_for).await?;
-            if !waiting_for.is_empty() && started.elapsed() > STARTING_GRACE {
-                return Err(format!(
-                    "a login to the server (backend pid {}) has been stuck in authentication \
-                     for over {STARTING_GRACE:?}; it may be the previous holder's, so {clone} \
-                     is replaced instead of reused",
-                    waiting_for[0]
-                ));
-            }
+            waiting_for = query_one_prepared(client, STARTING_SQL, &[&waiting_for])
+                .await?
+                .get(0);
         }
         found = query_one_prepared(client, TERMINATE_SQL, &[&clone.as_str()])
             .await?
-            .get(0);
+            .get::<_, i64>(0)
+            > 0;
     }
+}
+
+/// The recycle's bounds: [`END_LIMIT`] in all, [`STARTING_GRACE`] while a backend that was
+/// starting at NOLOGIN's commit (`starting`) has not shown up.
+fn check_limits(clone: &DbName, started: Instant, starting: &[i32]) -> Result<(), String> {
+    let elapsed = started.elapsed();
+    if elapsed > END_LIMIT {
+        return Err(format!(
+            "sessions of the previous holder of {clone} were still running {END_LIMIT:?} after they were terminated"
+        ));
+    }
+    if let Some(pid) = starting.first().filter(|_| elapsed > STARTING_GRACE) {
+        return Err(format!(
+            "a login to the server (backend pid {pid}) has been stuck in authentication \
+             for over {STARTING_GRACE:?}; it may be the previous holder's, so {clone} \
+             is replaced instead of reused"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the process `pid` of this machine is still there (a zombie too, until its
+/// postmaster reaps it): signal 0 checks without sending anything. Only "no such process"
+/// says gone; a process we may not signal is there.
+fn still_there(pid: i32) -> bool {
+    // 0 and below name process groups, never a backend.
+    pid > 0
+        && !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        )
 }

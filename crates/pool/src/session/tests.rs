@@ -132,10 +132,26 @@ async fn sessions_of(admin: &tokio_postgres::Client, role: &DbName) -> i64 {
 /// with the old password is alive afterwards and that the old password is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn recycle_leaves_no_session_of_the_old_holder() {
+    hammered_recycles(false).await;
+}
+
+/// The same on a server the session takes for an external one, whose backends' exits only
+/// its lock table tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recycle_leaves_no_session_of_the_old_holder_on_an_external_server() {
+    hammered_recycles(true).await;
+}
+
+async fn hammered_recycles(external: bool) {
     const ROUNDS: usize = 25;
     const HAMMERS: usize = 4;
     let server = Server::start().await;
-    let session = server.open().await;
+    let session = Session::open(SessionParams {
+        external,
+        ..server.params()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("open a session: {e}"));
     let admin = server.superuser().await;
     let template = make_template(&session, "recycle").await;
     let clone = DbName::from_server("pglease_recycle_1".into());
