@@ -9,7 +9,8 @@
 //! holder, `proof` proves a released one unchanged, `settings` re-applies a template's
 //! database-level settings, `lock` keeps a second pglease off the server, `bounded` puts a
 //! time bound on each admin operation, `integresql` makes the IntegreSQL clients' role,
-//! `snapshot` readies the cluster for a snapshot.
+//! `snapshot` readies the cluster for a snapshot, `watch` hears which stamped clones' files
+//! were written.
 //!
 //! A new `Session` is opened every time postgres (re)starts or is reconnected; it does not
 //! decide what to clone or drop, it only carries it out.
@@ -40,6 +41,7 @@ mod recycle;
 mod settings;
 mod snapshot;
 mod sweep;
+mod watch;
 
 pub use proof::Stamp;
 pub use recycle::NotReused;
@@ -143,6 +145,9 @@ pub struct Session {
     pub(crate) build_progress: crate::progress::Board,
     /// The data directory, when released clones are proven unchanged (`session/proof.rs`).
     proof_dir: Option<PathBuf>,
+    /// What the kernel says was written in stamped clones' directories, when proofs are on
+    /// and it has an inotify instance to give (`session/watch.rs`).
+    watches: Option<Arc<watch::Watches>>,
     /// Who runs the builds' programs (`psql`, `pg_restore`, migration commands) and reads
     /// template sources.
     pub(crate) child_user: ChildUser,

@@ -126,7 +126,7 @@ impl Session {
                 "the external postgres runs with fsync=on: clones and drops will be much slower than on a tuned server"
             );
         }
-        let session = Session {
+        let mut session = Session {
             pool,
             admin_config,
             pg_major: (version_num / 10000) as u32,
@@ -161,6 +161,7 @@ impl Session {
             template_settings: Arc::default(),
             build_progress: crate::progress::Board::default(),
             child_user: params.child_user,
+            watches: None,
             proof_dir: match params.proof_dir {
                 Some(dir) => match client
                     // In a schema of its own in the `postgres` database (the daemon's
@@ -185,6 +186,9 @@ impl Session {
                 None => None,
             },
         };
+        if session.proof_dir.is_some() {
+            session.watches = super::watch::Watches::new().map(Arc::new);
+        }
         drop(client);
         Ok(session)
     }

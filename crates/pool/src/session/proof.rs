@@ -19,7 +19,9 @@
 //!    shared buffers are scanned for a dirty one of it instead (`pg_buffercache`, which
 //!    costs about ten times the checkpoint: it walks every buffer of the server);
 //! 4. its files are the same — read after 3, so that a buffer written meanwhile shows in
-//!    the files.
+//!    the files. The kernel tells it without a listing where it watches the directory since
+//!    the stamp (`session/watch.rs`: no write, new, removed or renamed file); otherwise the
+//!    files are listed again and compared.
 //!
 //! Anything else — a failed query, a missing stamp — is "changed". A read that sets hint
 //! bits dirties a buffer: templates are frozen after their build (`template/seal.rs`) so
@@ -110,6 +112,9 @@ pub struct Stamp {
     /// hint bits and some DDL write without counting rows, and the counts of a backend
     /// reach the statistics when it exits).
     rows_written: i64,
+    /// The kernel's watch on its directory, when the session could add one: a proof asks
+    /// it instead of listing the files again.
+    watch: Option<super::watch::Watch>,
 }
 
 impl Stamp {
@@ -121,6 +126,7 @@ impl Stamp {
             catalog: String::new(),
             files: Vec::new(),
             rows_written: 0,
+            watch: None,
         }
     }
 }
@@ -146,12 +152,18 @@ impl Session {
                 },
             )
             .await?;
+        // Watched before the listing: a change between the two is not missed.
+        let watch = self
+            .watches
+            .as_ref()
+            .and_then(|watches| watches.watch(&clone_dir(&data_dir, oid), oid));
         let files = files_of(data_dir, oid).await?;
         Ok(Stamp {
             oid,
             catalog,
             files,
             rows_written,
+            watch,
         })
     }
 
@@ -185,7 +197,12 @@ impl Session {
                 stamp.catalog
             )));
         }
-        if checkpoint_shows_changes(stamp) {
+        let watched = stamp.watch.filter(|watch| {
+            self.watches
+                .as_ref()
+                .is_some_and(|watches| watches.tells(watch))
+        });
+        if checkpoint_shows_changes(stamp, watched.is_some()) {
             client
                 .batch_execute("CHECKPOINT")
                 .await
@@ -198,6 +215,9 @@ impl Session {
                 return Ok(Some(format!("{dirty} page(s) changed in memory")));
             }
         }
+        if let (Some(watch), Some(watches)) = (watched, &self.watches) {
+            return Ok(watches.changed(&watch));
+        }
         let files = files_of(data_dir, oid).await?;
         if files != stamp.files {
             return Ok(Some(describe_file_change(&stamp.files, &files)));
@@ -209,12 +229,15 @@ impl Session {
 /// Whether a `CHECKPOINT` now would make every change of the clone stamped `stamp` that is
 /// only in memory show in its files: none of them belongs to an unlogged relation (an
 /// `_init` fork marks one; a plain checkpoint leaves their buffers alone, and one created
-/// since is a new file anyway), and the clock the kernel stamps file writes with has moved
-/// past the newest modification time stamped, so a write from now on changes the time of
-/// the file it goes to.
-fn checkpoint_shows_changes(stamp: &Stamp) -> bool {
+/// since is a new file anyway), and the write is seen: the kernel reports it (`watched`),
+/// or the clock it stamps file writes with has moved past the newest modification time
+/// stamped, so a write from now on changes the time of the file it goes to.
+fn checkpoint_shows_changes(stamp: &Stamp, watched: bool) -> bool {
     if stamp.files.iter().any(|file| file.0.ends_with("_init")) {
         return false;
+    }
+    if watched {
+        return true;
     }
     let Some(newest) = stamp.files.iter().map(|file| (file.3, file.4)).max() else {
         return true;
@@ -277,9 +300,14 @@ fn oid_and_catalog(row: &tokio_postgres::Row, clone: &DbName) -> Result<(u32, St
     Ok((oid, row.get(1)))
 }
 
-/// The files of `base/<oid>` under `data_dir`, on a thread that may block.
+/// A clone's directory: `base/<oid>` under `data_dir`.
+fn clone_dir(data_dir: &Path, oid: u32) -> PathBuf {
+    data_dir.join("base").join(oid.to_string())
+}
+
+/// The files of [`clone_dir`], on a thread that may block.
 async fn files_of(data_dir: PathBuf, oid: u32) -> Result<Vec<FileStamp>, String> {
-    tokio::task::spawn_blocking(move || list_files(&data_dir.join("base").join(oid.to_string())))
+    tokio::task::spawn_blocking(move || list_files(&clone_dir(&data_dir, oid)))
         .await
         .map_err(|e| format!("listing files failed: {e}"))?
 }
