@@ -90,6 +90,7 @@ impl ServeArgs {
                 Some(max) => max,
                 None => pglease_front::DEFAULT_MAX_CONNECTIONS,
             },
+            tls: None,
         };
         Ok(ServeConfig {
             config_from,

@@ -25,6 +25,9 @@ const GSSENC_REQUEST_CODE: u32 = (1234 << 16) | 5680;
 /// (or gives up, if it requires encryption).
 pub const NO_ENCRYPTION: u8 = b'N';
 
+/// The byte that accepts an SSLRequest: the TLS handshake follows.
+pub const ENCRYPTION_ACCEPTED: u8 = b'S';
+
 /// What a client's first packets may be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartupPacket {

@@ -106,6 +106,10 @@ pub(crate) enum SessionError {
     /// The client closed the connection between packets.
     #[error("the client closed the connection during the start-up")]
     ClientLeft,
+    /// The TLS handshake the client asked for failed (or it left during it); its
+    /// connection is closed without a word, since nothing may follow in plain text.
+    #[error("the TLS handshake failed: {0}")]
+    TlsHandshake(std::io::Error),
     /// The client did not finish its start-up in time.
     #[error("the client did not finish its start-up within {secs} s")]
     StartupTimeout {
@@ -139,6 +143,7 @@ impl SessionError {
         match self {
             SessionError::Io { .. }
             | SessionError::ClientLeft
+            | SessionError::TlsHandshake(_)
             | SessionError::Incomplete { .. } => {}
             SessionError::Codec(error) => Refusal::protocol(error.to_string()).write(out),
             SessionError::StartupTimeout { .. } => {
@@ -162,6 +167,7 @@ impl SessionError {
             | SessionError::Codec(_)
             | SessionError::Incomplete { .. }
             | SessionError::ClientLeft
+            | SessionError::TlsHandshake(_)
             | SessionError::StartupTimeout { .. } => true,
             SessionError::Refused(refusal) => !refusal.code.starts_with("XX"),
             SessionError::Backend(_) | SessionError::BackendTimeout { .. } => false,

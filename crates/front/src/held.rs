@@ -52,6 +52,8 @@ pub struct ConnectionReport {
     pub lease_id: Option<LeaseId>,
     /// Its lease's database, once it has one.
     pub database: Option<DbName>,
+    /// Whether it speaks TLS (from its handshake on).
+    pub tls: bool,
 }
 
 /// The front's open connections.
@@ -83,6 +85,7 @@ impl Connections {
                 key: None,
                 lease_id: None,
                 database: None,
+                tls: false,
             },
         );
         Tracked {

@@ -9,6 +9,8 @@
 //! - `listener.rs` — the accept loop ([`serve`]), one task per connection
 //! - `session.rs`  — one connection: start-up, lease, login, relay, release
 //! - `startup.rs`  — the client's opening packets, protocol version and password
+//! - `tls.rs`      — TLS at the front: the certificate (files or self-signed), the acceptor
+//! - `client.rs`   — the client's connection, plain or TLS, and how the relay splits it
 //! - `codec.rs`    — the messages the front parses and writes as a server
 //! - `backend.rs`  — the lease's login at postgres (postgres-protocol's client side)
 //! - `relay.rs`    — bytes both ways until either side closes
@@ -19,7 +21,8 @@
 //!
 //! Who may connect: anybody who reaches the port when no token is configured (the binary
 //! allows that on loopback only, as for the HTTP API), else a client whose password is the
-//! token ([`Token`]).
+//! token ([`Token`]). With [`FrontConfig::tls`], a client that asks for TLS gets it; one
+//! that does not is served in plain text all the same.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +31,7 @@ use pglease_pool::{LeaseId, Servers};
 
 mod backend;
 mod cancel;
+mod client;
 pub mod codec;
 mod error;
 mod held;
@@ -36,10 +40,12 @@ mod listener;
 mod relay;
 mod session;
 mod startup;
+mod tls;
 
 pub use held::{ConnectionReport, Stage};
 pub use keys::{KeyError, KeyName, KeyReport};
 pub use listener::serve;
+pub use tls::{FrontTls, TlsError, TlsSource};
 
 /// How the front leases and whom it lets in.
 #[derive(Debug, Clone)]
@@ -53,6 +59,9 @@ pub struct FrontConfig {
     /// The most connections open at once, in any stage; more are refused with `53300`.
     /// Each takes two file descriptors (the client's, postgres') while relayed.
     pub max_connections: usize,
+    /// TLS for clients that ask for it (SSLRequest); without it they are told `N` and go
+    /// on in plain text, or give up if they require TLS.
+    pub tls: Option<FrontTls>,
 }
 
 /// The most connections at the front at once unless configured: more than the daemon's
@@ -99,6 +108,8 @@ pub struct FrontReport {
     pub accepted: u64,
     /// The leases shared by key.
     pub keys: Vec<KeyReport>,
+    /// Where its TLS certificate comes from, if it serves TLS.
+    pub tls: Option<TlsSource>,
 }
 
 impl FrontHandle {
@@ -121,6 +132,11 @@ impl FrontHandle {
         self.front.config.token.is_some()
     }
 
+    /// Where its TLS certificate comes from, if it serves TLS.
+    pub fn tls(&self) -> Option<&TlsSource> {
+        self.front.config.tls.as_ref().map(FrontTls::source)
+    }
+
     /// Its connections and keys now.
     pub fn report(&self) -> FrontReport {
         let (connections, accepted) = self.front.connections.report();
@@ -128,6 +144,7 @@ impl FrontHandle {
             connections,
             accepted,
             keys: self.front.keys.report(),
+            tls: self.tls().cloned(),
         }
     }
 

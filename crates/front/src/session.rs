@@ -1,8 +1,10 @@
-//! One client connection at the front, in its own task: the start-up (`startup.rs`), the
-//! lease (or the key's shared lease, `keys.rs`), the lease's connection to postgres
-//! (`backend.rs`), the relay (`relay.rs`) while the lease is renewed, and the release when
-//! either side closes (for a key: when its last connection has, and the grace passed). A
-//! CancelRequest is sent on (`cancel.rs`) instead. Its row in `held.rs` says where it is.
+//! One client connection at the front, in its own task: the start-up (`startup.rs`), over
+//! TLS from the handshake on when the client asks for it and the front has it
+//! (`client.rs`), the lease (or the key's shared lease, `keys.rs`), the lease's connection
+//! to postgres (`backend.rs`), the relay (`relay.rs`) while the lease is renewed, and the
+//! release when either side closes (for a key: when its last connection has, and the grace
+//! passed). A CancelRequest is sent on (`cancel.rs`) instead. Its row in `held.rs` says
+//! where it is.
 //!
 //! Whatever the client sends, the session ends with an ErrorResponse or a closed connection,
 //! never a panic; a lease it took is released on every path but a panic's, and a lease lost
@@ -17,14 +19,15 @@ use pglease_pool::{Lease, LeaseRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::backend::{self, Address, Login, ServerStream};
+use crate::backend::{self, Address, Login};
 use crate::cancel::{self, CancelTarget};
+use crate::client::ClientStream;
 use crate::codec::{self, CancelKey, Startup};
 use crate::error::{Refusal, SessionError};
 use crate::held::{Stage, Tracked};
 use crate::keys::KeyName;
-use crate::relay::{relay, Relayed};
-use crate::startup::{self, Opening};
+use crate::relay::Relayed;
+use crate::startup::{self, Encryption, Opening};
 use crate::Front;
 
 /// How long a client may take from connecting to being authenticated: its packets are a
@@ -45,35 +48,46 @@ const MIN_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_LABEL_CHARS: usize = 256;
 
 /// Serves one client connection to its end.
-pub(crate) async fn run(front: Arc<Front>, mut client: TcpStream, peer: SocketAddr) {
+pub(crate) async fn run(front: Arc<Front>, stream: TcpStream, peer: SocketAddr) {
     // Queries are small and answered one at a time: no waiting to fill a segment.
-    let _ = client.set_nodelay(true);
+    let _ = stream.set_nodelay(true);
+    let mut client = ClientStream::Plain(stream);
     let mut buf = BytesMut::new();
     let tracked = front.connections.open(peer);
-    let Err(error) = serve(&front, &mut client, &mut buf, peer, &tracked).await else {
-        return;
-    };
-    let mut out = BytesMut::new();
-    error.answer(&mut out);
-    if !out.is_empty() {
-        let _ = tokio::time::timeout(ANSWER_TIMEOUT, client.write_all(&out)).await;
+    let outcome = serve(&front, &mut client, &mut buf, peer, &tracked).await;
+    if let Err(error) = &outcome {
+        let mut out = BytesMut::new();
+        error.answer(&mut out);
+        if !out.is_empty() {
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT, client.write_all(&out)).await;
+        }
+        match error {
+            // Rare from a real client, and the only trace of one that cannot connect.
+            SessionError::TlsHandshake(_) => {
+                tracing::info!(%peer, %error, "a connection at the PostgreSQL front ended");
+            }
+            error if error.is_clients() => {
+                tracing::debug!(%peer, %error, "a connection at the PostgreSQL front ended");
+            }
+            error => tracing::warn!(%peer, %error, "a connection at the PostgreSQL front failed"),
+        }
     }
-    if error.is_clients() {
-        tracing::debug!(%peer, %error, "a connection at the PostgreSQL front ended");
-    } else {
-        tracing::warn!(%peer, %error, "a connection at the PostgreSQL front failed");
+    // TLS ends with its close_notify, which tells the client that nothing was cut off
+    // (libpq reports a bare end as an "SSL SYSCALL error"); a plain socket just closes.
+    if client.is_tls() {
+        let _ = tokio::time::timeout(ANSWER_TIMEOUT, client.shutdown()).await;
     }
 }
 
 /// The session's steps, up to the relay's end.
 async fn serve(
     front: &Front,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     buf: &mut BytesMut,
     peer: SocketAddr,
     tracked: &Tracked<'_>,
 ) -> Result<(), SessionError> {
-    let opening = tokio::time::timeout(STARTUP_TIMEOUT, start(front, client, buf))
+    let opening = tokio::time::timeout(STARTUP_TIMEOUT, start(front, client, buf, tracked))
         .await
         .map_err(|_| SessionError::StartupTimeout {
             secs: STARTUP_TIMEOUT.as_secs(),
@@ -84,6 +98,12 @@ async fn serve(
             return Ok(());
         }
         Opening::Startup(startup) => startup,
+        // `start` answers the one TLS negotiation there may be.
+        Opening::Tls => {
+            return Err(SessionError::Refused(Refusal::protocol(
+                "encryption negotiated twice",
+            )))
+        }
     };
     let (request, key) = lease_request(front, &startup)?;
     let template = request.template.clone();
@@ -115,6 +135,7 @@ async fn serve(
         key = key_name.as_deref(),
         lease_id = %lease.id,
         database = %lease.connect.database,
+        tls = client.is_tls(),
         "leased at the PostgreSQL front"
     );
     let started = Instant::now();
@@ -146,15 +167,32 @@ async fn serve(
     Ok(())
 }
 
-/// The start-up up to an authenticated client (or a CancelRequest).
+/// The start-up up to an authenticated client (or a CancelRequest), over TLS from the
+/// handshake on when the client asks for it and the front has it.
 async fn start(
     front: &Front,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     buf: &mut BytesMut,
+    tracked: &Tracked<'_>,
 ) -> Result<Opening, SessionError> {
-    let startup = match startup::read_opening(client, buf).await? {
+    let tls = front.config.tls.as_ref();
+    let encryption = match tls {
+        Some(_) => Encryption::Offered,
+        None => Encryption::Refused,
+    };
+    let mut opening = startup::read_opening(client, buf, encryption).await?;
+    if let (Opening::Tls, Some(tls)) = (&opening, tls) {
+        client
+            .upgrade(tls)
+            .await
+            .map_err(SessionError::TlsHandshake)?;
+        tracked.update(|row| row.tls = true);
+        // The client starts over, encrypted: a StartupMessage or a CancelRequest.
+        opening = startup::read_opening(client, buf, Encryption::Established).await?;
+    }
+    let startup = match opening {
         Opening::Startup(startup) => startup,
-        cancel @ Opening::Cancel(_) => return Ok(cancel),
+        other @ (Opening::Cancel(_) | Opening::Tls) => return Ok(other),
     };
     let Some(user) = startup.get("user") else {
         // What postgres says too; drivers always send one.
@@ -214,7 +252,7 @@ fn lease_request(
 /// takes the database back, as when an HTTP client goes away.
 async fn wait_for_lease(
     front: &Front,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     buf: &mut BytesMut,
     request: LeaseRequest,
 ) -> Result<Lease, SessionError> {
@@ -245,7 +283,7 @@ async fn wait_for_lease(
 /// of the front's own, and relays until either side closes.
 async fn connect_and_relay(
     front: &Front,
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     buf: &mut BytesMut,
     lease: &Lease,
     startup: &Startup,
@@ -304,16 +342,9 @@ async fn connect_and_relay(
             .await
             .map_err(|source| SessionError::io("passing on what the client sent early", source))?;
     }
-    let (client_read, client_write) = client.split();
-    let relaying = async {
-        match &mut server {
-            ServerStream::Tcp(stream) => relay((client_read, client_write), stream.split()).await,
-            ServerStream::Unix(stream) => relay((client_read, client_write), stream.split()).await,
-        }
-    };
     // The lease lasts as long as its connection: renewed while the bytes flow.
     let relayed = tokio::select! {
-        relayed = relaying => relayed,
+        relayed = client.relay_with(&mut server) => relayed,
         never = keep_renewing(front, lease) => match never {},
     };
     // The key is forgotten before the release: no cancel reaches the next holder.

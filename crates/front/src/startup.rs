@@ -1,6 +1,8 @@
 //! The client's side of the start-up, up to the moment the front knows what it wants: its
-//! opening packets (encryption requests refused with `N`, a CancelRequest, or a
-//! StartupMessage), the protocol version, and the password when a token guards the front.
+//! opening packets (an SSLRequest answered `S` when the front has TLS, `N` otherwise; a
+//! GSSENCRequest always `N`; a CancelRequest; or a StartupMessage), the protocol version,
+//! and the password when a token guards the front. The TLS handshake itself is the
+//! session's (`ClientStream::upgrade`), after which the opening packets are read again.
 //!
 //! Every read is bounded by the codec's [`MAX_STARTUP_PACKET`]; the caller bounds the time.
 //! Leasing and postgres are the session's business.
@@ -23,13 +25,29 @@ pub(crate) enum Opening {
     Cancel(CancelKey),
     /// To be served: its StartupMessage.
     Startup(Startup),
+    /// To speak TLS: the front said `S`, and the handshake comes next.
+    Tls,
 }
 
-/// Reads the client's opening packets. An SSLRequest and a GSSENCRequest are each refused
-/// once with `N`, as a server without TLS or GSSAPI does; a second one is a protocol error.
+/// Where the connection stands with encryption while its opening packets are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encryption {
+    /// Plain text, and the front has no TLS: an SSLRequest is refused with `N`.
+    Refused,
+    /// Plain text, and the front has TLS: an SSLRequest gets `S` ([`Opening::Tls`]).
+    Offered,
+    /// Already TLS: another encryption request breaks the protocol.
+    Established,
+}
+
+/// Reads the client's opening packets. An SSLRequest is answered `S` when TLS is
+/// offered, else refused once with `N`, as a server without TLS does; a GSSENCRequest is
+/// refused once with `N`, as a server without GSSAPI does. A second refused request, or
+/// any request once the connection is encrypted, is a protocol error.
 pub(crate) async fn read_opening<S>(
     stream: &mut S,
     buf: &mut BytesMut,
+    encryption: Encryption,
 ) -> Result<Opening, SessionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -38,10 +56,34 @@ where
     loop {
         let packet = read_packet(stream, buf, codec::decode_startup_packet).await?;
         let already = match packet {
-            StartupPacket::SslRequest => std::mem::replace(&mut ssl_refused, true),
-            StartupPacket::GssEncRequest => std::mem::replace(&mut gss_refused, true),
             StartupPacket::Cancel(key) => return Ok(Opening::Cancel(key)),
             StartupPacket::Startup(startup) => return Ok(Opening::Startup(startup)),
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest
+                if encryption == Encryption::Established =>
+            {
+                return Err(SessionError::Refused(Refusal::protocol(
+                    "an encryption request on a connection already encrypted",
+                )));
+            }
+            StartupPacket::SslRequest if encryption == Encryption::Offered => {
+                // What the client sent after its request would be taken as the start of
+                // the handshake, or worse, as sent under TLS by the client (postgres'
+                // CVE-2021-23214): the request is the last plain-text byte it may send.
+                if !buf.is_empty() {
+                    return Err(SessionError::Refused(Refusal::protocol(
+                        "received unencrypted data after SSL request",
+                    )));
+                }
+                stream
+                    .write_all(&[codec::ENCRYPTION_ACCEPTED])
+                    .await
+                    .map_err(|source| {
+                        SessionError::io("answering an encryption request", source)
+                    })?;
+                return Ok(Opening::Tls);
+            }
+            StartupPacket::SslRequest => std::mem::replace(&mut ssl_refused, true),
+            StartupPacket::GssEncRequest => std::mem::replace(&mut gss_refused, true),
         };
         if already {
             return Err(SessionError::Refused(Refusal::protocol(

@@ -33,7 +33,9 @@ async fn encryption_requests_are_refused_once_each_then_the_startup_is_read() {
         .await
         .expect("write");
     let mut buf = BytesMut::new();
-    let opening = read_opening(&mut front, &mut buf).await.expect("read");
+    let opening = read_opening(&mut front, &mut buf, Encryption::Refused)
+        .await
+        .expect("read");
     let Opening::Startup(startup) = opening else {
         panic!("not a startup: {opening:?}");
     };
@@ -44,13 +46,81 @@ async fn encryption_requests_are_refused_once_each_then_the_startup_is_read() {
 }
 
 #[tokio::test]
+async fn with_tls_an_ssl_request_gets_s_after_a_refused_gss_request() {
+    let (mut front, mut client) = connection();
+    let mut gss = BytesMut::new();
+    gss.extend_from_slice(&8u32.to_be_bytes());
+    gss.extend_from_slice(&((1234u32 << 16) | 5680).to_be_bytes());
+    client.write_all(&gss).await.expect("write");
+    let mut buf = BytesMut::new();
+    let reading = tokio::spawn(async move {
+        let opening = read_opening(&mut front, &mut buf, Encryption::Offered).await;
+        (opening, buf)
+    });
+    // The client waits for each answer before it goes on, as libpq does.
+    let mut answer = [0u8; 1];
+    client.read_exact(&mut answer).await.expect("an answer");
+    assert_eq!(&answer, b"N", "GSSAPI is never offered");
+    let mut ssl = BytesMut::new();
+    frontend::ssl_request(&mut ssl);
+    client.write_all(&ssl).await.expect("write");
+    client.read_exact(&mut answer).await.expect("an answer");
+    assert_eq!(&answer, b"S");
+    let (opening, buf) = reading.await.expect("join");
+    assert!(matches!(opening, Ok(Opening::Tls)), "{opening:?}");
+    assert!(buf.is_empty());
+}
+
+#[tokio::test]
+async fn bytes_sent_after_an_ssl_request_before_the_answer_are_refused() {
+    // What a man in the middle would inject for the server to read as sent under TLS.
+    let (mut front, mut client) = connection();
+    let mut bytes = BytesMut::new();
+    frontend::ssl_request(&mut bytes);
+    bytes.extend_from_slice(&startup(&[("user", "u"), ("database", "app")]));
+    client.write_all(&bytes).await.expect("write");
+    let error = read_opening(&mut front, &mut BytesMut::new(), Encryption::Offered)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&error, SessionError::Refused(refusal)
+            if refusal.code == "08P01" && refusal.message.contains("unencrypted data")),
+        "{error:?}"
+    );
+    drop(front);
+    assert!(answers(client).await.is_empty(), "no S was sent");
+}
+
+#[tokio::test]
+async fn an_encryption_request_inside_tls_is_a_protocol_error() {
+    for gss in [false, true] {
+        let (mut front, mut client) = connection();
+        let mut request = BytesMut::new();
+        if gss {
+            request.extend_from_slice(&8u32.to_be_bytes());
+            request.extend_from_slice(&((1234u32 << 16) | 5680).to_be_bytes());
+        } else {
+            frontend::ssl_request(&mut request);
+        }
+        client.write_all(&request).await.expect("write");
+        let error = read_opening(&mut front, &mut BytesMut::new(), Encryption::Established)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(&error, SessionError::Refused(refusal) if refusal.code == "08P01"),
+            "gss {gss}: {error:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_repeated_ssl_request_is_a_protocol_error() {
     let (mut front, mut client) = connection();
     let mut ssl = BytesMut::new();
     frontend::ssl_request(&mut ssl);
     frontend::ssl_request(&mut ssl);
     client.write_all(&ssl).await.expect("write");
-    let error = read_opening(&mut front, &mut BytesMut::new())
+    let error = read_opening(&mut front, &mut BytesMut::new(), Encryption::Refused)
         .await
         .expect_err("refused");
     assert!(
@@ -67,7 +137,7 @@ async fn a_connection_closed_mid_packet_is_incomplete_and_between_packets_left()
         .await
         .expect("write");
     drop(client);
-    let error = read_opening(&mut front, &mut BytesMut::new())
+    let error = read_opening(&mut front, &mut BytesMut::new(), Encryption::Refused)
         .await
         .expect_err("closed");
     assert!(
@@ -77,7 +147,7 @@ async fn a_connection_closed_mid_packet_is_incomplete_and_between_packets_left()
 
     let (mut front, client) = connection();
     drop(client);
-    let error = read_opening(&mut front, &mut BytesMut::new())
+    let error = read_opening(&mut front, &mut BytesMut::new(), Encryption::Refused)
         .await
         .expect_err("closed");
     assert!(matches!(error, SessionError::ClientLeft), "{error:?}");
@@ -89,7 +159,7 @@ async fn a_cancel_request_is_returned_with_its_key() {
     let mut cancel = BytesMut::new();
     frontend::cancel_request(12, 34, &mut cancel);
     client.write_all(&cancel).await.expect("write");
-    let opening = read_opening(&mut front, &mut BytesMut::new())
+    let opening = read_opening(&mut front, &mut BytesMut::new(), Encryption::Refused)
         .await
         .expect("read");
     assert!(
