@@ -50,9 +50,9 @@ pub async fn bind(config: &crate::cli::ServeConfig) -> Result<Listeners, ()> {
     })
 }
 
-/// Serves the PostgreSQL front on `listener` until `stop` is cancelled, after saying where
-/// and how to try it. (The log line names the address `address=`, not `addr=`, which the
-/// tests take for the HTTP API's.)
+/// Serves the PostgreSQL front on `listener` until `stop` is cancelled, after saying where,
+/// with what TLS, and how to try it. (The log line names the address `address=`, not
+/// `addr=`, which the tests take for the HTTP API's; it is its last field.)
 pub fn spawn_front(
     listener: tokio::net::TcpListener,
     front: pglease_front::FrontHandle,
@@ -68,9 +68,16 @@ pub fn spawn_front(
         ""
     };
     let address = shown.map(|a| a.to_string()).unwrap_or_default();
+    let tls = match front.tls() {
+        None => "TLS off".to_owned(),
+        Some(pglease_front::TlsSource::SelfSigned) => "TLS with a self-signed certificate".into(),
+        Some(pglease_front::TlsSource::Files { cert, .. }) => {
+            format!("TLS with the certificate {}", cert.display())
+        }
+    };
     tracing::info!(
         %address,
-        "PostgreSQL front listening on {address}; try: {password}psql -h {host} -p {port} default"
+        "PostgreSQL front listening on {address} ({tls}); try: {password}psql -h {host} -p {port} default"
     );
     tokio::spawn(pglease_front::serve(
         listener,

@@ -1,23 +1,23 @@
 //! `serve`'s flags merged over its config file, one function per section (`limits`,
 //! `templates` in `templates.rs`, `server` in `server.rs`, `clone_strategy`, `lease_auth`,
-//! `http`, `integresql`, `front`): each takes the flags and the file's table, applies the flags over
-//! the file and the file over the defaults, and checks the result; `into_config` only
-//! calls them in turn and assembles the validated `ServeConfig`.
+//! `http`, `integresql`, `front_listen`, `front_tls`): each takes the flags and the file's
+//! table, applies the flags over the file and the file over the defaults, and checks the
+//! result; `into_config` only calls them in turn and assembles the validated `ServeConfig`.
 //!
 //! The sections read `ServeArgs` whole rather than a struct of their own flags: clap lists
 //! the options in `--help` in the order `ServeArgs` declares them, which is not by section.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pglease_api::ApiConfig;
-use pglease_front::FrontConfig;
+use pglease_front::{FrontConfig, FrontTls};
 use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
 use pglease_pool::{CloneStrategy, IntegresqlRole, LeaseAuth, PoolConfig, PoolLimits};
 
 use super::file::{self, ConfigFile, ConfigFrom, Loaded};
-use super::serve::{FrontAddress, LeaseAuthArg, ServeArgs, StrategyArg};
+use super::serve::{FrontAddress, FrontTlsArg, LeaseAuthArg, ServeArgs, StrategyArg};
 use super::server::server;
 use super::templates::{command_timeout, templates};
 use super::DEFAULT_LISTEN;
@@ -69,6 +69,7 @@ impl ServeArgs {
         let http = http(&self, &file)?;
         let integresql = integresql(&self, &file)?;
         let front_listen = front_listen(&self, &file, &http)?;
+        let front_tls = front_tls(&self, &file, &file_dir, front_listen.as_ref())?;
         // Only a token holder may make the daemon download and start another major.
         let majors_on_request = http.token.is_some();
         let api = ApiConfig {
@@ -90,7 +91,7 @@ impl ServeArgs {
                 Some(max) => max,
                 None => pglease_front::DEFAULT_MAX_CONNECTIONS,
             },
-            tls: None,
+            tls: front_tls,
         };
         Ok(ServeConfig {
             config_from,
@@ -343,6 +344,83 @@ fn front_listen(
         address,
         chosen: true,
     }))
+}
+
+/// The TLS the front may serve, as chosen.
+enum TlsChoice {
+    /// None.
+    Off,
+    /// A certificate made at start.
+    SelfSigned,
+    /// The operator's certificate and key files.
+    Files { cert: PathBuf, key: PathBuf },
+}
+
+/// `--front-tls`, or `--front-tls-cert` with `--front-tls-key`, over the config file's
+/// `front_tls`, or `front_tls_cert` with `front_tls_key` (relative to the file), else off;
+/// then made, when the front is on: the certificate and key read now, once (a file that
+/// cannot be read or used stops the start, naming it), or a self-signed certificate made
+/// for loopback and the front's address.
+fn front_tls(
+    flags: &ServeArgs,
+    file: &ConfigFile,
+    file_dir: &Path,
+    listen: Option<&FrontListen>,
+) -> Result<Option<FrontTls>, String> {
+    let mode = |mode| match mode {
+        FrontTlsArg::Off => TlsChoice::Off,
+        FrontTlsArg::SelfSigned => TlsChoice::SelfSigned,
+    };
+    let choice = match (flags.front_tls, &flags.front_tls_cert, &flags.front_tls_key) {
+        (Some(tls), None, None) => mode(tls),
+        (None, Some(cert), Some(key)) => TlsChoice::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        // clap lets no other combination through.
+        (Some(_), _, _) | (None, Some(_), None) | (None, None, Some(_)) => {
+            return Err(
+                "give --front-tls, or --front-tls-cert with --front-tls-key, not both".into(),
+            )
+        }
+        (None, None, None) => match (file.front_tls, &file.front_tls_cert, &file.front_tls_key) {
+            (None, None, None) => TlsChoice::Off,
+            (Some(tls), None, None) => mode(tls),
+            (None, Some(cert), Some(key)) => TlsChoice::Files {
+                cert: file_dir.join(cert),
+                key: file_dir.join(key),
+            },
+            (None, Some(_), None) | (None, None, Some(_)) => {
+                return Err(
+                    "front_tls_cert and front_tls_key go together in the config file: the \
+                     certificate and its key"
+                        .into(),
+                )
+            }
+            (Some(_), _, _) => {
+                return Err(
+                    "the config file has front_tls and front_tls_cert / front_tls_key: give \
+                     one (a certificate's files imply TLS)"
+                        .into(),
+                )
+            }
+        },
+    };
+    // No front, nothing to encrypt: the files are not read.
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let made = match choice {
+        TlsChoice::Off => return Ok(None),
+        TlsChoice::SelfSigned => FrontTls::self_signed(listen.address.ip()),
+        TlsChoice::Files { cert, key } => {
+            let absolute = |path: &Path| {
+                std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+            };
+            FrontTls::from_pem_files(&absolute(&cert)?, &absolute(&key)?)
+        }
+    };
+    made.map(Some).map_err(|error| error.to_string())
 }
 
 /// `--integresql-pg-user` with its password: both or neither.

@@ -374,6 +374,49 @@ pub struct ServeArgs {
     /// one takes two file descriptors); more are refused with SQLSTATE 53300 [default: 2048].
     #[arg(help_heading = "PostgreSQL front", long, value_name = "N")]
     pub front_max_connections: Option<usize>,
+    /// TLS at the PostgreSQL front for clients that ask for it: `off`, or `self-signed`, a
+    /// certificate made in memory at each start for localhost, 127.0.0.1, ::1 and the
+    /// --front-listen address (it encrypts; a client cannot verify it). Clients that do not
+    /// ask are served in plain text either way. With TLS, Go's lib/pq (sslmode=require by
+    /// default) needs no sslmode=disable; libpq's default sslmode=prefer then pays a TLS
+    /// handshake on every connection, hence off by default (docs/front.md) [default: off].
+    #[arg(
+        help_heading = "PostgreSQL front",
+        long,
+        value_name = "off|self-signed",
+        conflicts_with = "front_tls_cert"
+    )]
+    pub front_tls: Option<FrontTlsArg>,
+    /// TLS at the PostgreSQL front with this certificate chain (PEM, the server's own
+    /// certificate first), read once at start; needs --front-tls-key. A file that cannot be
+    /// read or used stops the start.
+    #[arg(
+        help_heading = "PostgreSQL front",
+        long,
+        value_name = "FILE",
+        requires = "front_tls_key"
+    )]
+    pub front_tls_cert: Option<PathBuf>,
+    /// The private key of --front-tls-cert (PEM: PKCS#8, PKCS#1 or SEC1; RSA, ECDSA or
+    /// Ed25519), read once at start with the daemon's rights; keep it readable by the
+    /// daemon only.
+    #[arg(
+        help_heading = "PostgreSQL front",
+        long,
+        value_name = "FILE",
+        requires = "front_tls_cert"
+    )]
+    pub front_tls_key: Option<PathBuf>,
+}
+
+/// `--front-tls` and `front_tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrontTlsArg {
+    /// No TLS: an SSLRequest is answered `N`.
+    Off,
+    /// A self-signed certificate made at start.
+    SelfSigned,
 }
 
 /// `--front-listen` and `front_listen`: an address, or `off`.

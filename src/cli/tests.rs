@@ -427,6 +427,110 @@ fn the_postgresql_front_is_on_loopback_by_default_and_beyond_loopback_needs_a_to
 }
 
 #[test]
+fn tls_at_the_front_is_off_by_default_self_signed_or_the_operators_files() {
+    use pglease_front::TlsSource;
+    let tls = |args: &[&str]| {
+        serve_args(args)
+            .into_config()
+            .map(|c| c.front.tls.map(|tls| tls.source().clone()))
+    };
+    assert_eq!(tls(&[]), Ok(None), "off by default");
+    assert_eq!(tls(&["--front-tls", "off"]), Ok(None));
+    assert_eq!(
+        tls(&["--front-tls", "self-signed"]),
+        Ok(Some(TlsSource::SelfSigned))
+    );
+    assert_eq!(
+        tls(&["--front-tls", "self-signed", "--front-listen", "off"]),
+        Ok(None),
+        "no front, nothing to encrypt"
+    );
+    // A certificate without its key, or beside a mode, is clap's to refuse.
+    for args in [
+        &["--front-tls-cert", "c.pem"][..],
+        &["--front-tls-key", "k.pem"],
+        &[
+            "--front-tls",
+            "self-signed",
+            "--front-tls-cert",
+            "c.pem",
+            "--front-tls-key",
+            "k.pem",
+        ],
+        &["--front-tls", "on"],
+    ] {
+        let argv = ["pglease", "serve"].iter().chain(args);
+        assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
+    }
+
+    let dir = std::env::temp_dir().join(format!("pglease-front-tls-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("a certificate");
+    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_file, cert.pem()).expect("write");
+    std::fs::write(&key_file, key.serialize_pem()).expect("write");
+    let files = || {
+        Ok(Some(TlsSource::Files {
+            cert: cert_file.clone(),
+            key: key_file.clone(),
+        }))
+    };
+    let (cert_arg, key_arg) = (
+        cert_file.to_str().expect("utf8"),
+        key_file.to_str().expect("utf8"),
+    );
+    assert_eq!(
+        tls(&["--front-tls-cert", cert_arg, "--front-tls-key", key_arg]),
+        files()
+    );
+    let missing = dir.join("missing-key.pem");
+    let error = tls(&[
+        "--front-tls-cert",
+        cert_arg,
+        "--front-tls-key",
+        missing.to_str().expect("utf8"),
+    ])
+    .expect_err("no key file");
+    assert!(
+        error.contains("missing-key.pem") && error.contains("cannot read"),
+        "{error}"
+    );
+
+    // The config file's keys, relative to the file; the flags win.
+    let file = dir.join("pglease.toml");
+    let path = file.to_str().expect("utf8");
+    std::fs::write(
+        &file,
+        "front_tls_cert = \"cert.pem\"\nfront_tls_key = \"key.pem\"\n",
+    )
+    .expect("write");
+    assert_eq!(tls(&["--config", path]), files(), "relative to the file");
+    assert_eq!(
+        tls(&["--config", path, "--front-tls", "off"]),
+        Ok(None),
+        "the flag wins"
+    );
+    std::fs::write(&file, "front_tls = \"self-signed\"\n").expect("write");
+    assert_eq!(tls(&["--config", path]), Ok(Some(TlsSource::SelfSigned)));
+    for (text, expected) in [
+        ("front_tls_cert = \"cert.pem\"\n", "go together"),
+        (
+            "front_tls = \"self-signed\"\nfront_tls_key = \"key.pem\"\n",
+            "give one",
+        ),
+    ] {
+        std::fs::write(&file, text).expect("write");
+        let error = tls(&["--config", path]).expect_err(text);
+        assert!(error.contains(expected), "{text}: {error}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn superuser_templates_come_from_the_config_file() {
     let dir = std::env::temp_dir().join(format!("pglease-superuser-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
