@@ -104,10 +104,19 @@ pub(super) fn status(status: &StatusResponse) -> String {
     out
 }
 
-/// The PostgreSQL front: its connections, then the leases shared by key.
+/// The PostgreSQL front: its TLS and connections, then the leases shared by key.
 fn front_tables(front: &FrontJson) -> String {
+    let tls = match (front.tls.mode.as_str(), &front.tls.cert_file) {
+        ("certificate", Some(file)) => format!("TLS with the certificate {file}"),
+        (mode, _) => format!("TLS {mode}"),
+    };
+    let over_tls = front.connections.iter().filter(|c| c.tls).count();
+    let over_tls = match over_tls {
+        0 => String::new(),
+        n => format!(" ({n} over TLS)"),
+    };
     let mut out = format!(
-        "\nPostgreSQL front: {} connections open, {} accepted\n",
+        "\nPostgreSQL front: {} connections open{over_tls}, {} accepted; {tls}\n",
         front.connections.len(),
         front.accepted
     );
@@ -448,8 +457,8 @@ mod tests {
         });
         let out = super::status(&status_of(json!({ "front": front })));
         assert!(
-            out.contains("PostgreSQL front: 2 connections open, 7 accepted"),
-            "{out}"
+            out.contains("PostgreSQL front: 2 connections open, 7 accepted; TLS off"),
+            "a daemon that predates TLS at the front has none: {out}"
         );
         assert!(
             out.lines().any(|l| l.contains("127.0.0.1:50000")
@@ -470,6 +479,35 @@ mod tests {
         );
         let out = super::status(&status_of(json!({})));
         assert!(!out.contains("PostgreSQL front"), "{out}");
+    }
+
+    #[test]
+    fn the_front_says_how_it_serves_tls() {
+        let front = |tls: serde_json::Value| {
+            json!({
+                "accepted": 3,
+                "connections": [
+                    {"peer": "127.0.0.1:50000", "stage": "relaying", "since": "2026-11-26T22:00:00Z", "tls": true},
+                    {"peer": "127.0.0.1:50001", "stage": "starting", "since": "2026-11-26T22:00:01Z"},
+                ],
+                "keys": [],
+                "tls": tls,
+            })
+        };
+        let out = super::status(&status_of(json!({
+            "front": front(json!({"mode": "self-signed"}))
+        })));
+        assert!(
+            out.contains("2 connections open (1 over TLS), 3 accepted; TLS self-signed"),
+            "{out}"
+        );
+        let out = super::status(&status_of(json!({
+            "front": front(json!({"mode": "certificate", "cert_file": "/etc/pglease/front.pem"}))
+        })));
+        assert!(
+            out.contains("; TLS with the certificate /etc/pglease/front.pem"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -59,6 +59,7 @@ use crate::wire;
         wire::FrontJson,
         wire::FrontConnectionJson,
         wire::FrontKeyJson,
+        wire::FrontTlsJson,
         wire::KeyReleasedResponse,
     ))
 )]

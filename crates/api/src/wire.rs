@@ -224,6 +224,29 @@ pub struct FrontJson {
     pub connections: Vec<FrontConnectionJson>,
     /// The leases shared by key (database `<template>.<key>`).
     pub keys: Vec<FrontKeyJson>,
+    /// Its TLS (`--front-tls`); `off` from a daemon that predates it.
+    #[serde(default)]
+    pub tls: FrontTlsJson,
+}
+
+/// The PostgreSQL front's TLS, in `/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FrontTlsJson {
+    /// `off` (an SSLRequest is answered `N`), `self-signed` (a certificate made at start)
+    /// or `certificate` (the operator's, `--front-tls-cert`).
+    pub mode: String,
+    /// With `certificate`: its file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<String>,
+}
+
+impl Default for FrontTlsJson {
+    fn default() -> Self {
+        FrontTlsJson {
+            mode: "off".to_owned(),
+            cert_file: None,
+        }
+    }
 }
 
 /// One connection at the PostgreSQL front, in `/status`.
@@ -247,6 +270,9 @@ pub struct FrontConnectionJson {
     /// Its lease's database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database: Option<String>,
+    /// Whether it speaks TLS.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 /// A lease shared by key at the PostgreSQL front, in `/status`.

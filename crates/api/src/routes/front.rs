@@ -3,11 +3,13 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use pglease_front::{FrontHandle, FrontReport, KeyError};
+use pglease_front::{FrontHandle, FrontReport, KeyError, TlsSource};
 
 use super::leases::rfc3339;
 use crate::error::ApiError;
-use crate::wire::{ErrorBody, FrontConnectionJson, FrontJson, FrontKeyJson, KeyReleasedResponse};
+use crate::wire::{
+    ErrorBody, FrontConnectionJson, FrontJson, FrontKeyJson, FrontTlsJson, KeyReleasedResponse,
+};
 use crate::AppState;
 
 /// `DELETE /front/keys/{name}`: releases the lease every connection to database
@@ -54,6 +56,7 @@ pub(crate) fn front_json(report: FrontReport, ids: bool) -> FrontJson {
                 key: c.key,
                 lease_id: c.lease_id.filter(|_| ids).map(|id| id.to_string()),
                 database: c.database.map(|d| d.to_string()),
+                tls: c.tls,
             })
             .collect(),
         keys: report
@@ -67,5 +70,16 @@ pub(crate) fn front_json(report: FrontReport, ids: bool) -> FrontJson {
                 release_at: k.release_at.map(rfc3339),
             })
             .collect(),
+        tls: match report.tls {
+            None => FrontTlsJson::default(),
+            Some(TlsSource::SelfSigned) => FrontTlsJson {
+                mode: "self-signed".to_owned(),
+                cert_file: None,
+            },
+            Some(TlsSource::Files { cert, .. }) => FrontTlsJson {
+                mode: "certificate".to_owned(),
+                cert_file: Some(cert.display().to_string()),
+            },
+        },
     }
 }
