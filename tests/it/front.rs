@@ -23,7 +23,7 @@ async fn daemon_with_front() -> (TestDaemon, SocketAddr) {
 }
 
 /// The connection string of database `database` at the front.
-fn front_config(front: SocketAddr, database: &str, extra: &str) -> String {
+pub(crate) fn front_config(front: SocketAddr, database: &str, extra: &str) -> String {
     format!(
         "host={} port={} user=tester dbname={database} {extra}",
         front.ip(),
@@ -33,7 +33,7 @@ fn front_config(front: SocketAddr, database: &str, extra: &str) -> String {
 
 /// Connects through the front; the connection runs in a task the caller may abort (which
 /// closes the socket, as a killed client's does).
-async fn connect(
+pub(crate) async fn connect(
     config: &str,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(config, NoTls).await?;
@@ -44,7 +44,7 @@ async fn connect(
 }
 
 /// Waits until `/status` shows no open lease.
-async fn wait_until_no_lease(daemon: &TestDaemon, what: &str) {
+pub(crate) async fn wait_until_no_lease(daemon: &TestDaemon, what: &str) {
     poll_until(Duration::from_secs(10), what, || async {
         daemon.open_leases().await.is_empty().then_some(())
     })
@@ -229,7 +229,7 @@ async fn a_client_killed_mid_query_releases_its_lease() {
 
 /// Sends `bytes` on a new connection, closes the sending side, and returns everything the
 /// front answered before it closed.
-async fn exchange(front: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+pub(crate) async fn exchange(front: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let mut stream = tokio::net::TcpStream::connect(front)
         .await
         .expect("connect");
@@ -246,14 +246,15 @@ async fn exchange(front: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Whether `answer` is a FATAL ErrorResponse with SQLSTATE `code`.
-fn is_error(answer: &[u8], code: &str) -> bool {
+pub(crate) fn is_error(answer: &[u8], code: &str) -> bool {
     answer.first() == Some(&b'E')
         && answer
             .windows(code.len() + 1)
             .any(|window| window[0] == b'C' && &window[1..] == code.as_bytes())
 }
 
-fn packet(code: u32, body: &[u8]) -> Vec<u8> {
+/// A start-up packet: its length, `code` (a protocol version or a request's), `body`.
+pub(crate) fn packet(code: u32, body: &[u8]) -> Vec<u8> {
     let mut packet = ((8 + body.len()) as u32).to_be_bytes().to_vec();
     packet.extend_from_slice(&code.to_be_bytes());
     packet.extend_from_slice(body);

@@ -21,6 +21,7 @@ mod freshness;
 mod front;
 mod front_drivers;
 mod front_keys;
+mod front_tls;
 mod full_tmpfs;
 mod fuzz;
 mod helpers;

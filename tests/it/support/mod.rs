@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 mod plain_postgres;
 pub use plain_postgres::PlainPostgres;
+pub mod tls;
 
 /// The environment variable naming the postgres bin directory (else the daemon's discovery).
 pub const PG_BIN_ENV: &str = "PGLEASE_PG_BIN_DIR";
