@@ -2,7 +2,8 @@
 //! `drivers.rs` connects to `postgresql://tester@<front>/default` on its default options —
 //! the same check scripts in tests/drivers, in their front mode (`PGLEASE_FRONT_URL`), and
 //! Go's pgx and lib/pq from tests/drivers/go — and every lease it took is released when its
-//! connections close. The budgets hold at the front as over HTTP: a connection beyond
+//! connections close. With TLS at the front (`--front-tls`), lib/pq connects on its default
+//! `sslmode=require`, with no `sslmode=disable` in the URL. The budgets hold at the front as over HTTP: a connection beyond
 //! `--max-total` waits `POST /lease`'s default wait and then gets `53300` naming the limit, a
 //! connection beyond `--max-waiting` or the byte budget (`--max-bytes`) gets it at once, and
 //! leases over HTTP and connections at the front count against the same limits and make
@@ -213,6 +214,41 @@ async fn every_driver_connects_through_the_front_on_default_options() {
         daemon.log()
     );
     eprintln!("{report}");
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn lib_pq_needs_no_sslmode_when_the_front_serves_tls() {
+    if !tool_available("go", "lib/pq over TLS", "install Go (https://go.dev/dl)") {
+        return;
+    }
+    let (daemon, front) = daemon_with_front(&["--front-tls", "self-signed"]).await;
+    let driver = "lib/pq-tls";
+    let mut go = Command::new("go");
+    go.args(["run", ".", driver])
+        .current_dir(drivers_dir().join("go"))
+        .env(
+            FRONT_URL,
+            format!("postgresql://{CLIENT_USER}@{front}/default"),
+        );
+    let (ok, text) = run(go).await;
+    let log = daemon.log();
+    assert!(
+        ok,
+        "lib/pq on its default sslmode failed:\n{text}\ndaemon log:\n{log}"
+    );
+    let databases = databases_of(driver, &text).unwrap_or_else(|| panic!("{text}"));
+    for database in databases {
+        let field = format!("database={database}");
+        assert!(
+            log.lines()
+                .any(|line| line.contains("leased at the PostgreSQL front")
+                    && line.split_whitespace().any(|word| word == field)
+                    && line.split_whitespace().any(|word| word == "tls=true")),
+            "{database} leased over TLS: {log}"
+        );
+    }
+    assert_eq!(leases_left(&daemon).await, None);
     assert!(daemon.stop().await.success());
 }
 

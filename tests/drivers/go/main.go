@@ -1,12 +1,13 @@
 // Connects through the PostgreSQL front (tests/it/front_drivers.rs) with Go's drivers: pgx
 // (pgx.Connect) and lib/pq (database/sql). PGLEASE_FRONT_URL is
 // `postgres://<user>@<host>:<port>/<template>`, given to pgx as it is; lib/pq gets it with
-// `?sslmode=disable`, which docs/front.md tells its users to add (its default is `require`,
-// and the front has no TLS). Each driver opens two connections, one after the other, and
-// checks what docs/front.md promises: a clone of its own, the lease's role, a table round
-// trip, a query with a parameter.
+// `?sslmode=disable`, which docs/front.md tells its users to add when the front has no TLS
+// (lib/pq's default is `require`). `lib/pq-tls` is lib/pq on the URL as it is, on its
+// default sslmode, for a front with TLS (`--front-tls`). Each driver opens two
+// connections, one after the other, and checks what docs/front.md promises: a clone of its
+// own, the lease's role, a table round trip, a query with a parameter.
 //
-// Arguments name the drivers to run (all when none). Prints
+// Arguments name the drivers to run (pgx and lib/pq when none). Prints
 // `ok <driver> <first database> <second database>` or `FAIL <driver>: <error>` per driver;
 // exits 1 if any failed.
 // Run: PGLEASE_FRONT_URL=postgres://... go run . [pgx|lib/pq]
@@ -31,8 +32,9 @@ type runFunc func(ctx context.Context, query string, args ...any) ([][]string, e
 func main() {
 	frontURL := os.Getenv("PGLEASE_FRONT_URL")
 	checks := map[string]func(context.Context, string) (string, error){
-		"pgx":    func(ctx context.Context, u string) (string, error) { return twoConnections(ctx, u, pgxSession) },
-		"lib/pq": func(ctx context.Context, u string) (string, error) { return twoConnections(ctx, u, pqSession) },
+		"pgx":        func(ctx context.Context, u string) (string, error) { return twoConnections(ctx, u, pgxSession) },
+		"lib/pq":     pqChecks("?sslmode=disable"),
+		"lib/pq-tls": pqChecks(""),
 	}
 	names := os.Args[1:]
 	if len(names) == 0 {
@@ -154,10 +156,25 @@ func pgxSession(ctx context.Context, frontURL string, check func(runFunc) (strin
 	})
 }
 
-// pqSession runs check on one connection of a database/sql pool over lib/pq (a pool may
-// open several, each a lease of its own at the front: db.Conn keeps the checks on one).
-func pqSession(ctx context.Context, frontURL string, check func(runFunc) (string, error)) (string, error) {
-	db, err := sql.Open("postgres", frontURL+"?sslmode=disable")
+// pqChecks checks lib/pq on the front's URL with query added (`?sslmode=…`, or nothing).
+func pqChecks(query string) func(context.Context, string) (string, error) {
+	return func(ctx context.Context, u string) (string, error) {
+		return twoConnections(ctx, u, pqSession(u+query))
+	}
+}
+
+// pqSession runs check on one connection of a database/sql pool over lib/pq, opened with
+// dsn (a pool may open several, each a lease of its own at the front: db.Conn keeps the
+// checks on one).
+func pqSession(dsn string) func(context.Context, string, func(runFunc) (string, error)) (string, error) {
+	return func(ctx context.Context, _ string, check func(runFunc) (string, error)) (string, error) {
+		return pqCheck(ctx, dsn, check)
+	}
+}
+
+// pqCheck runs check on one lib/pq connection to dsn.
+func pqCheck(ctx context.Context, dsn string, check func(runFunc) (string, error)) (string, error) {
+	db, err := sql.Open("postgres", dsn)
 	if err != nil {
 		return "", err
 	}
