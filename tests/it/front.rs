@@ -10,17 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use crate::support::{binary, current_database, poll_until, tool_available, TestDaemon};
-
-/// A daemon with the front on a port of its own.
-async fn daemon_with_front() -> (TestDaemon, SocketAddr) {
-    let daemon = TestDaemon::builder()
-        .args(["--front-listen", "127.0.0.1:0"])
-        .start()
-        .await;
-    let front = daemon.front_address().await;
-    (daemon, front)
-}
+use crate::support::{
+    binary, current_database, daemon_with_front, poll_until, tool_available, TestDaemon,
+};
 
 /// The connection string of database `database` at the front.
 pub(crate) fn front_config(front: SocketAddr, database: &str, extra: &str) -> String {
@@ -53,7 +45,7 @@ pub(crate) async fn wait_until_no_lease(daemon: &TestDaemon, what: &str) {
 
 #[tokio::test]
 async fn connecting_to_a_template_name_leases_a_clone_and_closing_releases_it() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let config = front_config(front, "default", "application_name=front-test");
     let (first, first_task) = connect(&config).await.expect("connect through the front");
     let first_db = current_database(&first).await;
@@ -96,7 +88,7 @@ async fn connecting_to_a_template_name_leases_a_clone_and_closing_releases_it() 
 
 #[tokio::test]
 async fn an_unknown_template_is_3d000_naming_the_templates_there_are() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let error = connect(&front_config(front, "nope", ""))
         .await
         .expect_err("no such template");
@@ -166,7 +158,7 @@ fn a_front_beyond_loopback_needs_a_token() {
 
 #[tokio::test]
 async fn a_cancel_through_the_front_reaches_the_backend() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let (client, _task) = connect(&front_config(front, "default", ""))
         .await
         .expect("connect");
@@ -200,7 +192,7 @@ async fn a_cancel_through_the_front_reaches_the_backend() {
 
 #[tokio::test]
 async fn a_client_killed_mid_query_releases_its_lease() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let (client, connection) = connect(&front_config(front, "default", ""))
         .await
         .expect("connect");
@@ -263,7 +255,7 @@ pub(crate) fn packet(code: u32, body: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn hostile_startup_packets_are_refused_and_the_front_keeps_serving() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let ssl_request = packet((1234 << 16) | 5679, &[]);
     let startup = packet(3 << 16, b"user\0u\0database\0default\0\0");
     // Refused with a protocol violation, and closed.
@@ -332,7 +324,7 @@ async fn hostile_startup_packets_are_refused_and_the_front_keeps_serving() {
 
 #[tokio::test]
 async fn protocol_3_2_and_its_options_are_negotiated_down_to_3_0() {
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let mut stream = tokio::net::TcpStream::connect(front)
         .await
         .expect("connect");
@@ -364,7 +356,7 @@ async fn psql_gets_a_scratch_database_from_the_front() {
     if !tool_available("psql", test, "install postgresql-client") {
         return;
     }
-    let (daemon, front) = daemon_with_front().await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("psql")
             .args(["-X", "-A", "-t", "-h", &front.ip().to_string()])

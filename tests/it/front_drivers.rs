@@ -22,7 +22,8 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::drivers::{drivers_dir, node_drivers_available, pgjdbc_jar};
 use crate::support::{
-    current_database, id_of, poll_until, tool_available, TestDaemon, REQUIRE_TOOLS,
+    current_database, daemon_with_front, id_of, poll_until, tool_available, TestDaemon,
+    REQUIRE_TOOLS,
 };
 
 /// The variable that puts a check script in its front mode.
@@ -31,17 +32,6 @@ const FRONT_URL: &str = "PGLEASE_FRONT_URL";
 const CLIENT_USER: &str = "tester";
 /// How long one driver's check may take (Go's first `go run` compiles pgx).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// A daemon with the front on a port of its own, started with `args` too.
-async fn daemon_with_front(args: &[&str]) -> (TestDaemon, SocketAddr) {
-    let daemon = TestDaemon::builder()
-        .args(["--front-listen", "127.0.0.1:0"])
-        .args(args.iter().copied())
-        .start()
-        .await;
-    let front = daemon.front_address().await;
-    (daemon, front)
-}
 
 /// Waits until `/status` shows no open lease; returns those still open after 10 s.
 async fn leases_left(daemon: &TestDaemon) -> Option<Vec<Value>> {

@@ -16,21 +16,12 @@ use tokio_postgres::Client;
 
 use crate::front::{connect, exchange, front_config, is_error, packet, wait_until_no_lease};
 use crate::support::tls::TestTls;
-use crate::support::{current_database, poll_until, scratch_dir, tool_available, TestDaemon};
+use crate::support::{
+    current_database, daemon_with_front, poll_until, scratch_dir, tool_available, TestDaemon,
+};
 
 /// An SSLRequest.
 const SSL_REQUEST_CODE: u32 = (1234 << 16) | 5679;
-
-/// A daemon with the front on a port of its own, started with `args` too.
-async fn daemon_with(args: &[&str]) -> (TestDaemon, SocketAddr) {
-    let daemon = TestDaemon::builder()
-        .args(["--front-listen", "127.0.0.1:0"])
-        .args(args.iter().copied())
-        .start()
-        .await;
-    let front = daemon.front_address().await;
-    (daemon, front)
-}
 
 /// Connects through the front with `tls`; the connection runs in a task of its own.
 async fn connect_tls(
@@ -78,17 +69,6 @@ async fn front_connections(daemon: &TestDaemon) -> Vec<serde_json::Value> {
         .unwrap_or_default()
 }
 
-/// An error with its causes, which tokio-postgres' own message leaves out.
-fn with_causes(error: &tokio_postgres::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
-}
-
 /// Whether the daemon logged a lease of `database` at the front with `tls=<tls>`.
 fn leased_with_tls(log: &str, database: &str, tls: bool) -> bool {
     let (database, tls) = (format!("database={database}"), format!("tls={tls}"));
@@ -101,7 +81,7 @@ fn leased_with_tls(log: &str, database: &str, tls: bool) -> bool {
 
 #[tokio::test]
 async fn with_a_self_signed_certificate_clients_that_ask_get_tls_and_others_plain_text() {
-    let (daemon, front) = daemon_with(&["--front-tls", "self-signed"]).await;
+    let (daemon, front) = daemon_with_front(&["--front-tls", "self-signed"]).await;
     let log = daemon.log();
     assert!(
         log.contains("PostgreSQL front listening on 127.0.0.1:")
@@ -178,14 +158,14 @@ async fn with_a_self_signed_certificate_clients_that_ask_get_tls_and_others_plai
 
 #[tokio::test]
 async fn without_tls_sslmode_require_is_refused_and_prefer_goes_on_in_plain_text() {
-    let (daemon, front) = daemon_with(&[]).await;
+    let (daemon, front) = daemon_with_front(&[]).await;
     assert!(daemon.log().contains("(TLS off)"), "{}", daemon.log());
     assert_eq!(daemon.status().await["front"]["tls"]["mode"], "off");
     let tls = TestTls::trusting_any();
     let error = connect_tls(&front_config(front, "default", "sslmode=require"), &tls)
         .await
         .expect_err("no TLS at the front");
-    let error = with_causes(&error);
+    let error = pglease_pool::pg_message(&error);
     assert!(error.contains("server does not support TLS"), "{error}");
     let (client, _task) = connect_tls(&front_config(front, "default", "sslmode=prefer"), &tls)
         .await
@@ -248,7 +228,7 @@ async fn the_operators_certificate_is_served_and_verifies() {
         key_file.display().to_string(),
     );
     let (daemon, front) =
-        daemon_with(&["--front-tls-cert", &cert_arg, "--front-tls-key", &key_arg]).await;
+        daemon_with_front(&["--front-tls-cert", &cert_arg, "--front-tls-key", &key_arg]).await;
     assert!(
         daemon
             .log()
@@ -279,7 +259,7 @@ async fn the_operators_certificate_is_served_and_verifies() {
     )
     .await
     .expect_err("not the certificate it trusts");
-    let error = with_causes(&error);
+    let error = pglease_pool::pg_message(&error);
     assert!(error.contains("invalid peer certificate"), "{error}");
     drop(client);
     wait_until_no_lease(&daemon, "the lease released").await;
@@ -326,7 +306,7 @@ async fn a_missing_or_garbage_certificate_file_stops_the_start_naming_it() {
 
 #[tokio::test]
 async fn a_cancel_over_tls_reaches_the_backend() {
-    let (daemon, front) = daemon_with(&["--front-tls", "self-signed"]).await;
+    let (daemon, front) = daemon_with_front(&["--front-tls", "self-signed"]).await;
     let tls = TestTls::trusting_any();
     let (client, _task) = connect_tls(&front_config(front, "default", "sslmode=require"), &tls)
         .await
@@ -390,7 +370,7 @@ async fn after_yes_to_tls(front: SocketAddr, then: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn broken_tls_handshakes_end_their_own_connection_only() {
-    let (daemon, front) = daemon_with(&["--front-tls", "self-signed"]).await;
+    let (daemon, front) = daemon_with_front(&["--front-tls", "self-signed"]).await;
     let tls = TestTls::trusting_any();
     let (client, _task) = connect_tls(&front_config(front, "default", "sslmode=require"), &tls)
         .await

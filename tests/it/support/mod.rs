@@ -735,3 +735,15 @@ pub async fn current_database(client: &tokio_postgres::Client) -> String {
         .expect("SELECT current_database()")
         .get(0)
 }
+
+/// A daemon with the PostgreSQL front on a port of its own, started with `args` too, and
+/// the front's address.
+pub async fn daemon_with_front(args: &[&str]) -> (TestDaemon, std::net::SocketAddr) {
+    let daemon = TestDaemon::builder()
+        .args(["--front-listen", "127.0.0.1:0"])
+        .args(args.iter().copied())
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    (daemon, front)
+}
