@@ -105,6 +105,13 @@ const SHOWN_SQL: &str = "SELECT coalesce(array_agg(pid), '{}'), \
      FROM pg_catalog.pg_stat_activity \
      WHERE pid = ANY($2) AND (usename IS NOT NULL OR backend_type <> 'client backend')";
 
+/// Terminates the previous holder's sessions (in the clone or logged in as its role, `$1`)
+/// and lists those signalled: the sessions only, not the lock table.
+const LAST_LOOK_SQL: &str =
+    "SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') \
+     FROM pg_catalog.pg_stat_activity \
+     WHERE (datname = $1 OR usename = $1) AND pid <> pg_backend_pid()";
+
 /// Why a clone is not ready to lease again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReused {
@@ -260,10 +267,26 @@ async fn end_sessions(client: &Object, clone: &DbName, exits: Exits) -> Result<(
     // Taken after NOLOGIN committed (any later backend fails its role check), in the same
     // round trip as the first pass: the usual recycle takes no other.
     let first = query_one_prepared(client, FIRST_PASS_SQL, &[&clone.as_str()]).await?;
-    let (ending, starting): (Vec<i32>, Vec<i32>) = (first.get(0), first.get(1));
-    match exits {
-        Exits::Seen => wait_seen(client, clone, started, ending, starting).await,
-        Exits::Asked => wait_asked(client, clone, started, !ending.is_empty(), starting).await,
+    let (mut ending, mut starting): (Vec<i32>, Vec<i32>) = (first.get(0), first.get(1));
+    loop {
+        match exits {
+            Exits::Seen => wait_seen(client, clone, started, ending, starting).await?,
+            Exits::Asked => {
+                wait_asked(client, clone, started, !ending.is_empty(), starting).await?
+            }
+        }
+        // The first pass reads the sessions and the locks one after the other: a login
+        // that finished its start-up between the two reads (past its role check before
+        // NOLOGIN, its start-up transaction closed) can be in neither. It is in the sessions now; so is any holder's
+        // backend the passes since could have missed. A last look at them, after every
+        // read of the locks, ends the holder's that are left; then wait for those.
+        ending = query_one_prepared(client, LAST_LOOK_SQL, &[&clone.as_str()])
+            .await?
+            .get(0);
+        if ending.is_empty() {
+            return Ok(());
+        }
+        starting = Vec::new();
     }
 }
 
