@@ -14,7 +14,10 @@
 //! backend that may still become the previous holder's is either in `pg_stat_activity`
 //! already, or holds a `virtualxid` lock without being there yet ("starting"). The recycle
 //! terminates the first kind and waits for the starting ones of that moment to show up (and
-//! be terminated if they are the holder's) or go — milliseconds, with no fixed pause. One
+//! be terminated if they are the holder's) or go — milliseconds, with no fixed pause. The
+//! two lists cannot be read at one instant, and a login can move from the second kind to
+//! the first between the reads; so the recycle ends with a last look at the sessions, after
+//! every read of the locks, and ends what of the holder's it finds there. One
 //! still starting after [`STARTING_GRACE`] is stuck in authentication: it may be the holder,
 //! holding the old verifier, or anyone else's login to any database of the server, and
 //! nothing tells which. It is left alone (ending it could break another tenant's connect)
