@@ -24,7 +24,7 @@ use crate::support::{
 const SSL_REQUEST_CODE: u32 = (1234 << 16) | 5679;
 
 /// Connects through the front with `tls`; the connection runs in a task of its own.
-async fn connect_tls(
+pub(crate) async fn connect_tls(
     config: &str,
     tls: &TestTls,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {

@@ -22,6 +22,7 @@ mod front;
 mod front_drivers;
 mod front_keys;
 mod front_tls;
+mod front_tls_direct;
 mod full_tmpfs;
 mod fuzz;
 mod helpers;

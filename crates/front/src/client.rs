@@ -14,6 +14,9 @@ use crate::backend::ServerStream;
 use crate::relay::{relay, Relayed, Side};
 use crate::tls::FrontTls;
 
+/// The first byte of a TLS record that carries a handshake message.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// A client's connection.
 #[derive(Debug)]
 pub(crate) enum ClientStream {
@@ -39,6 +42,27 @@ impl ClientStream {
         let stream = tls.acceptor().accept(stream).await?;
         *self = ClientStream::Tls(Box::new(stream));
         Ok(())
+    }
+
+    /// Whether the client's first byte opens a TLS handshake (a handshake record, 0x16),
+    /// as libpq's `sslnegotiation=direct` does instead of an SSLRequest, whose first byte
+    /// (a length's) is 0. Reads nothing; waits for the first byte.
+    pub(crate) async fn starts_tls(&self) -> bool {
+        let ClientStream::Plain(stream) = self else {
+            return false;
+        };
+        let mut first = [0u8; 1];
+        matches!(stream.peek(&mut first).await, Ok(1) if first[0] == TLS_HANDSHAKE_RECORD)
+    }
+
+    /// Whether the TLS handshake chose ALPN protocol `postgresql`.
+    pub(crate) fn speaks_postgresql(&self) -> bool {
+        match self {
+            ClientStream::Tls(stream) => {
+                stream.get_ref().1.alpn_protocol() == Some(crate::tls::ALPN_POSTGRESQL)
+            }
+            ClientStream::Plain(_) | ClientStream::Closed => false,
+        }
     }
 
     /// Whether the connection is encrypted.

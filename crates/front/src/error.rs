@@ -110,6 +110,11 @@ pub(crate) enum SessionError {
     /// connection is closed without a word, since nothing may follow in plain text.
     #[error("the TLS handshake failed: {0}")]
     TlsHandshake(std::io::Error),
+    /// The client began a TLS handshake without an SSLRequest (libpq's
+    /// `sslnegotiation=direct`) at a front without TLS: closed without a word, since the
+    /// client reads nothing but TLS.
+    #[error("a TLS handshake without an SSLRequest, and the front serves no TLS (--front-tls)")]
+    DirectTlsRefused,
     /// The client did not finish its start-up in time.
     #[error("the client did not finish its start-up within {secs} s")]
     StartupTimeout {
@@ -144,6 +149,7 @@ impl SessionError {
             SessionError::Io { .. }
             | SessionError::ClientLeft
             | SessionError::TlsHandshake(_)
+            | SessionError::DirectTlsRefused
             | SessionError::Incomplete { .. } => {}
             SessionError::Codec(error) => Refusal::protocol(error.to_string()).write(out),
             SessionError::StartupTimeout { .. } => {
@@ -168,6 +174,7 @@ impl SessionError {
             | SessionError::Incomplete { .. }
             | SessionError::ClientLeft
             | SessionError::TlsHandshake(_)
+            | SessionError::DirectTlsRefused
             | SessionError::StartupTimeout { .. } => true,
             SessionError::Refused(refusal) => !refusal.code.starts_with("XX"),
             SessionError::Backend(_) | SessionError::BackendTimeout { .. } => false,

@@ -63,7 +63,7 @@ pub(crate) async fn run(front: Arc<Front>, stream: TcpStream, peer: SocketAddr) 
         }
         match error {
             // Rare from a real client, and the only trace of one that cannot connect.
-            SessionError::TlsHandshake(_) => {
+            SessionError::TlsHandshake(_) | SessionError::DirectTlsRefused => {
                 tracing::info!(%peer, %error, "a connection at the PostgreSQL front ended");
             }
             error if error.is_clients() => {
@@ -180,13 +180,27 @@ async fn start(
         Some(_) => Encryption::Offered,
         None => Encryption::Refused,
     };
-    let mut opening = startup::read_opening(client, buf, encryption).await?;
+    // libpq 17's `sslnegotiation=direct`: the handshake at once, without an SSLRequest.
+    let direct = client.starts_tls().await;
+    let mut opening = match (direct, tls) {
+        (false, _) => startup::read_opening(client, buf, encryption).await?,
+        (true, None) => return Err(SessionError::DirectTlsRefused),
+        (true, Some(_)) => Opening::Tls,
+    };
     if let (Opening::Tls, Some(tls)) = (&opening, tls) {
         client
             .upgrade(tls)
             .await
             .map_err(SessionError::TlsHandshake)?;
         tracked.update(|row| row.tls = true);
+        // Postgres' rule: a direct handshake must name the protocol (ALPN `postgresql`),
+        // so that no other TLS client's bytes are taken for a start-up.
+        if direct && !client.speaks_postgresql() {
+            return Err(SessionError::Refused(Refusal::protocol(
+                "received direct SSL connection request without ALPN protocol negotiation \
+                 extension",
+            )));
+        }
         // The client starts over, encrypted: a StartupMessage or a CancelRequest.
         opening = startup::read_opening(client, buf, Encryption::Established).await?;
     }

@@ -24,7 +24,7 @@ const MAX_PEM_FILE: u64 = 1 << 20;
 
 /// The protocol name PostgreSQL 17 servers and clients agree on in TLS's ALPN: libpq 17
 /// and later offer it, and postgres answers with it.
-const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+pub(crate) const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
 /// Where the front's certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -51,6 +51,13 @@ impl TestTls {
         Self::with(config)
     }
 
+    /// Offers ALPN `alpn` in its handshakes, as libpq 17 offers `postgresql`.
+    pub fn offering_alpn(self, alpn: &[u8]) -> Self {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        Self::with(config)
+    }
+
     fn with(config: ClientConfig) -> Self {
         TestTls {
             config: Arc::new(config),
