@@ -62,22 +62,26 @@ pub fn spawn_front(
     let (host, port) = shown
         .map(|a| (a.ip().to_string(), a.port().to_string()))
         .unwrap_or_default();
-    let password = if front.asks_password() {
-        "PGPASSWORD=\"$PGLEASE_TOKEN\" "
-    } else {
-        ""
-    };
+    // What psql needs in its environment to get in.
+    let mut env = String::new();
+    if front.asks_password() {
+        env.push_str("PGPASSWORD=\"$PGLEASE_TOKEN\" ");
+    }
     let address = shown.map(|a| a.to_string()).unwrap_or_default();
-    let tls = match front.tls() {
+    let mut tls = match front.tls() {
         None => "TLS off".to_owned(),
         Some(pglease_front::TlsSource::SelfSigned) => "TLS with a self-signed certificate".into(),
         Some(pglease_front::TlsSource::Files { cert, .. }) => {
             format!("TLS with the certificate {}", cert.display())
         }
     };
+    if front.requires_tls() {
+        tls.push_str(", required");
+        env.push_str("PGSSLMODE=require ");
+    }
     tracing::info!(
         %address,
-        "PostgreSQL front listening on {address} ({tls}); try: {password}psql -h {host} -p {port} default"
+        "PostgreSQL front listening on {address} ({tls}); try: {env}psql -h {host} -p {port} default"
     );
     tokio::spawn(pglease_front::serve(
         listener,

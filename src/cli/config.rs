@@ -70,6 +70,14 @@ impl ServeArgs {
         let integresql = integresql(&self, &file)?;
         let front_listen = front_listen(&self, &file, &http)?;
         let front_tls = front_tls(&self, &file, &file_dir, front_listen.as_ref())?;
+        let require_tls = self.front_require_tls || file.front_require_tls.unwrap_or(false);
+        if require_tls && front_tls.is_none() && front_listen.is_some() {
+            return Err(
+                "--front-require-tls (front_require_tls) needs TLS at the front: \
+                        --front-tls self-signed, or --front-tls-cert with --front-tls-key"
+                    .into(),
+            );
+        }
         // Only a token holder may make the daemon download and start another major.
         let majors_on_request = http.token.is_some();
         let api = ApiConfig {
@@ -92,6 +100,7 @@ impl ServeArgs {
                 None => pglease_front::DEFAULT_MAX_CONNECTIONS,
             },
             tls: front_tls,
+            require_tls,
         };
         Ok(ServeConfig {
             config_from,

@@ -76,6 +76,7 @@ pub(super) struct ConfigFile {
     pub(super) front_tls: Option<super::serve::FrontTlsArg>,
     pub(super) front_tls_cert: Option<PathBuf>,
     pub(super) front_tls_key: Option<PathBuf>,
+    pub(super) front_require_tls: Option<bool>,
     pub(super) min_ready: Option<usize>,
     pub(super) max_total: Option<usize>,
     pub(super) clone_concurrency: Option<usize>,

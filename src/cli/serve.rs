@@ -407,6 +407,12 @@ pub struct ServeArgs {
         requires = "front_tls_cert"
     )]
     pub front_tls_key: Option<PathBuf>,
+    /// Refuse clients at the PostgreSQL front that do not ask for TLS (SQLSTATE 28000, before
+    /// any password is sent), as a `hostssl`-only pg_hba.conf does: for a front beyond
+    /// loopback, where the token must not cross the network in plain text. Needs
+    /// --front-tls self-signed or --front-tls-cert [default: off].
+    #[arg(help_heading = "PostgreSQL front", long)]
+    pub front_require_tls: bool,
 }
 
 /// `--front-tls` and `front_tls`.

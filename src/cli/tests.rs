@@ -531,6 +531,24 @@ fn tls_at_the_front_is_off_by_default_self_signed_or_the_operators_files() {
 }
 
 #[test]
+fn requiring_tls_at_the_front_needs_tls_there() {
+    let required = |args: &[&str]| serve_args(args).into_config().map(|c| c.front.require_tls);
+    assert_eq!(required(&[]), Ok(false), "off by default");
+    assert_eq!(
+        required(&["--front-tls", "self-signed", "--front-require-tls"]),
+        Ok(true)
+    );
+    let error = required(&["--front-require-tls"]).expect_err("no TLS to require");
+    assert!(error.contains("needs TLS at the front"), "{error}");
+    assert!(required(&["--front-require-tls", "--front-tls", "off"]).is_err());
+    assert_eq!(
+        required(&["--front-require-tls", "--front-listen", "off"]),
+        Ok(true),
+        "no front, nothing to refuse"
+    );
+}
+
+#[test]
 fn superuser_templates_come_from_the_config_file() {
     let dir = std::env::temp_dir().join(format!("pglease-superuser-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");

@@ -106,10 +106,13 @@ pub(super) fn status(status: &StatusResponse) -> String {
 
 /// The PostgreSQL front: its TLS and connections, then the leases shared by key.
 fn front_tables(front: &FrontJson) -> String {
-    let tls = match (front.tls.mode.as_str(), &front.tls.cert_file) {
+    let mut tls = match (front.tls.mode.as_str(), &front.tls.cert_file) {
         ("certificate", Some(file)) => format!("TLS with the certificate {file}"),
         (mode, _) => format!("TLS {mode}"),
     };
+    if front.tls.required {
+        tls.push_str(", required");
+    }
     let over_tls = front.connections.iter().filter(|c| c.tls).count();
     let over_tls = match over_tls {
         0 => String::new(),

@@ -1,12 +1,13 @@
-//! TLS without an SSLRequest at the PostgreSQL front (libpq 17's `sslnegotiation=direct`):
-//! the client's handshake is its first byte. Served where the front has TLS, when the client
-//! names the protocol in ALPN (`postgresql`), as postgres requires; refused otherwise, and the
-//! front goes on serving everyone else.
+//! TLS at the PostgreSQL front beyond the SSLRequest: without one (libpq 17's
+//! `sslnegotiation=direct`), the client's handshake is its first byte, served where the front
+//! has TLS when the client names the protocol in ALPN (`postgresql`), as postgres requires,
+//! and refused otherwise; and TLS required (`--front-require-tls`), a plain-text client
+//! refused before its password is asked for. The front goes on serving everyone else.
 
-use crate::front::{connect, front_config, wait_until_no_lease};
+use crate::front::{connect, exchange, front_config, is_error, packet, wait_until_no_lease};
 use crate::front_tls::connect_tls;
 use crate::support::tls::TestTls;
-use crate::support::{current_database, daemon_with_front, poll_until};
+use crate::support::{current_database, daemon_with_front, poll_until, TestDaemon};
 
 /// What libpq 17 sends with `sslnegotiation=direct`.
 const DIRECT: &str = "sslmode=require sslnegotiation=direct";
@@ -85,5 +86,46 @@ async fn a_direct_handshake_at_a_front_without_tls_is_closed_and_logged() {
     drop(client);
     let _ = task.await;
     assert!(daemon.open_leases().await.len() <= 1);
+    assert!(daemon.stop().await.success());
+}
+
+#[tokio::test]
+async fn with_tls_required_a_plain_client_is_refused_before_its_password() {
+    let daemon = TestDaemon::builder()
+        .token("front-secret")
+        .args(["--front-listen", "127.0.0.1:0"])
+        .args(["--front-tls", "self-signed", "--front-require-tls"])
+        .start()
+        .await;
+    let front = daemon.front_address().await;
+    assert_eq!(daemon.status().await["front"]["tls"]["required"], true);
+    assert!(
+        daemon
+            .log()
+            .contains(", required); try: PGPASSWORD=\"$PGLEASE_TOKEN\" PGSSLMODE=require psql"),
+        "{}",
+        daemon.log()
+    );
+    // The StartupMessage in plain text gets 28000 at once: no AuthenticationCleartextPassword
+    // ('R') first, so the token is never sent in the clear.
+    let startup = packet(3 << 16, b"user\0u\0database\0default\0\0");
+    let answer = exchange(front, &startup).await;
+    assert!(is_error(&answer, "28000"), "{answer:?}");
+    assert!(
+        String::from_utf8_lossy(&answer).contains("sslmode=require"),
+        "the refusal says what to do: {answer:?}"
+    );
+    let plain = front_config(front, "default", "password=front-secret sslmode=disable");
+    let error = connect(&plain).await.expect_err("plain text refused");
+    let refusal = error.as_db_error().expect("an ErrorResponse");
+    assert_eq!(refusal.code().code(), "28000");
+    // Over TLS, with the token, the same client gets its clone.
+    let tls = TestTls::trusting_any();
+    let config = front_config(front, "default", "password=front-secret sslmode=require");
+    let (client, task) = connect_tls(&config, &tls).await.expect("over TLS");
+    current_database(&client).await;
+    drop(client);
+    let _ = task.await;
+    wait_until_no_lease(&daemon, "the TLS connection's lease released").await;
     assert!(daemon.stop().await.success());
 }

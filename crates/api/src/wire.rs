@@ -238,6 +238,9 @@ pub struct FrontTlsJson {
     /// With `certificate`: its file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<String>,
+    /// Whether clients that do not ask for TLS are refused (`--front-require-tls`).
+    #[serde(default)]
+    pub required: bool,
 }
 
 impl Default for FrontTlsJson {
@@ -245,6 +248,7 @@ impl Default for FrontTlsJson {
         FrontTlsJson {
             mode: "off".to_owned(),
             cert_file: None,
+            required: false,
         }
     }
 }

@@ -62,6 +62,8 @@ pub struct FrontConfig {
     /// TLS for clients that ask for it (SSLRequest); without it they are told `N` and go
     /// on in plain text, or give up if they require TLS.
     pub tls: Option<FrontTls>,
+    /// Refuse clients that do not ask for TLS (`28000`, before any password): needs `tls`.
+    pub require_tls: bool,
 }
 
 /// The most connections at the front at once unless configured: more than the daemon's
@@ -110,6 +112,8 @@ pub struct FrontReport {
     pub keys: Vec<KeyReport>,
     /// Where its TLS certificate comes from, if it serves TLS.
     pub tls: Option<TlsSource>,
+    /// Whether clients that do not ask for TLS are refused.
+    pub tls_required: bool,
 }
 
 impl FrontHandle {
@@ -137,6 +141,11 @@ impl FrontHandle {
         self.front.config.tls.as_ref().map(FrontTls::source)
     }
 
+    /// Whether clients that do not ask for TLS are refused.
+    pub fn requires_tls(&self) -> bool {
+        self.front.config.require_tls && self.front.config.tls.is_some()
+    }
+
     /// Its connections and keys now.
     pub fn report(&self) -> FrontReport {
         let (connections, accepted) = self.front.connections.report();
@@ -145,6 +154,7 @@ impl FrontHandle {
             accepted,
             keys: self.front.keys.report(),
             tls: self.tls().cloned(),
+            tls_required: self.requires_tls(),
         }
     }
 

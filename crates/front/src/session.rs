@@ -208,6 +208,15 @@ async fn start(
         Opening::Startup(startup) => startup,
         other @ (Opening::Cancel(_) | Opening::Tls) => return Ok(other),
     };
+    // Refused before the password is asked for, so that the token never crosses in plain
+    // text; postgres words it so for a client no `hostssl` line lets in.
+    if front.config.require_tls && tls.is_some() && !client.is_tls() {
+        return Err(SessionError::Refused(Refusal::new(
+            "28000",
+            "the PostgreSQL front accepts TLS connections only (--front-require-tls): \
+             connect with sslmode=require",
+        )));
+    }
     let Some(user) = startup.get("user") else {
         // What postgres says too; drivers always send one.
         return Err(SessionError::Refused(Refusal::new(

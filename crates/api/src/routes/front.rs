@@ -75,10 +75,12 @@ pub(crate) fn front_json(report: FrontReport, ids: bool) -> FrontJson {
             Some(TlsSource::SelfSigned) => FrontTlsJson {
                 mode: "self-signed".to_owned(),
                 cert_file: None,
+                required: report.tls_required,
             },
             Some(TlsSource::Files { cert, .. }) => FrontTlsJson {
                 mode: "certificate".to_owned(),
                 cert_file: Some(cert.display().to_string()),
+                required: report.tls_required,
             },
         },
     }
