@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, NoTls, Socket};
 
 use crate::support::{
     binary, current_database, daemon_with_front, poll_until, tool_available, TestDaemon,
@@ -33,6 +34,38 @@ pub(crate) async fn connect(
         let _ = connection.await;
     });
     Ok((client, task))
+}
+
+/// Runs `pg_sleep(30)` on `client` and sends cancels with `tls` until it returns (a cancel
+/// that arrives before the query is ignored, as postgres ignores one for an idle backend);
+/// the query must end cancelled, within 3 s.
+pub(crate) async fn cancels_a_sleep<T>(client: Client, tls: T)
+where
+    T: MakeTlsConnect<Socket> + Clone,
+{
+    let cancel = client.cancel_token();
+    let started = std::time::Instant::now();
+    let sleeping = tokio::spawn(async move {
+        let outcome = client.batch_execute("SELECT pg_sleep(30)").await;
+        (outcome, client)
+    });
+    poll_until(
+        Duration::from_secs(10),
+        "the query to be cancelled",
+        || async {
+            if sleeping.is_finished() {
+                return Some(());
+            }
+            cancel.cancel_query(tls.clone()).await.expect("cancel sent");
+            None
+        },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let (outcome, _client) = sleeping.await.expect("join");
+    let error = outcome.expect_err("cancelled");
+    assert_eq!(error.code(), Some(&SqlState::QUERY_CANCELED), "{error}");
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
 }
 
 /// Waits until `/status` shows no open lease.
@@ -165,31 +198,7 @@ async fn a_cancel_through_the_front_reaches_the_backend() {
     let (client, _task) = connect(&front_config(front, "default", ""))
         .await
         .expect("connect");
-    let cancel = client.cancel_token();
-    let started = std::time::Instant::now();
-    let sleeping = tokio::spawn(async move {
-        let outcome = client.batch_execute("SELECT pg_sleep(30)").await;
-        (outcome, client)
-    });
-    // A cancel that arrives before the query is ignored, as postgres ignores one for an idle
-    // backend: cancel until the query returns.
-    poll_until(
-        Duration::from_secs(10),
-        "the query to be cancelled",
-        || async {
-            if sleeping.is_finished() {
-                return Some(());
-            }
-            cancel.cancel_query(NoTls).await.expect("cancel sent");
-            None
-        },
-    )
-    .await;
-    let elapsed = started.elapsed();
-    let (outcome, _client) = sleeping.await.expect("join");
-    let error = outcome.expect_err("cancelled");
-    assert_eq!(error.code(), Some(&SqlState::QUERY_CANCELED), "{error}");
-    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    cancels_a_sleep(client, NoTls).await;
     assert!(daemon.stop().await.success());
 }
 

@@ -11,10 +11,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use crate::front::{connect, exchange, front_config, is_error, packet, wait_until_no_lease};
+use crate::front::{
+    cancels_a_sleep, connect, exchange, front_config, is_error, packet, wait_until_no_lease,
+};
 use crate::support::tls::TestTls;
 use crate::support::{
     current_database, daemon_with_front, poll_until, scratch_dir, tool_available, TestDaemon,
@@ -311,35 +312,8 @@ async fn a_cancel_over_tls_reaches_the_backend() {
     let (client, _task) = connect_tls(&front_config(front, "default", "sslmode=require"), &tls)
         .await
         .expect("connect");
-    let cancel = client.cancel_token();
-    let started = std::time::Instant::now();
-    let sleeping = tokio::spawn(async move {
-        let outcome = client.batch_execute("SELECT pg_sleep(30)").await;
-        (outcome, client)
-    });
-    // Cancel until the query returns (one sent before it runs is ignored); each cancel
-    // request asks for TLS too, and is sent inside it.
-    let cancel_tls = tls.clone();
-    poll_until(
-        Duration::from_secs(10),
-        "the query to be cancelled",
-        || async {
-            if sleeping.is_finished() {
-                return Some(());
-            }
-            cancel
-                .cancel_query(cancel_tls.clone())
-                .await
-                .expect("cancel sent");
-            None
-        },
-    )
-    .await;
-    let elapsed = started.elapsed();
-    let (outcome, _client) = sleeping.await.expect("join");
-    let error = outcome.expect_err("cancelled");
-    assert_eq!(error.code(), Some(&SqlState::QUERY_CANCELED), "{error}");
-    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    // Each cancel request asks for TLS too, and is sent inside it.
+    cancels_a_sleep(client, tls.clone()).await;
     assert!(tls.handshakes() >= 2, "the cancel went over TLS too");
     assert!(daemon.stop().await.success());
 }
