@@ -66,6 +66,13 @@ pub struct FrontConfig {
     pub require_tls: bool,
 }
 
+impl FrontConfig {
+    /// Whether clients that do not ask for TLS are refused: `require_tls` with TLS to offer.
+    pub fn requires_tls(&self) -> bool {
+        self.require_tls && self.tls.is_some()
+    }
+}
+
 /// The most connections at the front at once unless configured: more than the daemon's
 /// postgres has for lease holders by default, few enough that their file descriptors fit
 /// any sane limit.
@@ -143,7 +150,7 @@ impl FrontHandle {
 
     /// Whether clients that do not ask for TLS are refused.
     pub fn requires_tls(&self) -> bool {
-        self.front.config.require_tls && self.front.config.tls.is_some()
+        self.front.config.requires_tls()
     }
 
     /// Its connections and keys now.

@@ -210,7 +210,7 @@ async fn start(
     };
     // Refused before the password is asked for, so that the token never crosses in plain
     // text; postgres words it so for a client no `hostssl` line lets in.
-    if front.config.require_tls && tls.is_some() && !client.is_tls() {
+    if front.config.requires_tls() && !client.is_tls() {
         return Err(SessionError::Refused(Refusal::new(
             "28000",
             "the PostgreSQL front accepts TLS connections only (--front-require-tls): \
