@@ -280,9 +280,11 @@ async fn end_sessions(client: &Object, clone: &DbName, exits: Exits) -> Result<(
         }
         // The first pass reads the sessions and the locks one after the other: a login
         // that finished its start-up between the two reads (past its role check before
-        // NOLOGIN, its start-up transaction closed) can be in neither. It is in the sessions now; so is any holder's
-        // backend the passes since could have missed. A last look at them, after every
-        // read of the locks, ends the holder's that are left; then wait for those.
+        // NOLOGIN, its start-up transaction closed) can be in neither. It is in the
+        // sessions now; so is any holder's backend the passes since could have missed. A
+        // last look at them, after every read of the locks, ends the holder's that are
+        // left; then wait for those, within the same limits.
+        check_limits(clone, started, &[])?;
         ending = query_one_prepared(client, LAST_LOOK_SQL, &[&clone.as_str()])
             .await?
             .get(0);
