@@ -74,7 +74,7 @@ impl ServeArgs {
         if require_tls && front_tls.is_none() && front_listen.is_some() {
             return Err(
                 "--front-require-tls (front_require_tls) needs TLS at the front: \
-                        --front-tls self-signed, or --front-tls-cert with --front-tls-key"
+                 --front-tls self-signed, or --front-tls-cert with --front-tls-key"
                     .into(),
             );
         }
