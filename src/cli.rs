@@ -302,4 +302,6 @@ pub struct ListArgs {
 }
 
 #[cfg(test)]
+mod doc_flags;
+#[cfg(test)]
 mod tests;
