@@ -59,14 +59,28 @@ fi
 
 target="$arch-unknown-linux-gnu"
 
+# Every tool the steps below need, checked before the build: a missing one used to show only
+# after the release compile (minutes). README.md's "Install" names them too.
+missing=()
+command -v cargo >/dev/null || missing+=("cargo (a Rust toolchain 1.88+: rustup)")
+command -v maturin >/dev/null && python3 -c 'import ziglang' 2>/dev/null \
+  || missing+=("maturin and ziglang (python3 -m pip install 'maturin[zig]')")
+command -v cargo-deb >/dev/null || missing+=("cargo-deb (cargo install cargo-deb --locked)")
+command -v npm >/dev/null || missing+=("npm (Node.js 20 or newer)")
+command -v python3 >/dev/null || missing+=("python3 (maturin; the Go helper's module zip, release/go.sh)")
+if [ "$image" = 1 ]; then
+  command -v docker >/dev/null || missing+=("docker (--image: Debian's docker.io, dockerd running)")
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "release/build.sh: missing prerequisites, nothing was built:" >&2
+  printf '  - %s\n' "${missing[@]}" >&2
+  exit 1
+fi
+
 # The build: pglease-bin, the release binary as maturin packs it (bindings = "bin",
 # release/python). maturin's cargo must see the same environment at every run:
 # SOURCE_DATE_EPOCH would make cc's build scripts (ring, zstd, liblzma) and all above them
 # compile again (maturin dates a wheel's entries 1980 on its own).
-command -v maturin >/dev/null && python3 -c 'import ziglang' 2>/dev/null || {
-  echo "release/build.sh: maturin and ziglang are needed (python3 -m pip install 'maturin[zig]')" >&2
-  exit 1
-}
 mkdir -p "$out"
 rm -f "$out"/*.whl
 echo "==> maturin build --release --zig --target $target (pglease-bin; the binary)" >&2
@@ -101,10 +115,6 @@ echo "==> $tarball ($(du -h "$tarball" | cut -f1); needs glibc $glibc or newer)"
 
 # The Debian package: cargo-deb ([package.metadata.deb] in Cargo.toml) from the same binary,
 # with the unit pointing at /usr/bin and the pages and completions generated here.
-command -v cargo-deb >/dev/null || {
-  echo "release/build.sh: cargo-deb is missing (cargo install cargo-deb --locked)" >&2
-  exit 1
-}
 rm -rf "$out/deb" && mkdir -p "$out/deb/man"
 "$binary" man --out-dir "$out/deb/man" >/dev/null
 gzip -n -9 "$out"/deb/man/*.1
