@@ -95,6 +95,32 @@ answers() {
   "${user_env[@]}" node -e 'fetch(process.argv[1] + "/healthz").then(() => process.exit(0), () => process.exit(1))' "$1"
 }
 
+# `npx pglease serve &` then `kill $!`: $! is npm's pid, and npm exits without passing the
+# signal on; the launcher notices its parent is gone and stops the daemon, which stops its
+# postgres. Nothing may be left holding the port.
+echo "==> npx pglease serve & kill \$!" >&2
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"${user_env[@]}" npx --no-install pglease serve --listen "127.0.0.1:$port" --front-listen off \
+  > "$work/npx-serve.log" 2>&1 &
+npx_pid=$!
+for _ in $(seq 120); do answers "http://127.0.0.1:$port" && break; sleep 0.5; done
+answers "http://127.0.0.1:$port" || { echo "release/check-npm.sh: npx pglease serve did not answer:" >&2; cat "$work/npx-serve.log" >&2; exit 1; }
+daemon_pid=$(pgrep -f "linux-x64/bin/pglease serve --listen 127.0.0.1:$port" | head -1)
+postmaster_pid=$(pgrep -P "$daemon_pid" postgres | head -1)
+[ -n "$daemon_pid" ] && [ -n "$postmaster_pid" ] \
+  || { echo "release/check-npm.sh: cannot find the daemon or its postgres" >&2; exit 1; }
+kill "$npx_pid"
+for _ in $(seq 60); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$daemon_pid" 2>/dev/null || answers "http://127.0.0.1:$port"; then
+  echo "release/check-npm.sh: after kill \$! (npm), the daemon $daemon_pid still runs" >&2
+  exit 1
+fi
+for _ in $(seq 20); do kill -0 "$postmaster_pid" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$postmaster_pid" 2>/dev/null; then
+  echo "release/check-npm.sh: after kill \$! (npm), the daemon's postgres still runs" >&2
+  exit 1
+fi
+
 # The suite as the README tells it: the global setup starts the daemon, each test leases.
 cat > vitest.config.js <<'EOF'
 import { defineConfig } from 'vitest/config'
