@@ -271,6 +271,12 @@ async fn an_unknown_template_is_answered_with_those_there_are_and_how_to_define_
     ] {
         assert!(message.contains(wanted), "{wanted:?} not in {message:?}");
     }
+    assert!(!message.contains("did you mean"), "{message}");
+    // A misspelt name gets the nearest one.
+    let (code, body) = daemon.lease(json!({ "template": "usres" })).await;
+    assert_eq!(code, 404, "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("did you mean \"users\"?"), "{message}");
     let out = crate::cli::output_of(&daemon, &["run", "--template", "app", "--", "true"]).await;
     assert!(
         !out.status.success(),

@@ -227,6 +227,9 @@ pub const LISTED_TEMPLATES: usize = 20;
 /// define one (a newcomer's `pglease run --template app` meets this first).
 fn describe_unknown(template: &TemplateName, known: &[TemplateName]) -> String {
     let mut text = String::new();
+    if let Some(near) = closest_name(template, known) {
+        text.push_str(&format!("; did you mean \"{near}\"?"));
+    }
     if !known.is_empty() {
         let names: Vec<&str> = known
             .iter()
@@ -244,6 +247,23 @@ fn describe_unknown(template: &TemplateName, known: &[TemplateName]) -> String {
          table, or at run time with PUT /templates/{template}"
     ));
     text
+}
+
+/// The known name a misspelt `template` most likely meant: the nearest by edit distance
+/// (a swapped pair of letters counts once), when it is at most a third of the name's length
+/// (at least 1) away, so that `app` suggests `apps` but not `users`.
+fn closest_name<'a>(
+    template: &TemplateName,
+    known: &'a [TemplateName],
+) -> Option<&'a TemplateName> {
+    let asked = template.as_str();
+    let within = (asked.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(asked, name.as_str()), name))
+        .filter(|(distance, _)| *distance <= within)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
 }
 
 impl LeaseError {
@@ -536,3 +556,6 @@ pub enum TemplateOpError {
         budget: u32,
     },
 }
+
+#[cfg(test)]
+mod tests;
