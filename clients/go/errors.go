@@ -109,6 +109,11 @@ func leaseHint(err error) string {
 	}
 	switch apiError.Code {
 	case "unknown_template":
+		// The daemon's own message says how to define the template (since 0.1.0); an older
+		// one's does not, and then the hint says it, once either way.
+		if strings.Contains(apiError.Message, "--template") {
+			return "or lease another with pglease.Template / PGLEASE_TEMPLATE"
+		}
 		return "start the daemon with --template NAME=migrations:DIR (or register it with PUT /templates/NAME), " +
 			"or lease another with pglease.Template / PGLEASE_TEMPLATE"
 	case "unauthorized":

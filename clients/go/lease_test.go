@@ -151,10 +151,14 @@ func TestUnknownTemplateIsAClearError(t *testing.T) {
 		pglease.Lease(tb, pglease.Template("no_such_template"))
 		tb.Errorf("Lease returned after failing")
 	})
-	for _, want := range []string{`template "no_such_template" for TestOrders`, "404 unknown_template", `unknown template "no_such_template"`, "--template NAME=migrations:DIR"} {
+	for _, want := range []string{`template "no_such_template" for TestOrders`, "404 unknown_template", `unknown template "no_such_template"`, "--template no_such_template=migrations:DIR", "pglease.Template"} {
 		if !strings.Contains(f.fatal, want) {
 			t.Errorf("Fatalf message lacks %q:\n%s", want, f.fatal)
 		}
+	}
+	// How to define a template is said once: by the daemon, not again by the helper.
+	if n := strings.Count(f.fatal, "--template "); n != 1 {
+		t.Errorf("Fatalf message says --template %d times, want once:\n%s", n, f.fatal)
 	}
 	if len(f.errors) > 0 || len(f.cleanups) > 0 {
 		t.Errorf("after a failed lease: errors %q, %d cleanups (want none)", f.errors, len(f.cleanups))
