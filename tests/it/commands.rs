@@ -189,7 +189,10 @@ async fn a_failing_command_reports_its_status_and_output_and_leaves_nothing() {
     let dir = scratch_dir("command-fail");
     let config = write_config(
         &dir,
-        "[templates.bad]\ncommand = \"echo applying 001; echo 'relation \\\"users\\\" does not exist' >&2; exit 3\"\n",
+        // Maven, npm and pytest colour their errors: the answer carries the words only.
+        r#"[templates.bad]
+command = "echo applying 001; printf '\\033[1;31m[ERROR]\\033[m build failed\\n'; echo 'relation \"users\" does not exist' >&2; exit 3"
+"#,
     );
     let daemon = TestDaemon::builder()
         .args(["--config", &config])
@@ -201,6 +204,8 @@ async fn a_failing_command_reports_its_status_and_output_and_leaves_nothing() {
     assert!(message.contains("exit status: 3"), "{message}");
     assert!(message.contains("applying 001"), "stdout tail: {message}");
     assert!(message.contains("does not exist"), "stderr tail: {message}");
+    assert!(message.contains("[ERROR] build failed"), "{message}");
+    assert!(!message.contains('\u{1b}'), "colour codes: {message:?}");
     let ok = daemon.lease_ok("default").await;
     assert_eq!(
         template_databases(&ok).await.len(),

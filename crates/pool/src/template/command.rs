@@ -221,23 +221,64 @@ fn log_progress(db: &DbName, p: &crate::types::BuildProgress) {
     }
 }
 
-/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced)
-/// and counting those `counts` picks into `done`.
+/// The most of one line that is kept: a command that prints megabytes without a newline
+/// cannot make the daemon hold them.
+const LINE_LIMIT: usize = 4096;
+
+/// Reads one line of `reader` into `line`, keeping at most [`LINE_LIMIT`] bytes of it (the
+/// rest is read and dropped). Returns the bytes read, 0 at the end.
+async fn read_line_bounded(
+    reader: &mut (impl tokio::io::AsyncBufRead + Unpin),
+    line: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    use tokio::io::AsyncBufReadExt;
+    let mut read = 0;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(read);
+        }
+        let (chunk, ends) = match available.iter().position(|b| *b == b'\n') {
+            Some(at) => (&available[..=at], true),
+            None => (available, false),
+        };
+        let room = LINE_LIMIT.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let used = chunk.len();
+        reader.consume(used);
+        read += used;
+        if ends {
+            return Ok(read);
+        }
+    }
+}
+
+/// A line of a command's output as an error shows it: valid UTF-8 (other bytes replaced),
+/// without terminal colour and cursor codes, without its line end.
+fn plain_line(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    anstream::adapter::strip_str(&text)
+        .to_string()
+        .trim_end()
+        .to_owned()
+}
+
+/// Reads a pipe to its end, keeping the last lines (bytes that are not UTF-8 are replaced,
+/// colour codes removed, each line bounded) and counting those `counts` picks into `done`.
 async fn keep_tail(
     pipe: impl tokio::io::AsyncRead + Unpin,
     tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     counts: Option<fn(&str) -> bool>,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
-    use tokio::io::AsyncBufReadExt;
     let mut reader = tokio::io::BufReader::new(pipe);
     let mut line = Vec::new();
     loop {
         line.clear();
-        match reader.read_until(b'\n', &mut line).await {
+        match read_line_bounded(&mut reader, &mut line).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {
-                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                let text = plain_line(&line);
                 if counts.is_some_and(|counts| counts(&text)) {
                     done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -251,3 +292,6 @@ async fn keep_tail(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
