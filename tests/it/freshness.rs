@@ -86,7 +86,9 @@ async fn templates_are_listed_and_a_rebuild_can_be_forced() {
     let dir = scratch_dir("fresh-rebuild");
     let file = dir.join("schema.sql");
     fs::write(&file, "CREATE TABLE t (id int);").expect("write");
+    // A rebuild of a template the operator defined is a token holder's (issue 41).
     let daemon = TestDaemon::builder()
+        .token("rebuild-token")
         .args([
             "--prebuild",
             "--template",

@@ -1,12 +1,12 @@
 //! Who gets in: a bearer token when one is set (always when listening beyond loopback),
 //! compared in constant time; health checks stay open; no CORS headers; a cap on waiting
-//! requests.
+//! requests; the operator's templates change only for the token's holders.
 
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{binary, TestDaemon};
+use crate::support::{binary, connect, scratch_dir, TestDaemon};
 
 #[tokio::test]
 async fn a_token_guards_every_route_but_health_checks() {
@@ -315,4 +315,171 @@ async fn a_client_that_stalls_its_request_is_cut_off() {
         }
     }
     assert!(daemon.stop().await.success());
+}
+
+/// The operator's schema: a table whose quantities stay as written.
+const OPERATOR_SQL: &str = "CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL);";
+
+/// Issue 41's attacker: the same table, with a trigger that sets every quantity to 0.
+const EVIL_SQL: &str = "CREATE TABLE items (id int PRIMARY KEY, qty int NOT NULL);
+CREATE FUNCTION zero() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.qty := 0; RETURN NEW; END $$;
+CREATE TRIGGER zero BEFORE INSERT OR UPDATE ON items FOR EACH ROW EXECUTE FUNCTION zero();";
+
+/// Writes the operator's and the attacker's SQL files; returns their paths.
+fn schema_files(name: &str) -> (String, String) {
+    let dir = scratch_dir(name);
+    let operator = dir.join("app.sql");
+    let evil = dir.join("evil.sql");
+    std::fs::write(&operator, OPERATOR_SQL).expect("write app.sql");
+    std::fs::write(&evil, EVIL_SQL).expect("write evil.sql");
+    (operator.display().to_string(), evil.display().to_string())
+}
+
+/// Leases `template`, stores a quantity of 5 in its clone and reads it back: 5 with the
+/// operator's schema, 0 with the attacker's trigger. Also answers how many triggers the
+/// clone has. The lease is released.
+async fn stored_quantity(daemon: &TestDaemon, template: &str) -> (i32, i64) {
+    let lease = daemon.lease_ok(template).await;
+    let client = connect(&lease).await.expect("connect to the clone");
+    client
+        .execute("INSERT INTO items VALUES (1, 5)", &[])
+        .await
+        .expect("insert");
+    let qty: i32 = client
+        .query_one("SELECT qty FROM items WHERE id = 1", &[])
+        .await
+        .expect("select")
+        .get(0);
+    let triggers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal",
+            &[],
+        )
+        .await
+        .expect("count triggers")
+        .get(0);
+    drop(client);
+    let (status, body) = daemon.release(&crate::support::id_of(&lease), false).await;
+    assert_eq!(status, 204, "{body}");
+    (qty, triggers)
+}
+
+/// Issue 41, row 5: without a token anybody on loopback is a caller, and nobody may change
+/// a template the command line defined — not replace it (`PUT`, even with its own source),
+/// rebuild it, delete it, nor touch it through the IntegreSQL API — so every later lease
+/// still has the operator's schema. A template registered over HTTP stays anybody's.
+#[tokio::test]
+async fn without_a_token_nobody_changes_a_configured_template() {
+    let (operator, evil) = schema_files("configured-no-token");
+    let daemon = TestDaemon::builder()
+        .args(["--template", &format!("app=sql:{operator}")])
+        .start()
+        .await;
+    assert_eq!(stored_quantity(&daemon, "app").await, (5, 0));
+
+    for source in [&evil, &operator] {
+        let (status, body) = daemon.put_template("app", json!({ "sql": source })).await;
+        assert_eq!(status, 403, "PUT {source}: {body}");
+        assert_eq!(body["error"]["code"], "template_is_configured", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("configuration") && message.contains("token"),
+            "{message}"
+        );
+    }
+    let (status, body) = daemon
+        .send(
+            daemon
+                .http
+                .post(format!("{}/templates/app/rebuild", daemon.base)),
+        )
+        .await;
+    assert_eq!(status, 403, "rebuild: {body}");
+    assert_eq!(body["error"]["code"], "template_is_configured", "{body}");
+    // No route deletes a template; the IntegreSQL API's discard, reset and initialize act
+    // on client-built templates only.
+    let (status, body) = daemon
+        .send(daemon.http.delete(format!("{}/templates/app", daemon.base)))
+        .await;
+    assert_eq!(status, 405, "DELETE /templates/app: {body}");
+    for (request, expected) in [
+        (
+            daemon
+                .http
+                .delete(format!("{}/api/v1/templates/app", daemon.base)),
+            409,
+        ),
+        (
+            daemon
+                .http
+                .put(format!("{}/api/v1/templates/app", daemon.base)),
+            409,
+        ),
+        (
+            daemon
+                .http
+                .post(format!("{}/api/v1/templates", daemon.base))
+                .json(&json!({"hash": "app"})),
+            423,
+        ),
+        (
+            daemon
+                .http
+                .delete(format!("{}/api/v1/admin/templates", daemon.base)),
+            204,
+        ),
+    ] {
+        let (status, body) = daemon.send(request).await;
+        assert_eq!(status, expected, "{body}");
+    }
+    let app = daemon.template_status("app").await;
+    assert_eq!(app["version"], 1, "no new version was built: {app}");
+    assert_eq!(
+        stored_quantity(&daemon, "app").await,
+        (5, 0),
+        "the operator's schema, without the attacker's trigger"
+    );
+
+    // A template registered over HTTP is anybody's to replace.
+    let (status, body) = daemon
+        .put_template("adhoc", json!({ "sql": operator }))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = daemon.put_template("adhoc", json!({ "sql": evil })).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stored_quantity(&daemon, "adhoc").await, (0, 1));
+}
+
+/// With a token, its holders may change a configured template; a caller without it is 401.
+#[tokio::test]
+async fn with_a_token_its_holders_change_a_configured_template() {
+    let (operator, evil) = schema_files("configured-token");
+    let daemon = TestDaemon::builder()
+        .token("s3cret-token")
+        .args(["--template", &format!("app=sql:{operator}")])
+        .start()
+        .await;
+    let (status, _) = daemon
+        .send(
+            reqwest::Client::new()
+                .put(format!("{}/templates/app", daemon.base))
+                .json(&json!({ "sql": evil })),
+        )
+        .await;
+    assert_eq!(status, 401);
+    assert_eq!(stored_quantity(&daemon, "app").await, (5, 0));
+
+    // `daemon.http` sends the token.
+    let (status, body) = daemon.put_template("app", json!({ "sql": evil })).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stored_quantity(&daemon, "app").await, (0, 1));
+    let (status, body) = daemon
+        .send(
+            daemon
+                .http
+                .post(format!("{}/templates/app/rebuild", daemon.base)),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
 }

@@ -187,6 +187,9 @@ impl From<LeaseError> for ApiError {
             LeaseError::ClientBuilt(_) => {
                 Self::new(StatusCode::CONFLICT, "client_built_template", message)
             }
+            LeaseError::ConfiguredTemplate(_) => {
+                Self::new(StatusCode::FORBIDDEN, "template_is_configured", message)
+            }
             LeaseError::OnOtherServer { .. } => {
                 Self::new(StatusCode::CONFLICT, "template_on_other_server", message)
             }

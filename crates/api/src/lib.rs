@@ -21,7 +21,9 @@
 //!   alone on its own port (`integresql::router`, the daemon's `--integresql-listen`)
 //!
 //! With a token configured every route but `/healthz`, `/readyz` and `/openapi.json` needs
-//! `Authorization: Bearer <token>` (`require_token`). No CORS headers are sent.
+//! `Authorization: Bearer <token>` (`require_token`). Only a request that showed it may change
+//! a template the operator defined (`PUT` and `rebuild`; the pool decides, from
+//! [`pglease_pool::Changer`]): without a token nobody may. No CORS headers are sent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -163,7 +165,7 @@ pub fn router(state: AppState) -> Router {
 /// excepted, so container and systemd probes need no secret).
 async fn require_token(
     axum::extract::State(state): axum::extract::State<AppState>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
@@ -182,9 +184,24 @@ async fn require_token(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
     if given.is_some_and(|given| token.matches(given.as_bytes())) {
+        request.extensions_mut().insert(TokenShown);
         next.run(request).await
     } else {
         ApiError::unauthorized().into_response()
+    }
+}
+
+/// Marks a request that showed the API's token (`require_token` sets it): its caller may
+/// change the operator's templates. A request without it is anybody's, as on a port no
+/// token guards (`--integresql-listen`, or every port without `--token`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenShown;
+
+/// Who a request's caller is to the pool, which decides whose templates it may change.
+pub(crate) fn changer(shown: Option<axum::Extension<TokenShown>>) -> pglease_pool::Changer {
+    match shown {
+        Some(_) => pglease_pool::Changer::TokenHolder,
+        None => pglease_pool::Changer::Anyone,
     }
 }
 

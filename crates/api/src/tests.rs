@@ -12,9 +12,9 @@ use axum::Router;
 use http_body_util::BodyExt;
 use pglease_pool::testing::{fake_pool, FakeActor, FakeCommand};
 use pglease_pool::{
-    ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError, LeaseSummary,
-    LimitStatus, PostgresStatus, Readiness, Refusals, Servers, SqlErrorKind, StatusReport,
-    TemplateName, TemplateStatus,
+    Changer, ConnectInfo, DbName, DropStatus, Lease, LeaseError, LeaseId, LeaseOpError,
+    LeaseSummary, LimitStatus, PostgresStatus, Readiness, Refusals, Servers, SqlErrorKind,
+    StatusReport, TemplateName, TemplateStatus,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -1090,4 +1090,156 @@ impl FakeAnswer {
             (_, command) => panic!("unexpected command {command:?}"),
         }
     }
+}
+
+// Who may change a template the operator defined (issue 41): the pool decides from who asks;
+// the API says only whether the request showed the token. Against a real pool:
+// tests/it/security.rs.
+
+/// A router over a fake pool whose API is guarded by `token`.
+fn app_with_token(token: &str) -> (Router, FakeActor) {
+    let (handle, actor) = fake_pool();
+    let config = ApiConfig {
+        token: Some(crate::Token::new(token.to_owned())),
+        ..ApiConfig::default()
+    };
+    (
+        router(AppState::new(Servers::single(handle, 16, "16.4"), config)),
+        actor,
+    )
+}
+
+/// A template being built, at `version`.
+fn template_status(name: TemplateName, version: u32) -> TemplateStatus {
+    TemplateStatus {
+        name,
+        fingerprint: None,
+        version,
+        build_ms: None,
+        size_bytes: None,
+        built_at: None,
+        state: "building",
+        ready: 0,
+        leased: 0,
+        in_progress: 0,
+        waiting: 0,
+        blocked_by: None,
+        last_error: None,
+        unwatched: false,
+        postgres_version: None,
+        progress: None,
+    }
+}
+
+fn with_bearer(mut request: Request<Body>, token: &str) -> Request<Body> {
+    let value = format!("Bearer {token}").parse().expect("a header value");
+    request.headers_mut().insert(header::AUTHORIZATION, value);
+    request
+}
+
+/// Without a token the API cannot tell callers apart: a `PUT` and a rebuild reach the pool
+/// as anybody's, and the pool's refusal of the operator's template is a 403 that says who
+/// may change it.
+#[tokio::test]
+async fn without_a_token_template_changes_are_anybodys_and_the_refusal_is_403() {
+    let (app, mut actor) = app();
+    let response = exchange(
+        &app,
+        request("PUT", "/templates/app", r#"{"sql": "/tmp/evil.sql"}"#),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Register {
+                name,
+                changer,
+                reply,
+                ..
+            } => {
+                assert_eq!(changer, Changer::Anyone);
+                let _ = reply.send(Err(LeaseError::ConfiguredTemplate(name)));
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+    )
+    .await;
+    let (status, headers, body) = read(response).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_json(&headers);
+    assert_eq!(error_code(&body), "template_is_configured");
+    let message = error_message(&body);
+    assert!(
+        message.contains("\"app\"")
+            && message.contains("configuration")
+            && message.contains("token"),
+        "{message}"
+    );
+
+    let response = exchange(
+        &app,
+        request("POST", "/templates/app/rebuild", ""),
+        &mut actor,
+        |command| match command {
+            FakeCommand::Rebuild {
+                template,
+                changer,
+                reply,
+            } => {
+                assert_eq!(changer, Changer::Anyone);
+                let _ = reply.send(Err(LeaseError::ConfiguredTemplate(template)));
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+    )
+    .await;
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(error_code(&body), "template_is_configured");
+}
+
+/// With a token, a request that showed it asks as a token holder; one that did not is 401
+/// and never reaches the pool.
+#[tokio::test]
+async fn with_a_token_only_its_holders_ask_as_token_holders() {
+    let (app, mut actor) = app_with_token("s3cret");
+    let response = send(
+        &app,
+        request("PUT", "/templates/app", r#"{"sql": "/tmp/new.sql"}"#),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(actor.try_recv().is_none(), "a 401 reached the pool");
+
+    let put = with_bearer(
+        request("PUT", "/templates/app", r#"{"sql": "/tmp/new.sql"}"#),
+        "s3cret",
+    );
+    let response = exchange(&app, put, &mut actor, |command| match command {
+        FakeCommand::Register {
+            name,
+            changer,
+            reply,
+            ..
+        } => {
+            assert_eq!(changer, Changer::TokenHolder);
+            let status = template_status(name, 2);
+            let _ = reply.send(Ok((pglease_pool::Registered::Replaced, status)));
+        }
+        other => panic!("unexpected {other:?}"),
+    })
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let rebuild = with_bearer(request("POST", "/templates/app/rebuild", ""), "s3cret");
+    let response = exchange(&app, rebuild, &mut actor, |command| match command {
+        FakeCommand::Rebuild {
+            template,
+            changer,
+            reply,
+        } => {
+            assert_eq!(changer, Changer::TokenHolder);
+            let _ = reply.send(Ok(template_status(template, 3)));
+        }
+        other => panic!("unexpected {other:?}"),
+    })
+    .await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
 }

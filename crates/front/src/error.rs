@@ -73,6 +73,8 @@ impl From<LeaseError> for Refusal {
             | LeaseError::ShuttingDown
             | LeaseError::PostgresDown(_)
             | LeaseError::ServerStart { .. } => "57P03",
+            // insufficient_privilege: a lease never gets it, but the answer is the pool's.
+            LeaseError::ConfiguredTemplate(_) => "42501",
             LeaseError::CloneFailed { .. } => "58000",
             LeaseError::Internal(_) => {
                 tracing::error!(%error, "a lease at the front failed");

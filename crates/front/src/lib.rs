@@ -14,6 +14,7 @@
 //! - `codec.rs`    — the messages the front parses and writes as a server
 //! - `backend.rs`  — the lease's login at postgres (postgres-protocol's client side)
 //! - `relay.rs`    — bytes both ways until either side closes
+//! - `release.rs`  — the guard that releases a session's own lease, however the session ends
 //! - `cancel.rs`   — the front's cancel keys and sending a CancelRequest on
 //! - `keys.rs`     — leases shared by key, released a grace after their last connection
 //! - `held.rs`     — the open connections, for `/status` and `/metrics` ([`FrontHandle::report`])
@@ -38,6 +39,7 @@ mod held;
 mod keys;
 mod listener;
 mod relay;
+mod release;
 mod session;
 mod startup;
 mod tls;
@@ -99,6 +101,10 @@ struct Front {
     connections: held::Connections,
     /// The leases shared by key.
     keys: Arc<keys::Keys>,
+    /// Tests only: a session panics as its relay begins, as a bug in it would, so that a
+    /// test sees its lease released all the same (`session/tests.rs`).
+    #[cfg(test)]
+    panic_when_relaying: bool,
 }
 
 /// The front, for the daemon to serve ([`serve`]) and for the HTTP API to report on and to
@@ -134,6 +140,8 @@ impl FrontHandle {
                 cancels: cancel::CancelMap::default(),
                 connections: held::Connections::default(),
                 keys,
+                #[cfg(test)]
+                panic_when_relaying: false,
             }),
         }
     }

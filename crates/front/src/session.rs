@@ -7,8 +7,10 @@
 //! where it is.
 //!
 //! Whatever the client sends, the session ends with an ErrorResponse or a closed connection,
-//! never a panic; a lease it took is released on every path but a panic's, and a lease lost
-//! that way is reclaimed by its time to live.
+//! never a panic. A lease it took alone is held by a guard (`release.rs`) from the grant on:
+//! the normal close releases it, and any other end — a panic, the task aborted — drops the
+//! guard, which releases it all the same. A key's lease is the key's (`keys.rs`); the session
+//! holds its membership, whose drop is the key's guard.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,8 +27,9 @@ use crate::client::ClientStream;
 use crate::codec::{self, CancelKey, Startup};
 use crate::error::{Refusal, SessionError};
 use crate::held::{Stage, Tracked};
-use crate::keys::KeyName;
+use crate::keys::{KeyName, Member};
 use crate::relay::Relayed;
+use crate::release::LeaseGuard;
 use crate::startup::{self, Encryption, Opening};
 use crate::Front;
 
@@ -116,12 +119,19 @@ async fn serve(
     // A connection to a key shares the key's lease; it is released a grace after the last
     // of the key's connections closes (`keys.rs`), not with this one.
     let member = key.map(|key| front.keys.join(key));
-    let lease = match &member {
-        None => wait_for_lease(front, client, buf, request).await?,
+    // Who releases the lease: the guard, made with no await between the grant and it, so
+    // that no end of the task leaves the lease behind; or the key, through the membership.
+    let (lease, holder) = match member {
+        None => {
+            let lease = wait_for_lease(front, client, buf, request).await?;
+            let guard = LeaseGuard::new(front.servers.clone(), lease.id.clone());
+            (lease, Holder::Alone(guard))
+        }
         Some(member) => {
-            member
+            let lease = member
                 .lease(wait_for_lease(front, client, buf, request))
-                .await?
+                .await?;
+            (lease, Holder::Key(member))
         }
     };
     tracked.update(|row| {
@@ -140,16 +150,14 @@ async fn serve(
     );
     let started = Instant::now();
     let relayed = connect_and_relay(front, client, buf, &lease, &startup).await;
-    let released = match member {
+    let released = match holder {
         // Released as an HTTP release without `reuse` is: dropped, or back to the pool when
         // the server proves it unchanged.
-        None => {
-            if let Err(error) = front.servers.release(lease.id.clone(), false).await {
-                tracing::warn!(lease_id = %lease.id, %error, "releasing a lease of the PostgreSQL front failed");
-            }
+        Holder::Alone(guard) => {
+            guard.release().await;
             "its lease is released"
         }
-        Some(member) => {
+        Holder::Key(member) => {
             drop(member);
             "the key's lease stays while another connection uses it"
         }
@@ -165,6 +173,15 @@ async fn serve(
         "a connection at the PostgreSQL front closed; {released}"
     );
     Ok(())
+}
+
+/// What releases a session's lease when the session ends, however it ends.
+#[derive(Debug)]
+enum Holder {
+    /// A lease of its own, released by the guard.
+    Alone(LeaseGuard),
+    /// The key's lease: leaving the key is the session's part, the release the key's.
+    Key(Member),
 }
 
 /// The start-up up to an authenticated client (or a CancelRequest), over TLS from the
@@ -365,6 +382,10 @@ async fn connect_and_relay(
             .await
             .map_err(|source| SessionError::io("passing on what the client sent early", source))?;
     }
+    #[cfg(test)]
+    if front.panic_when_relaying {
+        panic!("a test's panic as the relay begins");
+    }
     // The lease lasts as long as its connection: renewed while the bytes flow.
     let relayed = tokio::select! {
         relayed = client.relay_with(&mut server) => relayed,
@@ -412,3 +433,6 @@ async fn send_cancel(front: &Front, key: CancelKey, peer: SocketAddr) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

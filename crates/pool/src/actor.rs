@@ -194,9 +194,10 @@ impl Actor {
             Command::Register {
                 name,
                 source,
+                changer,
                 reply,
             } => {
-                let answer = match self.state.register(name.clone(), source, now) {
+                let answer = match self.state.register(name.clone(), source, changer, now) {
                     Ok((registered, actions)) => {
                         tracing::info!(template = %name, ?registered, "template registered over the API");
                         self.apply(actions);
@@ -209,8 +210,12 @@ impl Actor {
                 };
                 let _ = reply.send(answer);
             }
-            Command::Rebuild { template, reply } => {
-                let answer = match self.state.request_rebuild(&template, now) {
+            Command::Rebuild {
+                template,
+                changer,
+                reply,
+            } => {
+                let answer = match self.state.request_rebuild(&template, changer, now) {
                     Ok(actions) => {
                         tracing::info!(template = %template, "rebuild requested");
                         self.apply(actions);

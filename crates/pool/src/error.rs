@@ -401,6 +401,11 @@ pub enum LeaseError {
     /// The template is built by a client: pglease has no sources to rebuild or replace.
     #[error("template \"{0}\" is built by a client through the IntegreSQL API; pglease cannot rebuild or replace it (discard it and initialize it again)")]
     ClientBuilt(TemplateName),
+    /// The template is the operator's (`--template` or the configuration file defined it),
+    /// and the caller showed no token: only the configuration and a holder of the API's
+    /// token may give it a new source or build a new version of it.
+    #[error("template \"{0}\" is defined by the operator in the daemon's configuration (--template or the configuration file); without a token the API cannot tell its callers apart, so nobody may change it over HTTP: a holder of the API's token (--token or --token-file) may")]
+    ConfiguredTemplate(TemplateName),
     /// The request names a PostgreSQL version the template's server is not.
     #[error(
         "template \"{template}\" lives on a PostgreSQL {serving} server, and the request asks \

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::TemplateSource;
 use crate::error::{LeaseError, LeaseOpError, TemplateOpError};
 use crate::names::{LeaseId, TemplateName};
-use crate::state::Registered;
+use crate::state::{Changer, Registered};
 use crate::types::{
     ConnectInfo, KeptDatabase, Lease, LeaseRequest, Readiness, StatusReport, TemplateStatus,
 };
@@ -80,6 +80,8 @@ pub enum Command {
     Rebuild {
         /// The template to rebuild.
         template: TemplateName,
+        /// Who asks: the operator's templates are rebuilt only for some.
+        changer: Changer,
         /// Where its status or the error goes.
         reply: oneshot::Sender<Result<TemplateStatus, LeaseError>>,
     },
@@ -89,6 +91,8 @@ pub enum Command {
         name: TemplateName,
         /// Its new source.
         source: TemplateSource,
+        /// Who asks: the operator's templates change only for some.
+        changer: Changer,
         /// Where the outcome goes.
         reply: oneshot::Sender<Result<(Registered, TemplateStatus), LeaseError>>,
     },
@@ -207,22 +211,35 @@ impl PoolHandle {
     }
 
     /// Builds a new version of a template now (its ready clones are replaced; leased ones
-    /// are dropped when released). Answers the template's status after the request.
-    pub async fn rebuild(&self, template: TemplateName) -> Result<TemplateStatus, LeaseError> {
-        self.ask(|reply| Command::Rebuild { template, reply })
-            .await
-            .unwrap_or(Err(LeaseError::ShuttingDown))
+    /// are dropped when released). Answers the template's status after the request;
+    /// `ConfiguredTemplate` when the template is the operator's and `changer` may not
+    /// change it.
+    pub async fn rebuild(
+        &self,
+        template: TemplateName,
+        changer: Changer,
+    ) -> Result<TemplateStatus, LeaseError> {
+        self.ask(|reply| Command::Rebuild {
+            template,
+            changer,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(LeaseError::ShuttingDown))
     }
 
-    /// Adds a template, or gives an existing one (not `default`) a new source.
+    /// Adds a template, or gives an existing one (not `default`) a new source; the
+    /// operator's templates only when `changer` may change them (else `ConfiguredTemplate`).
     pub async fn register(
         &self,
         name: TemplateName,
         source: TemplateSource,
+        changer: Changer,
     ) -> Result<(Registered, TemplateStatus), LeaseError> {
         self.ask(|reply| Command::Register {
             name,
             source,
+            changer,
             reply,
         })
         .await

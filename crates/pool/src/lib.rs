@@ -38,7 +38,7 @@ pub use token::Token;
 // How the pool words a driver error in logs and reports; the benchmark words its own the
 // same way.
 pub use sql_error::{pg_message, SqlError, SqlErrorKind};
-pub use state::Registered;
+pub use state::{Changer, Registered};
 pub use types::{
     BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, FilledBy, KeptDatabase, Lease,
     LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus,

@@ -42,7 +42,7 @@ use crate::config::{PoolConfig, ServerConfig, TemplateConfig, TemplateSource};
 use crate::error::{LeaseError, LeaseOpError, StartError};
 use crate::handle::PoolHandle;
 use crate::names::{LeaseId, TemplateName};
-use crate::state::Registered;
+use crate::state::{Changer, Registered};
 use crate::types::{
     KeptDatabase, Lease, LeaseRequest, Readiness, ServerStatus, StatusReport, TemplateStatus,
 };
@@ -119,7 +119,11 @@ impl Servers {
                 // The primary's own major: registered there like a template added over HTTP.
                 let registered = primary
                     .handle
-                    .register(template.name.clone(), template.source.clone())
+                    .register(
+                        template.name.clone(),
+                        template.source.clone(),
+                        Changer::Configuration,
+                    )
                     .await;
                 if let Err(error) = registered {
                     primary.handle.shutdown().await;
@@ -129,7 +133,10 @@ impl Servers {
                     });
                 }
                 if config.prebuild {
-                    let _ = primary.handle.rebuild(template.name.clone()).await;
+                    let _ = primary
+                        .handle
+                        .rebuild(template.name.clone(), Changer::Configuration)
+                        .await;
                 }
             } else if external {
                 primary.handle.shutdown().await;
@@ -322,25 +329,32 @@ impl Servers {
         self.holder(&id).await.handle.drop_kept(id).await
     }
 
-    /// Builds a new version of a template, on its server.
-    pub async fn rebuild(&self, template: TemplateName) -> Result<TemplateStatus, LeaseError> {
+    /// Builds a new version of a template, on its server; the operator's only for a
+    /// `changer` that may change them.
+    pub async fn rebuild(
+        &self,
+        template: TemplateName,
+        changer: Changer,
+    ) -> Result<TemplateStatus, LeaseError> {
         let server = match self.placement(&template).await {
             Some(major) => self.server(major, None, START_WAIT).await?,
             None => self.inner.primary.clone(),
         };
-        let mut status = server.handle.rebuild(template).await?;
+        let mut status = server.handle.rebuild(template, changer).await?;
         status.postgres_version = Some(server.version.clone());
         Ok(status)
     }
 
     /// Adds or replaces a template. With `postgres_version` it lives on that major's server
     /// (started now if need be); without, where it lives now, else on the primary. A
-    /// template cannot move between servers: that is a 409 naming where it is.
+    /// template cannot move between servers: that is a 409 naming where it is. The pool
+    /// holding it decides whether `changer` may change it (the operator's templates).
     pub async fn register(
         &self,
         name: TemplateName,
         source: TemplateSource,
         postgres_version: Option<VersionSpec>,
+        changer: Changer,
     ) -> Result<(Registered, TemplateStatus), LeaseError> {
         // Refused before anything is placed, with the rights the build will read it with.
         if let Some(user) = &self.inner.child_user {
@@ -375,7 +389,7 @@ impl Servers {
             };
             let newly_placed =
                 home.is_some_and(|major| registry.placed.insert(name.clone(), major).is_none());
-            let registering = server.handle.register(name.clone(), source);
+            let registering = server.handle.register(name.clone(), source, changer);
             // A pool that does not answer: whether it registered the template is unknown,
             // so it stays placed there (a retry goes to the same server instead of
             // splitting the template over two), and the lock is released with the error.

@@ -12,7 +12,8 @@
 //! The rules are split by concern: [`grants`] (requests and grants), [`release`]
 //! (releases, renewals, a lease ended at once), [`expiry`] (expiry, timed-out requests,
 //! reclaiming), [`refill`] (clones and drops to start, jobs that ended), [`budget`] (bytes
-//! and eviction), [`build`] (configured templates), [`client`] (templates clients build),
+//! and eviction), [`build`] (configured templates), [`owner`] (whose a configured template
+//! is, and who may change it), [`client`] (templates clients build),
 //! [`test_ids`] (lease numbers and IntegreSQL test ids), [`status`].
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -36,6 +37,7 @@ mod grants;
 mod invariants;
 mod kept;
 mod lifecycle;
+mod owner;
 mod proofs;
 mod refill;
 mod release;
@@ -46,9 +48,11 @@ mod test_ids;
 
 pub use build::Registered;
 pub(crate) use client::Finalize;
+pub use owner::Changer;
 
 use dbs::Dbs;
 use lifecycle::TemplateEntry;
+use owner::Owner;
 use server::{Probe, Server};
 
 /// Identifies a parked lease request; the actor maps it to the reply channel.
@@ -219,7 +223,7 @@ impl PoolState {
             let wanted = prebuild || template.name == TemplateName::default_name();
             entries.insert(
                 template.name.clone(),
-                TemplateEntry::configured(template.source.clone(), wanted, true),
+                TemplateEntry::configured(template.source.clone(), wanted, Owner::Operator),
             );
         }
         PoolState {

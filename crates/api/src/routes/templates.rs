@@ -1,6 +1,8 @@
 //! `GET /templates`, `GET /templates/{name}`, `PUT /templates/{name}`,
 //! `POST /templates/{name}/rebuild`: what each template's current version is, registering
-//! templates at run time, and forcing a new version.
+//! templates at run time, and forcing a new version. Whether the caller may change a
+//! template the operator defined is the pool's decision; these handlers only say whether
+//! the request showed the token (`crate::changer`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
 use pglease_pool::config::{one_source_kind, DEFAULT_COMMAND_TIMEOUT};
 use pglease_pool::{
     CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
@@ -19,7 +21,7 @@ use super::leases::rfc3339;
 use super::{parse_body, parse_postgres_version};
 use crate::error::ApiError;
 use crate::wire::{ErrorBody, ProgressJson, TemplateBody, TemplateJson};
-use crate::AppState;
+use crate::{changer, AppState, TokenShown};
 
 /// `GET /templates`: every template.
 #[utoipa::path(get, path = "/templates", responses(
@@ -68,6 +70,7 @@ pub async fn show(
 #[utoipa::path(post, path = "/templates/{name}/rebuild", params(("name" = String, Path, description = "The template name", pattern = "^[a-z0-9_-]{1,64}$")), responses(
     (status = 202, description = "A new version is being built", body = TemplateJson),
     (status = 401, description = "A token is required", body = ErrorBody),
+    (status = 403, description = "template_is_configured: the operator defined the template (--template or the configuration file); only a holder of the API's token may rebuild it", body = ErrorBody),
     (status = 404, description = "No such template", body = ErrorBody),
     (status = 409, description = "The template is built by an IntegreSQL client", body = ErrorBody),
     (status = 422, description = "Not a valid template name", body = ErrorBody),
@@ -75,13 +78,14 @@ pub async fn show(
 ))]
 pub async fn rebuild(
     State(state): State<AppState>,
+    shown: Option<Extension<TokenShown>>,
     Path(name): Path<String>,
 ) -> Result<(StatusCode, Json<TemplateJson>), ApiError> {
     if state.is_shutting_down() {
         return Err(ApiError::shutting_down());
     }
     let name = parse_name(&name)?;
-    let status = state.pool.rebuild(name).await?;
+    let status = state.pool.rebuild(name, changer(shown)).await?;
     Ok((StatusCode::ACCEPTED, Json(template_json(status))))
 }
 
@@ -93,7 +97,7 @@ pub async fn rebuild(
         (status = 201, description = "Registered", body = TemplateJson),
         (status = 400, description = "The body is not JSON", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
-        (status = 403, description = "Commands over HTTP are not allowed", body = ErrorBody),
+        (status = 403, description = "forbidden: commands over HTTP are not allowed; template_is_configured: the operator defined the template (--template or the configuration file), and only a holder of the API's token may replace it", body = ErrorBody),
         (status = 409, description = "The template is built by an IntegreSQL client", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid name or source", body = ErrorBody),
@@ -101,6 +105,7 @@ pub async fn rebuild(
     ))]
 pub async fn register(
     State(state): State<AppState>,
+    shown: Option<Extension<TokenShown>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<TemplateJson>), ApiError> {
@@ -116,7 +121,11 @@ pub async fn register(
     let body: TemplateBody = parse_body(body)?;
     let postgres_version = parse_postgres_version(body.postgres_version.as_deref())?;
     let source = template_source(&state, body)?;
-    let (registered, status) = state.pool.register(name, source, postgres_version).await?;
+    // Whose the template is, the pool knows; the API says only who asks.
+    let (registered, status) = state
+        .pool
+        .register(name, source, postgres_version, changer(shown))
+        .await?;
     let code = match registered {
         Registered::Created => StatusCode::CREATED,
         Registered::Replaced | Registered::Unchanged => StatusCode::OK,

@@ -400,7 +400,12 @@ impl Harness {
             }
             Event::Advance { ms } => tokio::time::advance(Duration::from_millis(ms)).await,
             Event::Rebuild { template: position } => {
-                let _ = self.router.rebuild(template(position)).await;
+                // A token holder's: the templates here are configured, which nobody
+                // else may rebuild.
+                let _ = self
+                    .router
+                    .rebuild(template(position), crate::Changer::TokenHolder)
+                    .await;
             }
             Event::ServerLost { server } => self.server(server).lose(),
             Event::ServerBack { server } => self.server(server).come_back(),

@@ -445,8 +445,8 @@ async fn race(
     });
     let servers = servers_with(primary, vec![(16, pg16), (17, pg17)], &[]);
     let (a, b) = tokio::join!(
-        servers.register(name("app"), TemplateSource::Empty, first),
-        servers.register(name("app"), TemplateSource::Empty, second),
+        servers.register(name("app"), TemplateSource::Empty, first, Changer::Anyone),
+        servers.register(name("app"), TemplateSource::Empty, second, Changer::Anyone),
     );
     drop(servers);
     let (on_primary, on_16, on_17) = pools.await.expect("the fakes");
@@ -504,6 +504,7 @@ async fn a_pool_that_never_answers_a_registration_fails_it_and_frees_the_registr
         name("app"),
         TemplateSource::Empty,
         Some(VersionSpec::Major(16)),
+        Changer::Anyone,
     );
     // Time is paused: a registration that waited for ever would end only at this guard.
     let error = tokio::time::timeout(Duration::from_secs(3600), registering)
@@ -531,7 +532,7 @@ async fn a_pool_that_never_answers_a_registration_fails_it_and_frees_the_registr
     // The next registration is not held up by the stuck pool.
     let (registered, status) = tokio::time::timeout(
         Duration::from_secs(5),
-        servers.register(name("other"), TemplateSource::Empty, None),
+        servers.register(name("other"), TemplateSource::Empty, None, Changer::Anyone),
     )
     .await
     .expect("a registration after the stuck one hung")
@@ -558,6 +559,7 @@ async fn a_primary_that_never_answers_fails_a_registration_that_must_ask_it() {
             name("app"),
             TemplateSource::Empty,
             Some(VersionSpec::Major(16)),
+            Changer::Anyone,
         ),
     )
     .await

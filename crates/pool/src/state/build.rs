@@ -1,6 +1,7 @@
-//! Configured templates: registering one at run time, rebuilding a version when its
-//! sources change, a build that ended; and what both lifecycles do when a version is ready
-//! (adopting ready clones an earlier run left of it).
+//! Configured templates: registering one at run time (the operator's are changed only by
+//! whom their owner lets, `owner.rs`), rebuilding a version when its sources change, a
+//! build that ended; and what both lifecycles do when a version is ready (adopting ready
+//! clones an earlier run left of it).
 
 use std::collections::HashMap;
 
@@ -8,6 +9,7 @@ use tokio::time::Instant;
 
 use super::dbs::{Db, Phase};
 use super::lifecycle::{Build, Configured, Lifecycle, TemplateEntry, Version};
+use super::owner::{Changer, Owner};
 use super::{Action, Built, PoolState, Server};
 use crate::config::{TemplateConfig, TemplateSource};
 use crate::error::LeaseError;
@@ -29,11 +31,14 @@ pub enum Registered {
 impl PoolState {
     /// Adds a template at run time, or gives an existing one a new source: its current
     /// version is then replaced as if its sources had changed. Built on first lease.
-    /// `default` and templates clients build have no source to replace.
+    /// `default` and templates clients build have no source to replace; the operator's
+    /// templates change only for the configuration and token holders ([`Owner::lets`]),
+    /// even to the same source, so that a caller learns nothing of them by trying.
     pub fn register(
         &mut self,
         name: TemplateName,
         source: TemplateSource,
+        changer: Changer,
         now: Instant,
     ) -> Result<(Registered, Vec<Action>), LeaseError> {
         if name == TemplateName::default_name() {
@@ -42,13 +47,22 @@ impl PoolState {
             ));
         }
         let Some(entry) = self.templates.get_mut(&name) else {
+            let owner = Owner::of_new(changer);
             self.templates
-                .insert(name, TemplateEntry::configured(source, false, false));
+                .insert(name, TemplateEntry::configured(source, false, owner));
             return Ok((Registered::Created, Vec::new()));
         };
         let Lifecycle::Configured(configured) = &mut entry.lifecycle else {
             return Err(LeaseError::ClientBuilt(name));
         };
+        if !configured.owner.lets(changer) {
+            return Err(LeaseError::ConfiguredTemplate(name));
+        }
+        if changer == Changer::Configuration {
+            // The configuration names a template registered over HTTP before: it is the
+            // operator's from now on.
+            configured.owner = Owner::Operator;
+        }
         if configured.source == source {
             return Ok((Registered::Unchanged, Vec::new()));
         }
@@ -63,19 +77,23 @@ impl PoolState {
         Ok((Registered::Replaced, actions))
     }
 
-    /// A rebuild asked for over the API: unknown and client-built templates are refused
-    /// (a client's template has no sources here); see [`PoolState::rebuild`].
+    /// A rebuild asked for over the API (or by the configuration at start): unknown and
+    /// client-built templates are refused (a client's template has no sources here), and
+    /// so are the operator's unless `changer` may change them (a new version drops every
+    /// ready clone, which is the operator's call); see [`PoolState::rebuild`].
     pub fn request_rebuild(
         &mut self,
         template: &TemplateName,
+        changer: Changer,
         now: Instant,
     ) -> Result<Vec<Action>, LeaseError> {
-        match self.templates.get(template) {
+        match self.templates.get(template).map(|entry| &entry.lifecycle) {
             None => Err(self.unknown_template(template.clone())),
-            Some(entry) if entry.is_client_built() => {
-                Err(LeaseError::ClientBuilt(template.clone()))
+            Some(Lifecycle::Client(_)) => Err(LeaseError::ClientBuilt(template.clone())),
+            Some(Lifecycle::Configured(configured)) if !configured.owner.lets(changer) => {
+                Err(LeaseError::ConfiguredTemplate(template.clone()))
             }
-            Some(_) => Ok(self.rebuild(template, now)),
+            Some(Lifecycle::Configured(_)) => Ok(self.rebuild(template, now)),
         }
     }
 

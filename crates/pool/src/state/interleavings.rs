@@ -592,7 +592,12 @@ impl World {
                 self.apply(actions);
             }
             Event::Rebuild { template: index } => {
-                if let Ok(actions) = self.state.request_rebuild(&template(NAMES[index]), now) {
+                // A token holder's rebuild: the templates here are configured ones.
+                let changer = super::Changer::TokenHolder;
+                let rebuilt = self
+                    .state
+                    .request_rebuild(&template(NAMES[index]), changer, now);
+                if let Ok(actions) = rebuilt {
                     self.apply(actions);
                 }
             }

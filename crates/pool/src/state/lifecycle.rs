@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::demand::Demand;
+use super::owner::Owner;
 use super::proofs::ProofHistory;
 use super::{Action, Built, WaiterId};
 use crate::config::TemplateSource;
@@ -27,9 +28,10 @@ pub(super) struct Version {
 pub(super) struct Configured {
     pub source: TemplateSource,
     pub build: Build,
-    /// Configured when the daemon started (not registered over HTTP): readiness waits
-    /// on it (`PoolState::readiness`).
-    pub from_start: bool,
+    /// Whose it is: the operator's (defined by `--template` or the configuration file,
+    /// which readiness waits on, `PoolState::readiness`, and which only the configuration
+    /// and a token holder may change) or the API's (registered over HTTP).
+    pub owner: Owner,
     /// The stamp of the sources behind its last build, taken before they were hashed (or
     /// when they were found unusable at start). While it is ready, a lease request whose
     /// look finds the stamp moved checks for a new version; while it has failed, the
@@ -160,12 +162,12 @@ pub(super) struct TemplateEntry {
 }
 
 impl TemplateEntry {
-    pub fn configured(source: TemplateSource, wanted: bool, from_start: bool) -> Self {
+    pub fn configured(source: TemplateSource, wanted: bool, owner: Owner) -> Self {
         Self::new(
             Lifecycle::Configured(Configured {
                 source,
                 build: Build::Idle,
-                from_start,
+                owner,
                 sources: None,
                 looking_at_failed: false,
                 built_once: false,

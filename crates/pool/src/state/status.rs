@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::dbs::Phase;
 use super::lifecycle::{Build, Lifecycle};
+use super::owner::Owner;
 use super::{PoolState, Server};
 use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
@@ -166,7 +167,7 @@ impl PoolState {
             let Lifecycle::Configured(configured) = &entry.lifecycle else {
                 continue;
             };
-            if !configured.from_start {
+            if configured.owner != Owner::Operator {
                 continue;
             }
             match configured.build {

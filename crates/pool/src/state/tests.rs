@@ -1939,7 +1939,7 @@ fn with_prebuild_readiness_waits_for_every_configured_template_and_fails_with_a_
         .is_some_and(|r| r.contains("template app cannot be built: 001.sql: syntax error")));
     // A template registered over HTTP does not hold readiness, failed or not.
     let source = TemplateSource::Migrations(PathBuf::from("other"));
-    let _ = state.register(name("adhoc"), source, now);
+    let _ = state.register(name("adhoc"), source, Changer::Anyone, now);
     let _ = state.request_lease(1, LeaseId::random(0), &request("adhoc", 1000), now);
     let _ = state.build_finished(
         &name("adhoc"),
@@ -2130,4 +2130,106 @@ fn default_built_with_its_clones_ready(state: &mut PoolState, now: Instant) {
             let _ = state.clone_finished(&default, &template_db, clone, Ok(made()), now);
         }
     }
+}
+
+/// Issue 41: a template the operator defined is changed only by the configuration and a
+/// holder of the API's token; a caller the API cannot tell apart from anybody else gets
+/// `ConfiguredTemplate` for a new source, the same source, and a rebuild, and the source
+/// stays the operator's.
+#[test]
+fn only_the_configuration_and_token_holders_change_the_operators_templates() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    let operators = TemplateSource::Migrations(PathBuf::from("migrations"));
+    let evil = TemplateSource::SqlFile(PathBuf::from("/tmp/evil.sql"));
+    for source in [evil.clone(), operators.clone()] {
+        match state.register(name("app"), source, Changer::Anyone, now) {
+            Err(LeaseError::ConfiguredTemplate(template)) => assert_eq!(template, name("app")),
+            other => panic!("anybody changed the operator's template: {other:?}"),
+        }
+    }
+    assert_eq!(state.source_of(&name("app")), Some(operators.clone()));
+    assert!(matches!(
+        state.request_rebuild(&name("app"), Changer::Anyone, now),
+        Err(LeaseError::ConfiguredTemplate(_))
+    ));
+    assert!(matches!(
+        state.request_rebuild(&TemplateName::default_name(), Changer::Anyone, now),
+        Err(LeaseError::ConfiguredTemplate(_))
+    ));
+
+    let (registered, _) = state
+        .register(name("app"), evil.clone(), Changer::TokenHolder, now)
+        .expect("a token holder may");
+    assert_eq!(registered, Registered::Replaced);
+    assert_eq!(state.source_of(&name("app")), Some(evil.clone()));
+    assert!(state
+        .request_rebuild(&name("app"), Changer::TokenHolder, now)
+        .is_ok());
+    // A token holder's new source does not make the template anybody's.
+    assert!(matches!(
+        state.register(name("app"), operators, Changer::Anyone, now),
+        Err(LeaseError::ConfiguredTemplate(_))
+    ));
+}
+
+/// A template registered over HTTP stays anybody's, even one a token holder registered:
+/// without a token every caller may replace and rebuild it.
+#[test]
+fn templates_registered_over_http_stay_replaceable_by_any_caller() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    for first in [Changer::Anyone, Changer::TokenHolder] {
+        let template = name(&format!("adhoc_{first:?}").to_lowercase());
+        let one = TemplateSource::SqlFile(PathBuf::from("/tmp/one.sql"));
+        let two = TemplateSource::SqlFile(PathBuf::from("/tmp/two.sql"));
+        let (created, _) = state
+            .register(template.clone(), one, first, now)
+            .expect("registered");
+        assert_eq!(created, Registered::Created);
+        let (replaced, _) = state
+            .register(template.clone(), two.clone(), Changer::Anyone, now)
+            .expect("anybody replaces it");
+        assert_eq!(replaced, Registered::Replaced);
+        assert_eq!(state.source_of(&template), Some(two));
+        assert!(state
+            .request_rebuild(&template, Changer::Anyone, now)
+            .is_ok());
+    }
+}
+
+/// A template the configuration registers at start (one naming the primary's major) is the
+/// operator's like one given to the pool at its start: nobody without the token changes it,
+/// and readiness waits on it.
+#[test]
+fn a_template_the_configuration_registers_is_the_operators() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    let source = TemplateSource::Migrations(PathBuf::from("versioned"));
+    let _ = state
+        .register(name("versioned"), source, Changer::Configuration, now)
+        .expect("registered");
+    assert!(matches!(
+        state.register(
+            name("versioned"),
+            TemplateSource::Empty,
+            Changer::Anyone,
+            now
+        ),
+        Err(LeaseError::ConfiguredTemplate(_))
+    ));
+    let _ = state.request_lease(1, LeaseId::random(0), &request("versioned", 1000), now);
+    let _ = state.build_finished(
+        &name("versioned"),
+        SourceStamp::default(),
+        Err("broken".into()),
+        now,
+    );
+    assert_eq!(
+        state.readiness().failed_templates,
+        vec![(name("versioned"), "broken".to_owned())]
+    );
 }
