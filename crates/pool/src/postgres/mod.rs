@@ -52,7 +52,7 @@ pub use self::initdb::ADMIN_USER;
 use self::instance::Instance;
 use self::launch::Launch;
 use self::run_as::RunAs;
-pub use self::running::{ClusterOrigin, RunningPostgres};
+pub use self::running::{postmaster_status, ClusterOrigin, RunningPostgres};
 use self::settings::advertised_host;
 pub use self::settings::{IN_MEMORY_SETTINGS, TUNED_SETTINGS};
 pub use self::spawn::SCRUBBED_ENV;

@@ -245,8 +245,9 @@ fn signal(pid: u32, signal: Signal) -> nix::Result<()> {
     nix::sys::signal::kill(Pid::from_raw(pid), signal)
 }
 
-/// Line 8 of `postmaster.pid`: "starting", "ready", "stopping" or "standby" (PG 10+).
-fn postmaster_status(data_dir: &Path) -> Option<String> {
+/// Line 8 of `postmaster.pid` in `data_dir`: "starting", "ready", "stopping" or "standby"
+/// (PG 10+); `None` when there is no such file or line. Reads a file: call it off the actor.
+pub fn postmaster_status(data_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
     Some(text.lines().nth(7)?.trim().to_owned())
 }
