@@ -14,8 +14,8 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::File;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -83,8 +83,9 @@ pub(crate) fn passed_on_env() -> Vec<(OsString, OsString)> {
 pub(crate) enum Output {
     /// A pipe the caller reads (initdb's output, collected for errors).
     Piped,
-    /// An open file (the server log), shared by stdout and stderr.
-    File(File),
+    /// The write end of the server log's pipe (`server_log.rs`), shared by stdout and
+    /// stderr.
+    Log(OwnedFd),
 }
 
 /// Everything needed to build one child's command: recorded as data so the exact command
@@ -118,9 +119,9 @@ impl CommandSpec {
             Output::Piped => {
                 command.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
-            Output::File(file) => {
-                let err = file.try_clone()?;
-                command.stdout(Stdio::from(file)).stderr(Stdio::from(err));
+            Output::Log(pipe) => {
+                let err = pipe.try_clone()?;
+                command.stdout(Stdio::from(pipe)).stderr(Stdio::from(err));
             }
         }
         if let Some((uid, gid)) = self.user {
