@@ -349,7 +349,7 @@ async fn a_lease_that_floods_the_server_log_fails_nobody() {
     let size = |name: &str| fs::metadata(instance_dir.join(name)).map_or(0, |m| m.len());
     let logged = size("postgres.log") + size("postgres.log.1");
     assert!(
-        logged <= 2 * 3 << 20,
+        logged <= 2 * (3 << 20),
         "the log takes {logged} bytes, more than twice its cap"
     );
     // The log holds the latest warnings and says that older ones were rotated away.
