@@ -344,3 +344,58 @@ async fn a_closed_monitor_connection_alone_loses_no_lease() {
     assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 41, row 9: an operator's slip (`pkill postgres`, `pg_ctl stop` on the wrong
+/// directory) sends pglease's postmaster SIGTERM. Postgres then sits in smart shutdown,
+/// keeping the sessions it has and refusing every new one; before, pglease went on granting
+/// leases on it whose URLs failed with "the database system is shutting down", and
+/// `/status` said `running`, until the daemon itself was restarted.
+#[tokio::test]
+async fn a_postmaster_someone_else_stops_is_taken_back() {
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "2"])
+        .start()
+        .await;
+    // A holder's open session is what keeps a smart shutdown waiting.
+    let held = daemon.lease_ok("default").await;
+    let _session = connect(&held).await.expect("connect with the held lease");
+    let before = daemon.status().await;
+    let pid = before["postgres"]["pid"].as_u64().expect("postgres pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM to the postmaster");
+    let sent = std::time::Instant::now();
+    // A new lease works again: granted, and its URL connects.
+    poll_until(
+        Duration::from_secs(15),
+        "a lease whose URL connects",
+        || async {
+            let (code, lease) = daemon.lease(json!({ "template": "default" })).await;
+            if code != 201 {
+                return None;
+            }
+            connect(&lease).await.ok().map(|_| ())
+        },
+    )
+    .await;
+    let took = sent.elapsed();
+    let after = daemon.status().await;
+    assert!(
+        took < Duration::from_secs(10),
+        "leases worked again only after {took:?}"
+    );
+    assert!(
+        after["postgres"]["restarts"].as_u64() > before["postgres"]["restarts"].as_u64(),
+        "/status shows no restart: {after}"
+    );
+    assert_ne!(
+        after["postgres"]["pid"].as_u64(),
+        Some(pid as u64),
+        "{after}"
+    );
+    let reason = after["postgres"]["last_error"].as_str().unwrap_or_default();
+    assert!(reason.contains("shutting down"), "{reason}");
+    assert!(daemon.stop().await.success());
+}

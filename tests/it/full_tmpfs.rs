@@ -290,3 +290,81 @@ async fn root_that_cannot_mount_serves_without_the_databases_own_tmpfs() {
     );
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 41, row 4: a lease holder floods the server log (`RAISE WARNING` of 1 MB, 200
+/// times: 200 MB). The log lives with WAL and the catalogs, in the rest the databases'
+/// tmpfs leaves (96 MB here); before it was bounded, it filled that room in seconds and
+/// postgres PANICked writing WAL, restarted, and lost every lease, again and again. Now
+/// postgres' output goes through the daemon, which rotates the log at its cap: the flood
+/// succeeds, the server stays up, every other lease keeps working, and the log takes at
+/// most twice its cap (3 MB for that room).
+#[tokio::test]
+async fn a_lease_that_floods_the_server_log_fails_nobody() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --tmpfs-size needs root");
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--tmpfs-size", "300M", "--min-ready", "1"])
+        .start()
+        .await;
+    let before = daemon.status().await;
+    let instance_dir =
+        std::path::PathBuf::from(before["postgres"]["data_dir"].as_str().expect("data dir"))
+            .parent()
+            .expect("instance dir")
+            .to_path_buf();
+    let flooder = daemon.lease_ok("default").await;
+    let bystander = daemon.lease_ok("default").await;
+    let other = connect(&bystander).await.expect("the bystander connects");
+    other
+        .batch_execute("CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)")
+        .await
+        .expect("the bystander writes");
+    let flood = connect(&flooder).await.expect("the flooder connects");
+    // The warnings go to the flooder's own session too; it only wants them in the log.
+    flood
+        .batch_execute(
+            "SET client_min_messages = error; \
+             DO $$ BEGIN FOR i IN 1..200 LOOP RAISE WARNING '%', repeat('x', 1000000); \
+             END LOOP; END $$",
+        )
+        .await
+        .expect("the flood runs to its end");
+    // The bystander writes after the flood, ~60 MB of WAL: more than the segments already
+    // there, so postgres needs room for new ones in the rest, which the log must have left.
+    other
+        .batch_execute("INSERT INTO mine SELECT g FROM generate_series(1, 1500000) g")
+        .await
+        .expect("the bystander writes after the flood");
+    let after = daemon.status().await;
+    assert_eq!(
+        after["postgres"]["pid"], before["postgres"]["pid"],
+        "{after}"
+    );
+    assert_eq!(
+        after["postgres"]["restarts"], before["postgres"]["restarts"],
+        "{after}"
+    );
+    let size = |name: &str| fs::metadata(instance_dir.join(name)).map_or(0, |m| m.len());
+    let logged = size("postgres.log") + size("postgres.log.1");
+    assert!(
+        logged <= 2 * (3 << 20),
+        "the log takes {logged} bytes, more than twice its cap"
+    );
+    // The log holds the latest warnings and says that older ones were rotated away.
+    let log = fs::read_to_string(instance_dir.join("postgres.log")).expect("the log");
+    assert!(
+        log.contains("---- pglease: the log passed"),
+        "{}",
+        &log[..log.len().min(500)]
+    );
+    // New leases still work.
+    let fresh = daemon.lease_ok("default").await;
+    let client = connect(&fresh).await.expect("a new lease connects");
+    client
+        .batch_execute("SELECT 1")
+        .await
+        .expect("a new lease queries");
+    assert!(daemon.stop().await.success());
+}

@@ -39,6 +39,7 @@ mod readiness;
 mod register;
 mod release;
 mod security;
+mod server_env;
 mod snapshots;
 mod storage_auto;
 mod support;

@@ -83,12 +83,12 @@ impl OsUser {
     }
 }
 
-/// Removes from `command`'s environment what pglease removes before it starts initdb or
-/// postgres (`pglease_pool::postgres::SCRUBBED_ENV`: libpq's and the server's defaults,
-/// systemd's), so the baselines start as pglease's server does, and pgbench goes where
-/// it is told. Also `LD_PRELOAD`, which pglease leaves alone: a preload inherited from
-/// the caller would slow one baseline and not another; the stock server gets the fsync
-/// shim only where the benchmark sets it.
+/// Removes from `command`'s environment what must never reach a server
+/// (`pglease_pool::postgres::SCRUBBED_ENV`: libpq's and the server's defaults, systemd's;
+/// pglease's own server gets none of them, as it gets only `PATH` and the locale), so the
+/// baselines start as pglease's server does, and pgbench goes where it is told. Also
+/// `LD_PRELOAD`: a preload inherited from the caller would slow one baseline and not
+/// another; the stock server gets the fsync shim only where the benchmark sets it.
 pub(crate) fn scrub_env(command: &mut Command) {
     for name in pglease_pool::postgres::SCRUBBED_ENV
         .iter()

@@ -95,6 +95,10 @@ struct Actor {
     server: u8,
     /// When the sources of failed templates are looked at next (a pace for file I/O).
     failed_sources_at: Instant,
+    /// When the postmaster's status line (`postmaster.pid`) is read next, and whether a read
+    /// is under way: a shutdown someone else asked for shows there first (`server.rs`).
+    postmaster_status_at: Instant,
+    postmaster_status_pending: bool,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server
     /// runs with `file_copy_method = clone` there (`measure_store`), and what its file
     /// system held before the cluster was put there (its own metadata, and on an

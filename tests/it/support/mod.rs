@@ -114,6 +114,13 @@ impl DaemonBuilder {
         self
     }
 
+    /// Guards the API with `token` given in the daemon's environment (`PGLEASE_TOKEN`),
+    /// not on its command line; the daemon's [`TestDaemon::http`] sends it.
+    pub fn token_in_env(mut self, token: &str) -> Self {
+        self.token = Some(token.to_owned());
+        self.env("PGLEASE_TOKEN", token)
+    }
+
     /// Runs the daemon in `dir` (where it looks for `pglease.toml`).
     pub fn current_dir(mut self, dir: &Path) -> Self {
         self.current_dir = Some(dir.to_path_buf());

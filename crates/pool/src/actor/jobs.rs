@@ -91,6 +91,9 @@ pub(super) enum JobResult {
         /// The fingerprint of the version the check compared against.
         fingerprint: String,
     },
+    /// The status line of the running postmaster's `postmaster.pid` was read (off the
+    /// actor: it is file I/O): `None` when there is none to read.
+    PostmasterStatus { status: Option<String> },
     /// The sources of a failed template were looked at (`PoolState::look_at_failed_sources`).
     FailedSourcesChecked {
         template: TemplateName,
@@ -229,6 +232,7 @@ impl Actor {
                 self.sessions_counted(*give_back, outcome);
             }
             JobResult::Probed { outcome } => self.probed(outcome),
+            JobResult::PostmasterStatus { status } => self.postmaster_status_read(status),
             JobResult::SpaceFilled { sizes } => self.state.space_filled(sizes, SystemTime::now()),
             // A look of the lost server's time is not applied: the state ended it then
             // (its waiters were failed), and a new look may be under way.
@@ -256,6 +260,7 @@ impl Actor {
             // Callers waiting on client-built templates and grants were told when the
             // server went (`PoolState::server_lost`, `fail_client_work`), which also set
             // the probe back to idle for the new generation.
+            JobResult::PostmasterStatus { .. } => self.postmaster_status_pending = false,
             JobResult::Probed { .. }
             | JobResult::SpaceFilled { .. }
             | JobResult::Built { .. }

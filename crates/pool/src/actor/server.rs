@@ -1,5 +1,6 @@
-//! Watching the server: noticing a dead postmaster or a lost connection (with a second
-//! look before declaring it lost), bringing it back, and taking it in when it is up.
+//! Watching the server: noticing a dead postmaster, one that is shutting down (a SIGTERM
+//! or `pg_ctl stop` that did not come from us), or a lost connection (with a second look
+//! before declaring it lost), bringing it back, and taking it in when it is up.
 
 use std::time::{Duration, SystemTime};
 
@@ -13,6 +14,10 @@ use crate::state::Built;
 
 /// How long a second look at a server whose monitor connection closed may take.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the postmaster's status line is read. A server in smart shutdown keeps its
+/// sessions (the monitor's too) and refuses every new connection, so leases granted on it
+/// fail: half a second bounds how many, for the price of reading 100 bytes from tmpfs.
+const POSTMASTER_STATUS_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Actor {
     /// Reads how much the copy-on-write store holds, for the byte budget (a `statvfs` of a
@@ -131,6 +136,50 @@ impl Actor {
             });
         } else if self.state.restart_due(Instant::now()) {
             self.spawn_bring_up();
+        } else {
+            self.look_at_postmaster_status();
+        }
+    }
+
+    /// Reads the running postmaster's status line in a worker, at most every
+    /// [`POSTMASTER_STATUS_INTERVAL`] and one read at a time.
+    fn look_at_postmaster_status(&mut self) {
+        let now = Instant::now();
+        if self.postmaster_status_pending || now < self.postmaster_status_at {
+            return;
+        }
+        let Some(data_dir) = self.running.as_ref().map(|r| r.data_dir.clone()) else {
+            return;
+        };
+        self.postmaster_status_pending = true;
+        self.postmaster_status_at = now + POSTMASTER_STATUS_INTERVAL;
+        self.spawn_job(move |_| async move {
+            let status =
+                tokio::task::spawn_blocking(move || crate::postgres::postmaster_status(&data_dir))
+                    .await
+                    .ok()
+                    .flatten();
+            JobResult::PostmasterStatus { status }
+        });
+    }
+
+    /// The postmaster's status line was read: a server that is stopping without our asking
+    /// (someone's SIGTERM or `pg_ctl stop`) is taken back as after a loss. Left alone, a
+    /// smart shutdown waits for every session to end, refusing every new connection, so
+    /// leases would be granted that nobody can use, for as long as any lease is held.
+    pub(super) fn postmaster_status_read(&mut self, status: Option<String>) {
+        self.postmaster_status_pending = false;
+        if self.state.is_stopping() || self.running.is_none() {
+            return;
+        }
+        if status.as_deref() == Some("stopping") {
+            let reason = "postgres is shutting down, asked by something other than pglease                           (a SIGTERM or pg_ctl stop; postmaster.pid says \"stopping\"): it \
+                          refuses new connections";
+            tracing::error!(
+                pid = self.running.as_ref().map(|r| r.pid),
+                "{reason}; stopping it fast and starting it again"
+            );
+            self.server_lost(reason.to_owned());
         }
     }
 

@@ -259,6 +259,8 @@ pub(super) async fn launch(
         server,
         store: None,
         failed_sources_at: Instant::now(),
+        postmaster_status_at: Instant::now(),
+        postmaster_status_pending: false,
         jobs_tx,
         tracker: TaskTracker::new(),
     };

@@ -28,6 +28,17 @@ pub(super) fn free_bytes(dir: &Path) -> Result<u64, StartError> {
         })
 }
 
+/// The size of the file system `dir` is on, in bytes.
+pub(super) fn total_bytes(dir: &Path) -> Result<u64, StartError> {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks() * s.fragment_size())
+        .map_err(|source| StartError::Sys {
+            action: "cannot statvfs",
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
 /// Refuses a directory that is not on tmpfs or ramfs, unless `allow_unsafe`; returns
 /// whether it is in memory.
 pub(crate) fn check_in_memory(dir: &Path, allow_unsafe: bool) -> Result<bool, StartError> {

@@ -1,13 +1,13 @@
 //! One start of the embedded server, on a blocking thread (`Launch`): removing the previous
 //! clusters, making the new one (the kept one, a snapshot unpacked, the initdb cache
 //! copied, or initdb run), writing `pg_hba.conf`, choosing the port and spawning the
-//! postmaster with its settings. Readiness is not its business: the spawned child goes
-//! back to `Embedded::start`, which makes it a `RunningPostgres` and waits for it.
+//! postmaster with its settings, its output going to the bounded log (`server_log.rs`).
+//! Readiness is not its business: the spawned child goes back to `Embedded::start`, which
+//! makes it a `RunningPostgres` and waits for it.
 //!
 //! It uses `running.rs` (`ClusterOrigin`), `settings.rs` and the files under them;
 //! none of them uses it.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use super::initdb::{self, Cache};
 use super::instance::{self, INITDB_TMP_PREFIX};
 use super::run_as::RunAs;
 use super::running::ClusterOrigin;
+use super::server_log::{Drain, ServerLog};
 use super::settings::{choose_port, pg_hba, server_args, Place};
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{self, io_error, write_anew};
@@ -35,7 +36,10 @@ pub(super) struct Launch {
     /// Where the clusters go (the instance directory, or its copy-on-write store).
     pub(super) clusters_dir: PathBuf,
     pub(super) socket_dir: PathBuf,
+    /// Where the log is, for errors.
     pub(super) log_path: PathBuf,
+    /// The bounded log postgres' output goes to.
+    pub(super) server_log: ServerLog,
     pub(super) data_dir: PathBuf,
     pub(super) in_memory: bool,
     /// The clusters' file system clones files.
@@ -59,6 +63,8 @@ pub(super) struct Launched {
     pub(super) data_dir: PathBuf,
     pub(super) port: u16,
     pub(super) origin: ClusterOrigin,
+    /// Whether its output has been read to the end, into the log.
+    pub(super) log_drain: Drain,
 }
 
 impl Launch {
@@ -93,14 +99,11 @@ impl Launch {
             &self.config.listen_host,
         )?;
 
-        // Never through a link: the instance directory is the server user's.
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&self.log_path)
-            .map_err(|e| io_error("cannot open", &self.log_path, e))?;
+        // postgres writes to a pipe the daemon reads into the capped log (`server_log.rs`).
+        let (pipe, drain) = self
+            .server_log
+            .pipe()
+            .map_err(|e| io_error("cannot make the log pipe for", &self.log_path, e))?;
         let spec = CommandSpec {
             program: self.binaries.postgres(),
             args: server_args(
@@ -123,17 +126,13 @@ impl Launch {
             // query runs on until it next checks for postmaster death; the next start's
             // stale sweep escalates to SIGKILL should SIGQUIT ever not be enough.
             death_signal: Signal::SIGQUIT,
-            output: Output::File(
-                log.try_clone()
-                    .map_err(|e| io_error("cannot open", &self.log_path, e))?,
-            ),
+            output: Output::Log(pipe),
         };
         // A header line separates generations in the shared log.
-        let _ = writeln!(
-            log,
+        self.server_log.note(&format!(
             "---- pglease: starting generation {}: {spec}",
             self.generation
-        );
+        ));
         info!(
             command = %spec,
             user = %self.run_as.name,
@@ -150,6 +149,7 @@ impl Launch {
             data_dir: self.data_dir,
             port,
             origin,
+            log_drain: drain,
         })
     }
 

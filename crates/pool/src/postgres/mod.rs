@@ -11,6 +11,7 @@
 //! files, each using only files listed after it (so none uses this one):
 //! - `launch.rs`: one start: the cluster made, `pg_hba.conf` written, postgres spawned;
 //! - `running.rs`: the running postmaster: readiness, its exit, shutdown;
+//! - `server_log.rs`: the server log, fed through a pipe and bounded;
 //! - `settings.rs`: what it runs with: `pg_hba.conf`, its settings, port and host;
 //! - `sweep.rs`: the instances a killed daemon left behind;
 //! - `instance.rs`: the instance directory, its tmpfs and what the clusters live on, which
@@ -30,6 +31,7 @@ mod launch;
 mod marker;
 mod run_as;
 mod running;
+mod server_log;
 mod settings;
 pub mod snapshot;
 mod space;
@@ -52,7 +54,8 @@ pub use self::initdb::ADMIN_USER;
 use self::instance::Instance;
 use self::launch::Launch;
 use self::run_as::RunAs;
-pub use self::running::{ClusterOrigin, RunningPostgres};
+pub use self::running::{postmaster_status, ClusterOrigin, RunningPostgres};
+use self::server_log::ServerLog;
 use self::settings::advertised_host;
 pub use self::settings::{IN_MEMORY_SETTINGS, TUNED_SETTINGS};
 pub use self::spawn::SCRUBBED_ENV;
@@ -84,6 +87,8 @@ pub struct Embedded {
     /// The manifest of the snapshot this server started from, if it did: a stop writes a
     /// new one only when the templates differ.
     adopted: Option<snapshot::Manifest>,
+    /// The bounded server log every start's postmaster writes to.
+    server_log: ServerLog,
 }
 
 impl Embedded {
@@ -133,6 +138,14 @@ impl Embedded {
             largest_template: largest_template(templates, found.as_ref()),
         };
         let instance = Instance::create(&config, &hints, &run_as)?;
+        // The log lives with WAL and the catalogs: its cap is a share of their room (the
+        // rest the databases' tmpfs leaves, else the whole file system).
+        let room = match instance.databases_space {
+            Some(split) => split.rest,
+            None => filesystem::total_bytes(&instance.dir)?,
+        };
+        let server_log = ServerLog::open(&instance.log_path, server_log::cap_for(room))
+            .map_err(|e| util::io_error("cannot open", &instance.log_path, e))?;
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
         // Only a configured, kept directory is reused, and only a cluster stopped cleanly:
@@ -162,6 +175,7 @@ impl Embedded {
             last_port: None,
             snapshot,
             adopted: None,
+            server_log,
         })
     }
 
@@ -218,6 +232,7 @@ impl Embedded {
             clusters_dir: self.instance.clusters(),
             socket_dir: self.instance.socket_dir.clone(),
             log_path: self.instance.log_path.clone(),
+            server_log: self.server_log.clone(),
             data_dir: self.instance.cluster_dir(self.generation),
             in_memory: self.instance.in_memory,
             clones: self.instance.clones(),
@@ -249,6 +264,7 @@ impl Embedded {
             store_base: self.instance.store_base,
             databases_space,
             child: Some(launched.child),
+            log_drain: launched.log_drain,
         };
         match running.wait_ready().await {
             Ok(()) => {

@@ -4,7 +4,8 @@
 //! resort; and how its start obtained its cluster (`ClusterOrigin`).
 //!
 //! Apart from `launch.rs`, which spawns it, so that a start's steps and the life of what
-//! it started read separately. It uses only `initdb.rs` (the superuser's name).
+//! it started read separately. It uses only `initdb.rs` (the superuser's name) and
+//! `server_log.rs` (to wait for an exit's last words).
 
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use nix::unistd::Pid;
 use tracing::{error, info, warn};
 
 use super::initdb::ADMIN_USER;
+use super::server_log::Drain;
 use crate::error::StartError;
 use crate::types::StorageStatus;
 
@@ -26,6 +28,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const READY_POLL: Duration = Duration::from_millis(20);
 /// How often shutdown checks whether the postmaster has exited.
 const EXIT_POLL: Duration = Duration::from_millis(10);
+/// How long an early exit waits for its output to reach the log before quoting it.
+const LOG_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Log lines quoted in start-up errors.
 const ERROR_TAIL_LINES: usize = 20;
 
@@ -84,6 +88,8 @@ pub struct RunningPostgres {
     pub databases_space: Option<PathBuf>,
     /// The postmaster; `None` once reaped by shutdown.
     pub(super) child: Option<Child>,
+    /// Whether its output has been read into the log (`server_log.rs`).
+    pub(super) log_drain: Drain,
 }
 
 impl RunningPostgres {
@@ -166,6 +172,9 @@ impl RunningPostgres {
         config.connect_timeout(Duration::from_secs(2));
         loop {
             if let Some(status) = self.poll_exit() {
+                // Its last words pass through the log's pipe: wait until they are written
+                // (its children end with it), so that the tail quoted holds them.
+                self.log_drain.wait(LOG_DRAIN_TIMEOUT).await;
                 return Err(StartError::EarlyExit {
                     status,
                     log_path: self.log_path.clone(),
@@ -245,8 +254,9 @@ fn signal(pid: u32, signal: Signal) -> nix::Result<()> {
     nix::sys::signal::kill(Pid::from_raw(pid), signal)
 }
 
-/// Line 8 of `postmaster.pid`: "starting", "ready", "stopping" or "standby" (PG 10+).
-fn postmaster_status(data_dir: &Path) -> Option<String> {
+/// Line 8 of `postmaster.pid` in `data_dir`: "starting", "ready", "stopping" or "standby"
+/// (PG 10+); `None` when there is no such file or line. Reads a file: call it off the actor.
+pub fn postmaster_status(data_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
     Some(text.lines().nth(7)?.trim().to_owned())
 }

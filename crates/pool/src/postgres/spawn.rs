@@ -6,11 +6,16 @@
 //! tokio retires that idle thread, so every child that carries the signal is forked here,
 //! by a thread that is started on first use and never returns. This module does not wait
 //! for children; the caller owns the returned [`Child`].
+//!
+//! Every child starts with a clean environment holding only [`passed_on_env`]: the daemon
+//! often runs as root with an API token and a CI job's secrets in its environment, and
+//! `/proc/<pid>/environ` of postgres and its backends is readable by any process of the
+//! server's OS user (a `COPY ... TO PROGRAM` of a superuser, an untrusted extension).
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::File;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -19,9 +24,11 @@ use std::sync::OnceLock;
 
 use nix::sys::signal::Signal;
 
-/// Environment variables removed from every child: libpq and server defaults that would
-/// otherwise leak from the daemon's environment into initdb or postgres. Public so that
-/// the benchmark starts its own baseline servers the same way.
+/// Environment variables that must never reach a server: libpq and server defaults that
+/// would change what initdb or postgres do. pglease's own children get none of them, as
+/// they get nothing outside [`passed_on_env`]; the list is public so that the benchmark,
+/// which starts its baseline servers with the caller's environment otherwise intact,
+/// removes the same ones.
 pub const SCRUBBED_ENV: &[&str] = &[
     "PGDATA",
     "PGHOST",
@@ -44,13 +51,41 @@ pub const SCRUBBED_ENV: &[&str] = &[
     "LISTEN_FDNAMES",
 ];
 
+/// The variables a child keeps from the daemon's environment, by exact name: the locale
+/// (initdb's defaults and the server's messages) and the time zone. Any `LC_*` variable is
+/// kept as well (see [`passed_on_env`]).
+const PASSED_ON: &[&str] = &["LANG", "LANGUAGE", "TZ"];
+
+/// `PATH` for a child when the daemon has none (postgres runs helpers such as
+/// `archive_command` through the shell).
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The whole environment of initdb and postgres: `PATH` (the daemon's, else
+/// [`DEFAULT_PATH`]) and the daemon's locale and time zone variables ([`PASSED_ON`], `LC_*`).
+/// Nothing else: no token, no secret of the caller's, no libpq default.
+pub(crate) fn passed_on_env() -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(name, _)| {
+            name.to_str().is_some_and(|name| {
+                PASSED_ON.contains(&name) || (name.starts_with("LC_") && name.len() > 3)
+            })
+        })
+        .collect();
+    env.push((
+        "PATH".into(),
+        std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
+    ));
+    env
+}
+
 /// Where a child's stdout or stderr goes.
 #[derive(Debug)]
 pub(crate) enum Output {
     /// A pipe the caller reads (initdb's output, collected for errors).
     Piped,
-    /// An open file (the server log), shared by stdout and stderr.
-    File(File),
+    /// The write end of the server log's pipe (`server_log.rs`), shared by stdout and
+    /// stderr.
+    Log(OwnedFd),
 }
 
 /// Everything needed to build one child's command: recorded as data so the exact command
@@ -79,16 +114,14 @@ impl CommandSpec {
             .args(&self.args)
             .current_dir(&self.cwd)
             .stdin(Stdio::null());
-        for name in SCRUBBED_ENV {
-            command.env_remove(name);
-        }
+        command.env_clear().envs(passed_on_env());
         match self.output {
             Output::Piped => {
                 command.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
-            Output::File(file) => {
-                let err = file.try_clone()?;
-                command.stdout(Stdio::from(file)).stderr(Stdio::from(err));
+            Output::Log(pipe) => {
+                let err = pipe.try_clone()?;
+                command.stdout(Stdio::from(pipe)).stderr(Stdio::from(err));
             }
         }
         if let Some((uid, gid)) = self.user {
