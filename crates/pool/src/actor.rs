@@ -100,6 +100,9 @@ struct Actor {
     /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
+    /// A measure of the leased databases' sizes is under way (`actor/space.rs`): the pace
+    /// of that I/O, one at a time.
+    lease_sizes_running: bool,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -137,6 +140,7 @@ impl Actor {
                 _ = liveness.tick() => {
                     self.measure_store();
                     self.watch_space();
+                    self.measure_leases();
                     self.check_server();
                     self.drop_cancelled_waiters();
                     self.look_at_failed_sources();

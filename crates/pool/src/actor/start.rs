@@ -258,6 +258,7 @@ pub(super) async fn launch(
         next_waiter: 1,
         server,
         store: None,
+        lease_sizes_running: false,
         failed_sources_at: Instant::now(),
         jobs_tx,
         tracker: TaskTracker::new(),
