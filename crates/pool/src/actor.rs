@@ -100,9 +100,10 @@ struct Actor {
     /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
-    /// A measure of the leased databases' sizes is under way (`actor/space.rs`): the pace
-    /// of that I/O, one at a time.
-    lease_sizes_running: bool,
+    /// The pace of the leased databases' measures (`actor/space.rs`): when the one under
+    /// way started, and when the next may start.
+    lease_sizes_started: Option<Instant>,
+    lease_sizes_after: Instant,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }

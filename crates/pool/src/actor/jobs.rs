@@ -124,8 +124,8 @@ impl Actor {
         let now = Instant::now();
         let Report { generation, result } = report;
         if matches!(result, JobResult::LeaseSizes { .. }) {
-            // Whatever its generation: the next measure may start.
-            self.lease_sizes_running = false;
+            // Whatever its generation: the next measure may start (`measure_leases`).
+            self.lease_sizes_ended(now);
         }
         if let JobResult::FailedSourcesChecked { template, changed } = result {
             self.failed_sources_checked(template, changed);
