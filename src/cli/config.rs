@@ -14,7 +14,9 @@ use std::time::Duration;
 use pglease_api::ApiConfig;
 use pglease_front::{FrontConfig, FrontTls};
 use pglease_pool::config::DEFAULT_SCRAM_ITERATIONS;
-use pglease_pool::{CloneStrategy, IntegresqlRole, LeaseAuth, PoolConfig, PoolLimits};
+use pglease_pool::{
+    CloneStrategy, IntegresqlRole, LeaseAuth, LeaseMaxBytes, PoolConfig, PoolLimits,
+};
 
 use super::file::{self, ConfigFile, ConfigFrom, Loaded};
 use super::serve::{FrontAddress, FrontTlsArg, LeaseAuthArg, ServeArgs, StrategyArg};
@@ -184,6 +186,10 @@ fn limits(flags: &ServeArgs, file: &ConfigFile) -> Result<PoolLimits, String> {
         max_bytes: flag_or_file(&flags.max_bytes, &file.max_bytes)
             .map(|size| parse_size(&size))
             .transpose()?,
+        lease_max_bytes: match flag_or_file(&flags.lease_max_bytes, &file.lease_max_bytes) {
+            None => defaults.lease_max_bytes,
+            Some(size) => lease_max_bytes(&size).map_err(|e| format!("--lease-max-bytes: {e}"))?,
+        },
         max_kept: match flags.max_kept.or(file.max_kept) {
             None => defaults.max_kept,
             Some(n @ 0..=1000) => n,
@@ -471,6 +477,14 @@ pub(super) fn switch(on: bool, off: bool, file: Option<bool>) -> bool {
         file.unwrap_or(false)
     }
 }
+/// `--lease-max-bytes`: `0` or `off` for no limit, else a size as [`parse_size`] reads it.
+fn lease_max_bytes(text: &str) -> Result<LeaseMaxBytes, String> {
+    match text.trim() {
+        "0" | "off" => Ok(LeaseMaxBytes::Off),
+        size => parse_size(size).map(LeaseMaxBytes::Bytes),
+    }
+}
+
 /// `512M`, `2G`, `64MB`, `1GiB`, or bytes.
 pub(super) fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();

@@ -84,6 +84,7 @@ pub(super) struct ConfigFile {
     pub(super) default_ttl_secs: Option<u64>,
     pub(super) lease_connections: Option<u32>,
     pub(super) max_bytes: Option<String>,
+    pub(super) lease_max_bytes: Option<String>,
     pub(super) max_waiting: Option<usize>,
     pub(super) build_timeout_secs: Option<u64>,
     pub(super) initialize_timeout_secs: Option<u64>,

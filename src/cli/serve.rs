@@ -151,6 +151,13 @@ pub struct ServeArgs {
     /// Past it, what nobody waits for is evicted, then requests get 507.
     #[arg(help_heading = "The pool", long, value_name = "SIZE")]
     pub max_bytes: Option<String>,
+    /// The most one leased database may grow to (e.g. 512M); past it the lease is ended,
+    /// its sessions end with its database, and the holder's next call on it gets 410
+    /// `lease_exceeded_max_bytes`. Measured up to 4 times a second while leases are open. `0` or
+    /// `off`: no limit [default: as root on tmpfs, a quarter of the databases' own tmpfs,
+    /// but at least 256M or half of it, whichever is less; else no limit].
+    #[arg(help_heading = "Leases", long, value_name = "SIZE")]
+    pub lease_max_bytes: Option<String>,
     /// Connection limit of a lease when the request names none [default: 10]. Postgres'
     /// max_connections is sized from it; leases wait while their connections do not fit.
     #[arg(help_heading = "Leases", long, value_name = "N")]

@@ -57,6 +57,40 @@ fn sizes_parse_with_units_and_refuse_nonsense() {
 }
 
 #[test]
+fn lease_max_bytes_takes_a_size_or_off_from_the_flag_or_the_file() {
+    use pglease_pool::LeaseMaxBytes;
+    let limit = |args: &[&str]| {
+        serve_args(args)
+            .into_config()
+            .map(|config| config.pool.limits.lease_max_bytes)
+    };
+    assert_eq!(limit(&[]), Ok(LeaseMaxBytes::Auto), "derived by default");
+    assert_eq!(
+        limit(&["--lease-max-bytes", "512MiB"]),
+        Ok(LeaseMaxBytes::Bytes(512 << 20))
+    );
+    assert_eq!(limit(&["--lease-max-bytes", "off"]), Ok(LeaseMaxBytes::Off));
+    assert_eq!(limit(&["--lease-max-bytes", "0"]), Ok(LeaseMaxBytes::Off));
+    let error = limit(&["--lease-max-bytes", "lots"]).expect_err("not a size");
+    assert!(error.starts_with("--lease-max-bytes: "), "{error}");
+    let dir = std::env::temp_dir().join(format!("pglease-cli-lmb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("pglease.toml");
+    std::fs::write(&file, "lease_max_bytes = \"1G\"\n").expect("write");
+    let path = file.to_str().expect("utf8");
+    assert_eq!(
+        limit(&["--config", path]),
+        Ok(LeaseMaxBytes::Bytes(1 << 30))
+    );
+    assert_eq!(
+        limit(&["--config", path, "--lease-max-bytes", "off"]),
+        Ok(LeaseMaxBytes::Off),
+        "the flag wins"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn template_flags_take_three_forms() {
     let config = serve_args(&[
         "--template",

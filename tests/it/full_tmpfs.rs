@@ -1,7 +1,8 @@
 //! A full tmpfs: on a dedicated 300 MB tmpfs (`--tmpfs-size`, which needs root; the
 //! databases get 204 MB of it), a template too big to build and clones that stop fitting
 //! get clear errors, nothing half-made stays, everything that fits keeps being served, a
-//! lease that fills it fails alone, and releasing makes room again.
+//! lease that fills it fails alone (with `--lease-max-bytes off`; by default it is ended
+//! first), and releasing makes room again.
 
 use std::fs;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::cow::write_in_a_lease_of;
+use crate::lease_bytes::{bystander, fill_until_cut_off, is_cut_off, told_why};
 use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
@@ -125,11 +127,13 @@ async fn a_full_tmpfs_gives_clear_errors_and_keeps_serving_what_fits() {
     );
 }
 
-/// docs/security.md, "a lease holder fills the storage": its own writes fail with
+/// docs/security.md, "a lease holder fills the storage", with `--lease-max-bytes off` (by
+/// default the filler is ended long before: the next test): its own writes fail with
 /// "No space left on device" (SQLSTATE 53100), while postgres stays up and every other
-/// lease keeps working; the log and `/status` name the database that filled it, and a
-/// release makes room again. Before the databases had a tmpfs of their own, postgres
-/// PANICked on its next WAL or checkpoint write and restarted, ending every lease.
+/// lease keeps working; the log and `/status` name the database that filled it, also after
+/// room came back, and a release makes room again. Before the databases had a tmpfs of
+/// their own, postgres PANICked on its next WAL or checkpoint write and restarted, ending
+/// every lease.
 #[tokio::test]
 async fn a_lease_that_fills_the_tmpfs_fails_alone() {
     if !nix::unistd::geteuid().is_root() {
@@ -137,9 +141,20 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
         return;
     }
     let daemon = TestDaemon::builder()
-        .args(["--tmpfs-size", "300M", "--min-ready", "1"])
+        .args([
+            "--tmpfs-size",
+            "300M",
+            "--min-ready",
+            "1",
+            "--lease-max-bytes",
+            "off",
+        ])
         .start()
         .await;
+    assert!(
+        daemon.status().await["limits"]["lease_max_bytes"].is_null(),
+        "off"
+    );
     let filler = daemon.lease_ok("default").await;
     let bystander = daemon.lease_ok("default").await;
     let other = connect(&bystander).await.expect("the bystander connects");
@@ -247,11 +262,20 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
     drop(client);
     let (code, _) = daemon.release(&id_of(&filler), false).await;
     assert_eq!(code, 204);
-    poll_until(Duration::from_secs(20), "room again", || async {
+    let status = poll_until(Duration::from_secs(20), "room again", || async {
         let status = daemon.status().await;
-        (status["postgres"]["databases_space"]["full"] == false).then_some(())
+        (status["postgres"]["databases_space"]["full"] == false).then_some(status)
     })
     .await;
+    // What filled it is still named once room came back.
+    let space = &status["postgres"]["databases_space"];
+    assert!(space["filled_by"].is_null(), "{space}");
+    assert_eq!(
+        space["last_filled_by"]["database"],
+        database.as_str(),
+        "{space}"
+    );
+    assert!(space["last_filled_by"]["at"].is_string(), "{space}");
     write_in_a_lease_of(
         &daemon,
         "default",
@@ -259,6 +283,52 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
     )
     .await;
     assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
+    assert!(daemon.stop().await.success());
+}
+
+/// Issue 41 row 7: without `--lease-max-bytes`, as root on tmpfs, one lease may grow to a
+/// share of the databases' own tmpfs (a quarter, at least 256M or half, whichever is less:
+/// half of these 204 MB); a holder filling the whole tmpfs is cut off there, told why, and
+/// every other lease keeps writing, instead of failing every other lease's writes for as
+/// long as the filler lives.
+#[tokio::test]
+async fn by_default_a_filler_of_the_whole_tmpfs_is_ended_and_the_others_keep_writing() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --tmpfs-size needs root");
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--tmpfs-size", "300M", "--min-ready", "1"])
+        .start()
+        .await;
+    let status = poll_until(Duration::from_secs(5), "the tmpfs measured", || async {
+        let status = daemon.status().await;
+        (status["postgres"]["databases_space"]["bytes"].as_u64() > Some(0)).then_some(status)
+    })
+    .await;
+    let room = status["postgres"]["databases_space"]["bytes"]
+        .as_u64()
+        .expect("room");
+    let limit = (room / 4).max((256 << 20u64).min(room / 2));
+    assert_eq!(status["limits"]["lease_max_bytes"], limit, "{status}");
+    let filler = daemon.lease_ok("default").await;
+    let (_, other) = bystander(&daemon).await;
+
+    // The whole tmpfs is 204 MB: 40 batches of 10 MB would fill it twice over.
+    let (error, batches) = fill_until_cut_off(&filler, &other, 40).await;
+    assert!(is_cut_off(&error), "after {batches} batches: {error:?}");
+    told_why(&daemon, &filler, limit).await;
+    let status = daemon.status().await;
+    assert_eq!(status["limits"]["exceeded_max_bytes"], 1, "{status}");
+    assert_eq!(
+        status["limits"]["last_exceeded_max_bytes"]["database"], filler["database"],
+        "{status}"
+    );
+    other
+        .batch_execute("INSERT INTO mine SELECT g FROM generate_series(1, 100000) g")
+        .await
+        .expect("the bystander writes after");
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
     assert!(daemon.stop().await.success());
 }
 

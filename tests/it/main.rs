@@ -29,6 +29,7 @@ mod helpers;
 mod hostile_sources;
 mod integresql;
 mod kept;
+mod lease_bytes;
 mod leases;
 mod majors;
 mod metrics;

@@ -210,6 +210,10 @@ impl From<LeaseOpError> for ApiError {
                 Self::new(StatusCode::NOT_FOUND, "lease_not_found", message)
             }
             LeaseOpError::Lost(_) => Self::new(StatusCode::GONE, "lease_lost", message),
+            // Ended by pglease for its size: gone, and the holder is told why.
+            LeaseOpError::ExceededMaxBytes { .. } => {
+                Self::new(StatusCode::GONE, "lease_exceeded_max_bytes", message)
+            }
             LeaseOpError::NotKept(_) => Self::new(StatusCode::NOT_FOUND, "kept_not_found", message),
             LeaseOpError::ShuttingDown => Self::shutting_down(),
         }

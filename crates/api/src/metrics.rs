@@ -200,6 +200,11 @@ fn register_pool(registry: &mut Registry, report: &StatusReport) {
         counter(report.limits.expired),
     );
     registry.register(
+        "leases_exceeded_max_bytes",
+        "Leases ended because their database grew past --lease-max-bytes",
+        counter(report.limits.exceeded_max_bytes),
+    );
+    registry.register(
         "releases_reused_unchanged",
         "Released databases the server proved unchanged, put back without a new clone",
         counter(report.limits.reused_unchanged),

@@ -47,6 +47,7 @@ use crate::wire;
         wire::StorageJson,
         wire::DatabasesSpaceJson,
         wire::FilledByJson,
+        wire::ExceededMaxBytesJson,
         wire::TemplateJson,
         wire::ProgressJson,
         wire::LeaseJson,

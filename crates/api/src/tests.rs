@@ -400,6 +400,16 @@ async fn release_errors_map_to_404_and_410() {
             StatusCode::GONE,
             "lease_lost",
         ),
+        (
+            LeaseOpError::ExceededMaxBytes {
+                id: LEASE_ID.into(),
+                database: "pglease_abc123_6".into(),
+                bytes: 300 << 20,
+                limit: 256 << 20,
+            },
+            StatusCode::GONE,
+            "lease_exceeded_max_bytes",
+        ),
     ];
     for (error, expected_status, expected_code) in cases {
         let (app, mut actor) = app();
@@ -600,6 +610,12 @@ async fn status_renders_the_report_without_credentials() {
                     bytes: 900 << 20,
                     at: expiry(),
                 }),
+                last_filled_by: Some(pglease_pool::FilledBy {
+                    database: pglease_pool::DbName::from_server("pglease_abc123_5".into()),
+                    template: None,
+                    bytes: 800 << 20,
+                    at: expiry(),
+                }),
             }),
         },
         templates: vec![
@@ -669,6 +685,16 @@ async fn status_renders_the_report_without_credentials() {
             byte_budget: Some(1 << 30),
             logical_bytes: 300 << 20,
             store_bytes: Some(40 << 20),
+            lease_max_bytes: Some(256 << 20),
+            exceeded_max_bytes: 1,
+            last_exceeded_max_bytes: Some(pglease_pool::ExceededMaxBytes {
+                lease_id: lease_id(),
+                template: TemplateName::default_name(),
+                database: pglease_pool::DbName::from_server("pglease_abc123_6".into()),
+                bytes: 300 << 20,
+                limit: 256 << 20,
+                at: expiry(),
+            }),
         },
         servers: Vec::new(),
     };
@@ -710,6 +736,12 @@ async fn status_renders_the_report_without_credentials() {
                 "bytes": 900u64 << 20,
                 "at": humantime::format_rfc3339_seconds(expiry()).to_string(),
             },
+            "last_filled_by": {
+                "database": "pglease_abc123_5",
+                "template": null,
+                "bytes": 800u64 << 20,
+                "at": humantime::format_rfc3339_seconds(expiry()).to_string(),
+            },
         },
     });
     let drops = json!({ "pending": 2, "failed": 1, "last_error": "ERROR: disk full" });
@@ -727,6 +759,16 @@ async fn status_renders_the_report_without_credentials() {
         "byte_budget": 1u64 << 30,
         "logical_bytes": 300u64 << 20,
         "store_bytes": 40u64 << 20,
+        "lease_max_bytes": 256u64 << 20,
+        "exceeded_max_bytes": 1,
+        "last_exceeded_max_bytes": {
+            "lease_id": LEASE_ID,
+            "template": "default",
+            "database": "pglease_abc123_6",
+            "bytes": 300u64 << 20,
+            "limit": 256u64 << 20,
+            "at": humantime::format_rfc3339_seconds(expiry()).to_string(),
+        },
     });
     assert_eq!(
         body,

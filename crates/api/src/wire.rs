@@ -356,6 +356,30 @@ pub struct LimitsJson {
     /// cluster (the cluster, its templates, clones' own writes), when clones share their
     /// template's blocks; the byte budget is judged by it then.
     pub store_bytes: Option<u64>,
+    /// The most one leased database may grow to before its lease is ended
+    /// (`--lease-max-bytes`, or derived from the databases' tmpfs), if any.
+    pub lease_max_bytes: Option<u64>,
+    /// Leases ended because their database grew past it, since the start.
+    pub exceeded_max_bytes: u64,
+    /// The last of them.
+    pub last_exceeded_max_bytes: Option<ExceededMaxBytesJson>,
+}
+
+/// A lease ended because its database grew past `--lease-max-bytes`, in `/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ExceededMaxBytesJson {
+    /// The lease.
+    pub lease_id: String,
+    /// Its template.
+    pub template: String,
+    /// Its database (dropped).
+    pub database: String,
+    /// The size measured, in bytes.
+    pub bytes: u64,
+    /// The limit then, in bytes.
+    pub limit: u64,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 /// Requests refused or timed out, by limit.
@@ -430,9 +454,11 @@ pub struct DatabasesSpaceJson {
     pub free_bytes: u64,
     /// Under 2% free (until 5% is free again).
     pub full: bool,
-    /// The database that held the most when it last filled: of the leased ones the
-    /// biggest, else the biggest of all.
+    /// While it is full, the database that held the most when it filled: of the leased
+    /// ones the biggest, else the biggest of all.
     pub filled_by: Option<FilledByJson>,
+    /// The database that held the most when it last filled, kept after room came back.
+    pub last_filled_by: Option<FilledByJson>,
 }
 
 /// What filled the databases' tmpfs, in `/status`.

@@ -104,6 +104,10 @@ struct Actor {
     /// system held before the cluster was put there (its own metadata, and on an
     /// operator's `--data-dir` whatever else lives there), which does not count.
     store: Option<(std::path::PathBuf, u64)>,
+    /// The pace of the leased databases' measures (`actor/space.rs`): when the one under
+    /// way started, and when the next may start.
+    lease_sizes_started: Option<Instant>,
+    lease_sizes_after: Instant,
     jobs_tx: mpsc::UnboundedSender<Report>,
     tracker: TaskTracker,
 }
@@ -141,6 +145,7 @@ impl Actor {
                 _ = liveness.tick() => {
                     self.measure_store();
                     self.watch_space();
+                    self.measure_leases();
                     self.check_server();
                     self.drop_cancelled_waiters();
                     self.look_at_failed_sources();

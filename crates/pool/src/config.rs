@@ -164,6 +164,45 @@ pub struct PoolLimits {
     /// it unchanged (`session/proof.rs`), instead of being dropped and made again. Only on a
     /// server pglease runs itself (turned off on an external one). On by default.
     pub reuse_unchanged: bool,
+    /// The most one leased database may grow to before its lease is ended
+    /// (`--lease-max-bytes`; `state/lease_bytes.rs`).
+    pub lease_max_bytes: LeaseMaxBytes,
+}
+
+/// `--lease-max-bytes`: how big one leased database may grow before its lease is ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaseMaxBytes {
+    /// Derived from the databases' own tmpfs when the server has one
+    /// ([`LeaseMaxBytes::derived`]); no limit otherwise (the room is not known).
+    #[default]
+    Auto,
+    /// No limit (`0` or `off`).
+    Off,
+    /// This many bytes.
+    Bytes(u64),
+}
+
+/// The least the derived limit is (unless that is more than half the room): a test's
+/// database far past its template's size, yet nothing an ordinary suite writes.
+pub const LEASE_MAX_BYTES_FLOOR: u64 = 256 << 20;
+
+impl LeaseMaxBytes {
+    /// The limit for the databases' tmpfs of `room` bytes: a quarter of it, so that one
+    /// holder filling its database leaves at least three quarters to the others, but never
+    /// under [`LEASE_MAX_BYTES_FLOOR`] or half the room, whichever is less (a small tmpfs
+    /// is still bounded at half). `room` 0 (not measured yet) derives nothing.
+    pub fn derived(room: u64) -> Option<u64> {
+        (room > 0).then(|| (room / 4).max(LEASE_MAX_BYTES_FLOOR.min(room / 2)))
+    }
+
+    /// The limit in force, given the databases' room when it is known.
+    pub fn resolve(self, room: Option<u64>) -> Option<u64> {
+        match self {
+            LeaseMaxBytes::Auto => room.and_then(Self::derived),
+            LeaseMaxBytes::Off => None,
+            LeaseMaxBytes::Bytes(bytes) => Some(bytes),
+        }
+    }
 }
 
 impl Default for PoolLimits {
@@ -182,6 +221,7 @@ impl Default for PoolLimits {
             build_timeout: DEFAULT_COMMAND_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
             reuse_unchanged: true,
+            lease_max_bytes: LeaseMaxBytes::Auto,
         }
     }
 }

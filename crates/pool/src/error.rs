@@ -494,6 +494,18 @@ pub enum LeaseOpError {
     /// The lease's database was lost when postgres died and was restarted.
     #[error("lease {0} was lost: postgres stopped unexpectedly and was restarted, so its database is gone")]
     Lost(String),
+    /// The lease was ended because its database grew past `--lease-max-bytes`.
+    #[error("lease {id} was ended: its database {database} grew to {bytes} bytes, past the limit of {limit} bytes one lease's database may take (--lease-max-bytes); it was dropped")]
+    ExceededMaxBytes {
+        /// The lease id.
+        id: String,
+        /// Its database.
+        database: String,
+        /// The size measured.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// No database is kept under this id (never kept, dropped, or its keep ran out).
     #[error("no kept database with id {0}")]
     NotKept(String),

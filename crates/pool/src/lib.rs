@@ -27,7 +27,8 @@ pub mod types;
 pub use actor::start;
 pub use config::{
     CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, IntegresqlRole,
-    LeaseAuth, PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig, TemplateSource,
+    LeaseAuth, LeaseMaxBytes, PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig,
+    TemplateSource,
 };
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;
@@ -40,7 +41,7 @@ pub use token::Token;
 pub use sql_error::{pg_message, SqlError, SqlErrorKind};
 pub use state::{Changer, Registered};
 pub use types::{
-    BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, FilledBy, KeptDatabase, Lease,
-    LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus, Readiness, Refusals, ServerStatus,
-    StatusReport, StorageStatus, TemplateStatus,
+    BuildProgress, ConnectInfo, DatabasesSpace, DropStatus, ExceededMaxBytes, FilledBy,
+    KeptDatabase, Lease, LeaseRequest, LeaseSummary, LimitStatus, PostgresStatus, Readiness,
+    Refusals, ServerStatus, StatusReport, StorageStatus, TemplateStatus,
 };

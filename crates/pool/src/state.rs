@@ -16,7 +16,7 @@
 //! is, and who may change it), [`client`] (templates clients build),
 //! [`test_ids`] (lease numbers and IntegreSQL test ids), [`status`].
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,6 +36,7 @@ mod expiry;
 mod grants;
 mod invariants;
 mod kept;
+mod lease_bytes;
 mod lifecycle;
 mod owner;
 mod proofs;
@@ -60,6 +61,19 @@ pub(crate) type WaiterId = u64;
 
 /// How many lost lease ids are remembered to answer "lost" rather than "not found".
 const LOST_MEMORY: usize = 4096;
+
+/// Why a lease ended without its holder's word, for the holder's next call on its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Its server was lost (or it was ended to make room, or its template discarded).
+    Lost,
+    /// Its database grew past `--lease-max-bytes` (`state/lease_bytes.rs`).
+    ExceededMaxBytes {
+        database: DbName,
+        bytes: u64,
+        limit: u64,
+    },
+}
 
 /// What the actor must do next.
 #[derive(Debug)]
@@ -168,7 +182,8 @@ pub(crate) struct PoolState {
     templates: BTreeMap<TemplateName, TemplateEntry>,
     /// Every clone, and every database waiting to be dropped.
     dbs: Dbs,
-    lost: HashSet<LeaseId>,
+    /// Leases ended without their holder's word, and why: what later calls on them hear.
+    lost: HashMap<LeaseId, Ended>,
     lost_order: VecDeque<LeaseId>,
     /// Connections the server can give lease holders; leases are granted only while the
     /// sum of their connection limits fits.
@@ -204,6 +219,13 @@ pub(crate) struct PoolState {
     restart_at: Option<Instant>,
     /// The databases' own tmpfs, while the server runs with one.
     space: Option<space::Space>,
+    /// What last filled the databases' tmpfs, kept after room came back and across
+    /// restarts (`state/space.rs`).
+    last_filled_by: Option<crate::types::FilledBy>,
+    /// Leases ended because their database grew past `--lease-max-bytes`, and the last of
+    /// them (`state/lease_bytes.rs`).
+    exceeded_max_bytes: u64,
+    last_exceeded_max_bytes: Option<crate::types::ExceededMaxBytes>,
     /// The first build of each configured template in this run starts from scratch
     /// (`--verify-templates`).
     verify_templates: bool,
@@ -233,7 +255,7 @@ impl PoolState {
             server: Server::Down("starting".into()),
             templates: entries,
             dbs: Dbs::default(),
-            lost: HashSet::new(),
+            lost: HashMap::new(),
             lost_order: VecDeque::new(),
             connection_budget: 0,
             refused: Default::default(),
@@ -249,6 +271,9 @@ impl PoolState {
             probe: Probe::Idle,
             restart_at: None,
             space: None,
+            last_filled_by: None,
+            exceeded_max_bytes: 0,
+            last_exceeded_max_bytes: None,
             verify_templates: false,
         }
     }
@@ -365,13 +390,19 @@ impl PoolState {
     }
 
     fn remember_lost(&mut self, id: LeaseId) {
+        self.remember_ended(id, Ended::Lost);
+    }
+
+    /// Remembers why lease `id` ended (the last [`LOST_MEMORY`] of them).
+    fn remember_ended(&mut self, id: LeaseId, why: Ended) {
         if self.lost_order.len() >= LOST_MEMORY {
             if let Some(old) = self.lost_order.pop_front() {
                 self.lost.remove(&old);
             }
         }
-        self.lost.insert(id.clone());
-        self.lost_order.push_back(id);
+        if self.lost.insert(id.clone(), why).is_none() {
+            self.lost_order.push_back(id);
+        }
     }
 }
 

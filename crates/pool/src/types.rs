@@ -202,6 +202,30 @@ pub struct LimitStatus {
     /// cluster (the cluster, its templates, clones' own writes), when clones share blocks;
     /// the budget is judged by it then.
     pub store_bytes: Option<u64>,
+    /// The most one leased database may grow to before its lease is ended
+    /// (`--lease-max-bytes`, or derived from the databases' tmpfs), if any.
+    pub lease_max_bytes: Option<u64>,
+    /// Leases ended because their database grew past it, since the start.
+    pub exceeded_max_bytes: u64,
+    /// The last of them.
+    pub last_exceeded_max_bytes: Option<ExceededMaxBytes>,
+}
+
+/// A lease ended because its database grew past `--lease-max-bytes`.
+#[derive(Debug, Clone)]
+pub struct ExceededMaxBytes {
+    /// The lease.
+    pub lease_id: LeaseId,
+    /// Its template.
+    pub template: TemplateName,
+    /// Its database (dropped).
+    pub database: DbName,
+    /// The size measured.
+    pub bytes: u64,
+    /// The limit then.
+    pub limit: u64,
+    /// When.
+    pub at: std::time::SystemTime,
 }
 
 /// Requests refused or timed out, by the limit that stopped them.
@@ -275,8 +299,11 @@ pub struct DatabasesSpace {
     pub free_bytes: u64,
     /// Under 2% free (until 5% is free again).
     pub full: bool,
-    /// What held the most when it last filled.
+    /// What held the most when it filled, while it is full.
     pub filled_by: Option<FilledBy>,
+    /// What held the most when it last filled, kept after room came back (and across
+    /// restarts of the server).
+    pub last_filled_by: Option<FilledBy>,
 }
 
 /// The database that held the most when the databases' tmpfs filled: of the leased ones

@@ -98,7 +98,7 @@ pub async fn lease(
         (status = 422, description = "keep out of range, or with reuse=true", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No open lease with this id", body = ErrorBody),
-        (status = 410, description = "The lease was lost when postgres restarted", body = ErrorBody),
+        (status = 410, description = "The lease was lost when postgres restarted (lease_lost), or ended because its database grew past --lease-max-bytes (lease_exceeded_max_bytes)", body = ErrorBody),
         (status = 503, description = "Stopping", body = ErrorBody),
     ))]
 pub async fn release(
@@ -137,7 +137,7 @@ pub async fn release(
         (status = 400, description = "The body is not JSON", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No open lease with this id", body = ErrorBody),
-        (status = 410, description = "The lease was lost when postgres restarted", body = ErrorBody),
+        (status = 410, description = "The lease was lost when postgres restarted (lease_lost), or ended because its database grew past --lease-max-bytes (lease_exceeded_max_bytes)", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 422, description = "Invalid values", body = ErrorBody),
         (status = 503, description = "Stopping", body = ErrorBody),

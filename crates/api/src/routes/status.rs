@@ -4,16 +4,16 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use pglease_pool::{DropStatus, LimitStatus, PostgresStatus};
+use pglease_pool::{DropStatus, FilledBy, LimitStatus, PostgresStatus};
 
 use super::front::front_json;
 use super::leases::rfc3339;
 use super::templates::template_json;
 use crate::error::ApiError;
 use crate::wire::{
-    DatabasesSpaceJson, DropsJson, ErrorBody, FailedTemplateJson, FilledByJson, HealthResponse,
-    LeaseJson, LimitsJson, PostgresJson, ReadyResponse, RefusedJson, ServerJson, StatusResponse,
-    StorageJson,
+    DatabasesSpaceJson, DropsJson, ErrorBody, ExceededMaxBytesJson, FailedTemplateJson,
+    FilledByJson, HealthResponse, LeaseJson, LimitsJson, PostgresJson, ReadyResponse, RefusedJson,
+    ServerJson, StatusResponse, StorageJson,
 };
 use crate::AppState;
 
@@ -91,13 +91,18 @@ fn postgres_json(postgres: PostgresStatus) -> PostgresJson {
             bytes: space.bytes,
             free_bytes: space.free_bytes,
             full: space.full,
-            filled_by: space.filled_by.map(|filled| FilledByJson {
-                database: filled.database.to_string(),
-                template: filled.template.map(|t| t.to_string()),
-                bytes: filled.bytes,
-                at: rfc3339(filled.at),
-            }),
+            filled_by: space.filled_by.map(filled_by_json),
+            last_filled_by: space.last_filled_by.map(filled_by_json),
         }),
+    }
+}
+
+fn filled_by_json(filled: FilledBy) -> FilledByJson {
+    FilledByJson {
+        database: filled.database.to_string(),
+        template: filled.template.map(|t| t.to_string()),
+        bytes: filled.bytes,
+        at: rfc3339(filled.at),
     }
 }
 
@@ -130,6 +135,18 @@ fn limits_json(limits: LimitStatus) -> LimitsJson {
         byte_budget: limits.byte_budget,
         logical_bytes: limits.logical_bytes,
         store_bytes: limits.store_bytes,
+        lease_max_bytes: limits.lease_max_bytes,
+        exceeded_max_bytes: limits.exceeded_max_bytes,
+        last_exceeded_max_bytes: limits
+            .last_exceeded_max_bytes
+            .map(|ended| ExceededMaxBytesJson {
+                lease_id: ended.lease_id.to_string(),
+                template: ended.template.to_string(),
+                database: ended.database.to_string(),
+                bytes: ended.bytes,
+                limit: ended.limit,
+                at: rfc3339(ended.at),
+            }),
     }
 }
 

@@ -90,6 +90,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         db: &'a DbName,
         grace: Duration,
     ) -> Work<'a, Result<i64, String>>;
+    /// The sizes in bytes of those of `dbs` that exist.
+    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>>;
     /// Every database's size in bytes.
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>>;
     /// A second look at the server: `Ok` is a new watch on it.
@@ -223,6 +225,9 @@ impl Backend for Session {
         grace: Duration,
     ) -> Work<'a, Result<i64, String>> {
         Box::pin(Session::sessions_after(self, db, grace))
+    }
+    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>> {
+        Box::pin(Session::sizes_of(self, dbs))
     }
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>> {
         Box::pin(Session::database_sizes(self))

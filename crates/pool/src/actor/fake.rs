@@ -432,6 +432,9 @@ impl Backend for FakeBackend {
                 .map_err(|error| error.message)
         })
     }
+    fn sizes_of<'a>(&'a self, _dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>> {
         Box::pin(async { Ok(Vec::new()) })
     }

@@ -234,6 +234,7 @@ fn limits(min_ready: usize) -> PoolLimits {
         max_kept: 2,
         max_keep: Duration::from_secs(20),
         reuse_unchanged: false,
+        lease_max_bytes: crate::config::LeaseMaxBytes::Auto,
     }
 }
 

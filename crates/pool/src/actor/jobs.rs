@@ -31,6 +31,11 @@ pub(super) enum JobResult {
     SpaceFilled {
         sizes: Result<Vec<(String, i64)>, String>,
     },
+    /// The leased databases were measured for `--lease-max-bytes`: each lease, the
+    /// database it held and its size (a database gone meanwhile is left out).
+    LeaseSizes {
+        sizes: Result<Vec<(LeaseId, DbName, u64)>, String>,
+    },
     Built {
         template: TemplateName,
         /// The sources' stamp, taken before they were hashed.
@@ -121,6 +126,10 @@ impl Actor {
     pub(super) fn handle_job(&mut self, report: Report) {
         let now = Instant::now();
         let Report { generation, result } = report;
+        if matches!(result, JobResult::LeaseSizes { .. }) {
+            // Whatever its generation: the next measure may start (`measure_leases`).
+            self.lease_sizes_ended(now);
+        }
         if let JobResult::FailedSourcesChecked { template, changed } = result {
             self.failed_sources_checked(template, changed);
             self.check_invariants();
@@ -233,7 +242,11 @@ impl Actor {
             }
             JobResult::Probed { outcome } => self.probed(outcome),
             JobResult::PostmasterStatus { status } => self.postmaster_status_read(status),
-            JobResult::SpaceFilled { sizes } => self.state.space_filled(sizes, SystemTime::now()),
+            JobResult::SpaceFilled { sizes } => {
+                let actions = self.state.space_filled(sizes, SystemTime::now(), now);
+                self.apply(actions);
+            }
+            JobResult::LeaseSizes { sizes } => self.lease_sizes_measured(sizes, now),
             // A look of the lost server's time is not applied: the state ended it then
             // (its waiters were failed), and a new look may be under way.
             JobResult::SourcesChecked {
@@ -263,6 +276,7 @@ impl Actor {
             JobResult::PostmasterStatus { .. } => self.postmaster_status_pending = false,
             JobResult::Probed { .. }
             | JobResult::SpaceFilled { .. }
+            | JobResult::LeaseSizes { .. }
             | JobResult::Built { .. }
             | JobResult::Cloned { .. }
             | JobResult::Dropped { .. }

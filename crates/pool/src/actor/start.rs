@@ -258,6 +258,8 @@ pub(super) async fn launch(
         next_waiter: 1,
         server,
         store: None,
+        lease_sizes_started: None,
+        lease_sizes_after: tokio::time::Instant::now(),
         failed_sources_at: Instant::now(),
         postmaster_status_at: Instant::now(),
         postmaster_status_pending: false,

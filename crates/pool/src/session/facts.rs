@@ -47,6 +47,29 @@ impl Session {
         .await
     }
 
+    /// The `pg_database_size` of each of `dbs` that exists, in bytes: what
+    /// `--lease-max-bytes` is judged by, a few times a second while leases are open. One
+    /// query for all of them; a database dropped meanwhile is left out (its directory
+    /// gone, postgres sizes it 0; the superuser's size check does not look it up).
+    pub async fn sizes_of(&self, dbs: &[DbName]) -> Result<Vec<(String, i64)>, String> {
+        let names: Vec<&str> = dbs.iter().map(DbName::as_str).collect();
+        self.bounded(
+            || "sizing the leased databases".to_string(),
+            async |client| {
+                let rows = client
+                    .query(
+                        "SELECT datname::text, coalesce(pg_database_size(oid), 0) \
+                         FROM pg_database WHERE datname::text = ANY($1::text[])",
+                        &[&names],
+                    )
+                    .await
+                    .map_err(|e| pg_message(&e))?;
+                Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+            },
+        )
+        .await
+    }
+
     /// Every database's name and `pg_database_size`, in bytes.
     pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, String> {
         self.bounded(

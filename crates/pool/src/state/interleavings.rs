@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::{Action, Built, Finalize, Grant, PoolState, WaiterId};
 use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
+use crate::error::LeaseOpError;
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::sql_error::SqlError;
 use crate::template::SourceStamp;
@@ -34,6 +35,8 @@ const CONFIGURED: usize = 3;
 /// Bytes of each template's versions (the budget, when set, holds a few of them).
 const SIZES: [u64; 5] = [1_000_000, 3_000_000, 8_000_000, 2_000_000, 2_000_000];
 const LEASE_CONNECTIONS: u32 = 10;
+/// `--lease-max-bytes`: what a `Measured` event finds a lease's database past, or at.
+const LEASE_MAX_BYTES: u64 = 50_000_000;
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -101,6 +104,13 @@ enum Event {
         index: usize,
         changed: bool,
     },
+    /// The actor's measure of the leased databases comes back: the lease picked by `index`
+    /// (one its caller holds, perhaps ended since) measured past `--lease-max-bytes`, or
+    /// not.
+    Measured {
+        index: usize,
+        over: bool,
+    },
     ServerLost,
     /// The server is back, with `leftovers` ready clones an earlier run left for each
     /// configured template (half of them of the version its build will make).
@@ -145,6 +155,7 @@ fn event() -> impl Strategy<Value = Event> {
         2 => (index.clone(), prop::bool::weighted(0.3)).prop_map(|(index, changed)| Event::CheckEnds { index, changed }),
         1 => Just(Event::FailedLookBegins),
         1 => (index.clone(), prop::bool::weighted(0.5)).prop_map(|(index, changed)| Event::FailedLookEnds { index, changed }),
+        2 => (index.clone(), any::<bool>()).prop_map(|(index, over)| Event::Measured { index, over }),
         1 => Just(Event::ServerLost),
         2 => (0usize..4).prop_map(|leftovers| Event::ServerUp { leftovers }),
         2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
@@ -233,6 +244,7 @@ impl World {
             max_kept: 2,
             max_keep: Duration::from_secs(20),
             reuse_unchanged,
+            lease_max_bytes: crate::config::LeaseMaxBytes::Bytes(LEASE_MAX_BYTES),
         };
         let templates: Vec<TemplateConfig> = NAMES[..CONFIGURED]
             .iter()
@@ -568,6 +580,35 @@ impl World {
             Event::Renew { index } => {
                 if let Some(lease) = self.leases.get(index % self.leases.len().max(1)) {
                     let _ = self.state.renew(&lease.lease_id, None, now);
+                }
+            }
+            Event::Measured { index, over } => {
+                let Some(lease) = self.leases.get(index % self.leases.len().max(1)).cloned() else {
+                    return;
+                };
+                let measured = self.state.leases_to_measure();
+                let open = measured.contains(&(lease.lease_id.clone(), lease.database.clone()));
+                let bytes = if over {
+                    LEASE_MAX_BYTES + 1
+                } else {
+                    LEASE_MAX_BYTES
+                };
+                let actions = self.state.lease_sizes(
+                    &[(lease.lease_id.clone(), lease.database.clone(), bytes)],
+                    std::time::SystemTime::UNIX_EPOCH,
+                    now,
+                );
+                self.apply(actions);
+                // An open lease measured past the limit is ended and its holder told why;
+                // under it, or ended already, nothing changes for it.
+                let renewed = self.state.renew(&lease.lease_id, None, now);
+                if open && over {
+                    assert!(
+                        matches!(renewed, Err(LeaseOpError::ExceededMaxBytes { .. })),
+                        "{renewed:?}"
+                    );
+                } else if open {
+                    assert!(renewed.is_ok(), "{renewed:?}");
                 }
             }
             Event::Cancel { index } => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::dbs::Phase;
-use super::{Action, PoolState, Server};
+use super::{Action, Ended, PoolState, Server};
 use crate::error::{LeaseError, LeaseOpError};
 use crate::names::{DbName, LeaseId};
 
@@ -111,8 +111,20 @@ impl PoolState {
     }
 
     pub(super) fn missing_lease(&self, id: &LeaseId) -> LeaseOpError {
-        if self.lost.contains(id) {
-            LeaseOpError::Lost(id.to_string())
+        if let Some(why) = self.lost.get(id) {
+            match why {
+                Ended::Lost => LeaseOpError::Lost(id.to_string()),
+                Ended::ExceededMaxBytes {
+                    database,
+                    bytes,
+                    limit,
+                } => LeaseOpError::ExceededMaxBytes {
+                    id: id.to_string(),
+                    database: database.to_string(),
+                    bytes: *bytes,
+                    limit: *limit,
+                },
+            }
         } else if self.server == Server::Stopping {
             LeaseOpError::ShuttingDown
         } else {

@@ -74,6 +74,9 @@ impl PoolState {
             byte_budget: self.limits.max_bytes,
             logical_bytes: self.logical_bytes(),
             store_bytes: self.store_used(),
+            lease_max_bytes: self.lease_max_bytes(),
+            exceeded_max_bytes: self.exceeded_max_bytes,
+            last_exceeded_max_bytes: self.last_exceeded_max_bytes.clone(),
         }
     }
 

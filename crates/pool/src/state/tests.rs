@@ -27,6 +27,7 @@ fn limits(min_ready: usize, max_total: usize) -> PoolLimits {
         build_timeout: Duration::from_secs(300),
         initialize_timeout: Duration::from_secs(900),
         reuse_unchanged: false,
+        lease_max_bytes: crate::config::LeaseMaxBytes::Auto,
     }
 }
 
@@ -2057,9 +2058,10 @@ fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
         "the step to full asks what filled it"
     );
     assert!(!state.space_measured(100, 1), "once per filling");
-    state.space_filled(
+    let _ = state.space_filled(
         Ok(vec![("template1".into(), 10), ("pglease_x".into(), 90)]),
         std::time::SystemTime::UNIX_EPOCH,
+        Instant::now(),
     );
     let space = state.space_status().expect("watched");
     assert!(space.full);
@@ -2069,9 +2071,238 @@ fn a_full_databases_tmpfs_is_told_once_named_and_forgotten_with_its_server() {
     assert!(!state.space_measured(100, 4), "not room again below 5%");
     assert!(state.space_status().is_some_and(|s| s.full));
     assert!(!state.space_measured(100, 6));
-    assert!(state.space_status().is_some_and(|s| !s.full), "room again");
+    let space = state.space_status().expect("watched");
+    assert!(!space.full, "room again");
+    assert!(space.filled_by.is_none(), "nothing fills it now");
+    assert_eq!(
+        space
+            .last_filled_by
+            .map(|f| f.database.to_string())
+            .as_deref(),
+        Some("pglease_x"),
+        "what last filled it is still named after room came back"
+    );
     let _ = state.server_lost("postgres exited");
     assert!(state.space_status().is_none(), "gone with its server");
+    state.space_at(Some(PathBuf::from("/instance/data/base")));
+    assert_eq!(
+        state
+            .space_status()
+            .and_then(|s| s.last_filled_by)
+            .map(|f| f.database.to_string())
+            .as_deref(),
+        Some("pglease_x"),
+        "and after a restart"
+    );
+}
+
+/// A pool whose leases may each grow to `limit` bytes.
+fn pool_with_lease_max_bytes(limit: crate::config::LeaseMaxBytes) -> Driver {
+    let mut driver = Driver::new(pool_with(PoolLimits {
+        lease_max_bytes: limit,
+        ..limits(2, 8)
+    }));
+    driver.settle();
+    driver
+}
+
+/// Two leases of `default`, granted.
+fn two_leases(driver: &mut Driver) -> (Grant, Grant) {
+    let first = driver.lease("default", 1000);
+    let second = driver.lease("default", 1000);
+    driver.settle();
+    (
+        driver.grant_of(first).expect("granted").clone(),
+        driver.grant_of(second).expect("granted").clone(),
+    )
+}
+
+#[test]
+fn a_leased_database_past_lease_max_bytes_is_ended_and_its_holder_told_why() {
+    let mut driver = pool_with_lease_max_bytes(crate::config::LeaseMaxBytes::Bytes(100));
+    let (filler, bystander) = two_leases(&mut driver);
+    let mut measured = driver.state.leases_to_measure();
+    measured.sort();
+    let mut expected = vec![
+        (filler.lease_id.clone(), filler.database.clone()),
+        (bystander.lease_id.clone(), bystander.database.clone()),
+    ];
+    expected.sort();
+    assert_eq!(measured, expected, "every open lease is measured");
+    let at = std::time::SystemTime::UNIX_EPOCH;
+    let actions = driver.state.lease_sizes(
+        &[
+            (filler.lease_id.clone(), filler.database.clone(), 101),
+            (bystander.lease_id.clone(), bystander.database.clone(), 100),
+        ],
+        at,
+        driver.now,
+    );
+    driver.pending.extend(actions);
+    driver.settle();
+    assert_eq!(
+        driver.drops,
+        vec![filler.database.clone()],
+        "the filler's database is dropped (which ends its sessions), the bystander's not"
+    );
+    let told = |error: LeaseOpError| match error {
+        LeaseOpError::ExceededMaxBytes {
+            id,
+            database,
+            bytes,
+            limit,
+        } => {
+            assert_eq!(id, filler.lease_id.to_string());
+            assert_eq!(database, filler.database.to_string());
+            assert_eq!((bytes, limit), (101, 100));
+        }
+        other => panic!("told {other:?}"),
+    };
+    told(
+        driver
+            .state
+            .renew(&filler.lease_id, None, driver.now)
+            .expect_err("renewing an ended lease"),
+    );
+    let (released, _) = driver.state.release(&filler.lease_id, false, driver.now);
+    told(released.expect_err("releasing an ended lease"));
+    let (kept, _) = driver
+        .state
+        .keep(&filler.lease_id, Duration::from_secs(60), driver.now);
+    told(kept.expect_err("keeping an ended lease"));
+    assert!(driver
+        .state
+        .renew(&bystander.lease_id, None, driver.now)
+        .is_ok());
+    let limits = driver.state.limit_status();
+    assert_eq!(limits.lease_max_bytes, Some(100));
+    assert_eq!(limits.exceeded_max_bytes, 1);
+    let last = limits.last_exceeded_max_bytes.expect("named");
+    assert_eq!(last.database, filler.database);
+    assert_eq!(last.lease_id, filler.lease_id);
+    assert_eq!((last.bytes, last.limit), (101, 100));
+}
+
+#[test]
+fn lease_max_bytes_spares_what_is_under_it_ended_or_handed_to_another() {
+    let mut driver = pool_with_lease_max_bytes(crate::config::LeaseMaxBytes::Bytes(100));
+    let (released, kept) = two_leases(&mut driver);
+    let (result, actions) = driver.state.release(&released.lease_id, false, driver.now);
+    result.expect("released");
+    driver.pending.extend(actions);
+    let (result, actions) = driver
+        .state
+        .keep(&kept.lease_id, Duration::from_secs(60), driver.now);
+    result.expect("kept");
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.state.leases_to_measure().is_empty());
+    let drops_before = driver.drops.clone();
+    // Sizes measured while they were leased arrive after the release and the keep.
+    let actions = driver.state.lease_sizes(
+        &[
+            (released.lease_id.clone(), released.database.clone(), 500),
+            (kept.lease_id.clone(), kept.database.clone(), 500),
+        ],
+        std::time::SystemTime::UNIX_EPOCH,
+        driver.now,
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    driver.settle();
+    assert_eq!(driver.drops, drops_before, "nothing more is dropped");
+    assert_eq!(driver.state.kept_list().len(), 1, "the kept database stays");
+    let (result, _) = driver.state.release(&released.lease_id, false, driver.now);
+    assert!(
+        matches!(result, Err(LeaseOpError::NotFound(_))),
+        "{result:?}"
+    );
+    // A database handed to another lease is not judged by the old lease's measure.
+    let next = driver.lease("default", 1000);
+    driver.settle();
+    let next = driver.grant_of(next).expect("granted").clone();
+    let actions = driver.state.lease_sizes(
+        &[(kept.lease_id.clone(), next.database.clone(), 500)],
+        std::time::SystemTime::UNIX_EPOCH,
+        driver.now,
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    assert!(driver.state.renew(&next.lease_id, None, driver.now).is_ok());
+    assert_eq!(driver.state.limit_status().exceeded_max_bytes, 0);
+}
+
+#[test]
+fn lease_max_bytes_off_ends_nothing_and_measures_nothing() {
+    for limit in [
+        crate::config::LeaseMaxBytes::Off,
+        // Derived from the databases' tmpfs, which this server has none of.
+        crate::config::LeaseMaxBytes::Auto,
+    ] {
+        let mut driver = pool_with_lease_max_bytes(limit);
+        let (lease, _) = two_leases(&mut driver);
+        assert!(driver.state.leases_to_measure().is_empty(), "{limit:?}");
+        assert_eq!(driver.state.lease_max_bytes(), None);
+        let actions = driver.state.lease_sizes(
+            &[(lease.lease_id.clone(), lease.database.clone(), u64::MAX)],
+            std::time::SystemTime::UNIX_EPOCH,
+            driver.now,
+        );
+        assert!(actions.is_empty(), "{limit:?}: {actions:?}");
+        assert!(driver
+            .state
+            .renew(&lease.lease_id, None, driver.now)
+            .is_ok());
+    }
+}
+
+#[test]
+fn lease_max_bytes_defaults_to_a_share_of_the_databases_tmpfs_and_a_full_one_ends_its_filler() {
+    use crate::config::LeaseMaxBytes;
+    assert_eq!(LeaseMaxBytes::derived(0), None, "not measured yet");
+    assert_eq!(LeaseMaxBytes::derived(8 << 30), Some(2 << 30), "a quarter");
+    assert_eq!(
+        LeaseMaxBytes::derived(600 << 20),
+        Some(256 << 20),
+        "at least 256M"
+    );
+    assert_eq!(
+        LeaseMaxBytes::derived(200 << 20),
+        Some(100 << 20),
+        "but never more than half"
+    );
+    let mut driver = pool_with_lease_max_bytes(LeaseMaxBytes::Auto);
+    let (filler, bystander) = two_leases(&mut driver);
+    driver
+        .state
+        .space_at(Some(PathBuf::from("/instance/data/base")));
+    assert_eq!(driver.state.lease_max_bytes(), None, "not measured yet");
+    assert!(driver.state.space_measured(200 << 20, 1 << 20), "full");
+    assert_eq!(driver.state.lease_max_bytes(), Some(100 << 20));
+    assert_eq!(driver.state.leases_to_measure().len(), 2);
+    // The step to full brings every database's size: the filler is ended at once.
+    let actions = driver.state.space_filled(
+        Ok(vec![
+            (filler.database.to_string(), 180 << 20),
+            (bystander.database.to_string(), 8 << 20),
+        ]),
+        std::time::SystemTime::UNIX_EPOCH,
+        driver.now,
+    );
+    driver.pending.extend(actions);
+    driver.settle();
+    assert_eq!(driver.drops, vec![filler.database.clone()]);
+    assert!(matches!(
+        driver.state.renew(&filler.lease_id, None, driver.now),
+        Err(LeaseOpError::ExceededMaxBytes { .. })
+    ));
+    assert!(driver
+        .state
+        .renew(&bystander.lease_id, None, driver.now)
+        .is_ok());
+    let space = driver.state.space_status().expect("watched");
+    assert_eq!(
+        space.filled_by.map(|f| f.database),
+        Some(filler.database.clone())
+    );
 }
 
 #[test]
