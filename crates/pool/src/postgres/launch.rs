@@ -49,8 +49,9 @@ pub(super) struct Launch {
     pub(super) previous_port: Option<u16>,
     /// Start the cluster already in `data_dir` (a kept one) instead of making one.
     pub(super) reuse_existing: bool,
-    /// A snapshot to unpack instead of a fresh cluster.
-    pub(super) snapshot: Option<PathBuf>,
+    /// A snapshot to unpack instead of a fresh cluster (its MAC checked), with the key
+    /// that checks it again as it is unpacked.
+    pub(super) snapshot: Option<(snapshot::Found, snapshot::SnapshotKey)>,
 }
 
 /// A spawned (not yet ready) postmaster.
@@ -172,10 +173,11 @@ impl Launch {
 
     /// Fills the data directory from the snapshot, if there is one and it unpacks.
     fn unpack_snapshot(&self) -> Result<Option<ClusterOrigin>, StartError> {
-        let Some(path) = self.snapshot.as_ref() else {
+        let Some((found, key)) = self.snapshot.as_ref() else {
             return Ok(None);
         };
-        match snapshot::extract(path, &self.data_dir, self.run_as.owner()) {
+        let path = &found.path;
+        match snapshot::extract(found, key, &self.data_dir, self.run_as.owner()) {
             Ok(_) => Ok(Some(ClusterOrigin::Snapshot)),
             // Refused (a hostile entry: `error` names it and why) or broken: nothing of it
             // is used, and as nothing was adopted, a clean stop writes a snapshot over it.

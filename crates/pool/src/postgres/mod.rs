@@ -81,6 +81,8 @@ pub struct Embedded {
     last_port: Option<u16>,
     /// The snapshot the first start unpacks (taken by it).
     snapshot: Option<snapshot::Found>,
+    /// The key that authenticates snapshots (with `snapshot_dir`).
+    snapshot_key: Option<snapshot::SnapshotKey>,
     /// The manifest of the snapshot this server started from, if it did: a stop writes a
     /// new one only when the templates differ.
     adopted: Option<snapshot::Manifest>,
@@ -124,13 +126,28 @@ impl Embedded {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
+        // The key is kept outside the snapshot directory (made at the first start in the
+        // cache root, beside the initdb cache): whoever can write the snapshots cannot
+        // forge one. A key that cannot be read fails the start: without it no snapshot
+        // could be trusted nor written.
+        let snapshot_key = match &config.snapshot_dir {
+            Some(_) => {
+                let path = config
+                    .snapshot_key_file
+                    .clone()
+                    .unwrap_or_else(|| snapshot::default_key_path(&cache_root));
+                Some(snapshot::load_or_create_key(&path)?)
+            }
+            None => None,
+        };
         let found = config
             .snapshot_dir
             .as_deref()
-            .and_then(|dir| snapshot::find(dir, &binaries.version, &initdb_args));
+            .zip(snapshot_key.as_ref())
+            .and_then(|(dir, key)| snapshot::find(dir, &binaries.version, &initdb_args, key));
         let hints = StorageHints {
             major: snapshot::major_of(&binaries.version),
-            largest_template: largest_template(templates, found.as_ref()),
+            largest_template: largest_template(templates, found.as_ref().map(|f| &f.manifest)),
         };
         let instance = Instance::create(&config, &hints, &run_as)?;
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
@@ -161,6 +178,7 @@ impl Embedded {
             kept_generation,
             last_port: None,
             snapshot,
+            snapshot_key,
             adopted: None,
         })
     }
@@ -173,10 +191,7 @@ impl Embedded {
     /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
         let snapshot = self.snapshot.take();
-        match self
-            .start_once(snapshot.as_ref().map(|s| s.path.clone()))
-            .await
-        {
+        match self.start_once(snapshot.clone()).await {
             Ok(running) => {
                 if let (ClusterOrigin::Snapshot, Some(found)) = (running.cluster_origin, snapshot) {
                     info!(
@@ -203,7 +218,7 @@ impl Embedded {
     /// One start: the kept cluster, else `snapshot` unpacked, else a fresh cluster.
     async fn start_once(
         &mut self,
-        snapshot: Option<PathBuf>,
+        snapshot: Option<snapshot::Found>,
     ) -> Result<RunningPostgres, StartError> {
         let started = Instant::now();
         let reuse = self.kept_generation.take();
@@ -228,7 +243,7 @@ impl Embedded {
             generation: self.generation,
             previous_port: self.last_port,
             reuse_existing: reuse.is_some(),
-            snapshot,
+            snapshot: snapshot.zip(self.snapshot_key.clone()),
         };
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
@@ -325,12 +340,12 @@ impl Embedded {
     /// [`Embedded::snapshot_plan`]). Failures are logged: a snapshot is a shortcut, never a
     /// reason to fail a stop.
     pub fn save_snapshot(&self, cluster: &Path, manifest: &snapshot::Manifest) {
-        let Some(dir) = &self.config.snapshot_dir else {
+        let (Some(dir), Some(key)) = (&self.config.snapshot_dir, &self.snapshot_key) else {
             return;
         };
         let path = snapshot::path_for(dir, manifest.postgres_major);
         info!(snapshot = %path.display(), templates = %manifest.describe(), "writing a snapshot of the stopped cluster");
-        if let Err(error) = snapshot::write(cluster, manifest, &path) {
+        if let Err(error) = snapshot::write(cluster, manifest, &path, key) {
             warn!(snapshot = %path.display(), %error, "could not write the snapshot");
         }
     }
