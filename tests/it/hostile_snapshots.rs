@@ -444,3 +444,64 @@ fn a_key_file_inside_the_snapshot_directory_is_refused() {
     assert!(log.contains("is inside --snapshot-dir"), "{log}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+// Defence in depth (issue 41, step 2): a snapshot whose MAC is valid — signed here with the
+// daemon's own key, as a leaked key would allow — still configures nothing and starts no
+// recovery.
+
+/// Row 1 signed: the recovery signal and the script are refused at unpacking; the script
+/// never runs, and the cluster is built fresh.
+#[tokio::test]
+async fn a_signed_snapshot_with_a_recovery_signal_is_refused() {
+    let dir = scratch_dir("signed-row1");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+    let path = honest_snapshot(&snapshots, &migrations, &[]).await;
+    let marker = marker_dir(&dir).join("ran");
+    let hostile = with_restore_command(entries(&path), &marker);
+    fs::write(&path, seal(&pack(&hostile), &default_key())).expect("write");
+
+    let second = daemon(&snapshots, &migrations, &[]).await;
+    port_of(&second).await;
+    assert!(!marker.exists(), "the snapshot's restore command ran");
+    let log = replaced_at_the_stop(second, &path, &default_key()).await;
+    assert!(log.contains("cannot unpack the snapshot: refused"), "{log}");
+    assert!(
+        log.contains("would start recovery (which runs restore_command)"),
+        "{log}"
+    );
+    assert!(!marker.exists(), "the snapshot's restore command ran");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Row 2 signed, the hba file hidden inside `base/` (which unpacks): the snapshot is
+/// adopted, but postgres reads pglease's configuration, not the snapshot's
+/// `postgresql.auto.conf`, so nobody logs in over TCP as the superuser.
+#[tokio::test]
+async fn a_signed_snapshot_configures_nothing() {
+    let dir = scratch_dir("signed-row2");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+    let path = honest_snapshot(&snapshots, &migrations, &[]).await;
+    let entries = entries(&path);
+    let mut auto = file_in(&entries, "postgresql.auto.conf");
+    auto.extend_from_slice(b"hba_file = 'pgdata-1/base/open_hba.conf'\n");
+    let entries = with_file(entries, "postgresql.auto.conf", &auto);
+    let entries = with_file(
+        entries,
+        "base/open_hba.conf",
+        b"local all all trust\nhost all all 127.0.0.1/32 trust\n",
+    );
+    fs::write(&path, seal(&pack(&entries), &default_key())).expect("write");
+
+    let second = daemon(&snapshots, &migrations, &[]).await;
+    let port = port_of(&second).await;
+    let refused = login(port, "postgres", "postgres", "")
+        .await
+        .expect_err("logged in");
+    assert!(refused.contains("28000"), "{refused}");
+    let (status, log) = second.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("started from the snapshot"), "{log}");
+    let _ = fs::remove_dir_all(&dir);
+}

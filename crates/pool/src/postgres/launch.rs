@@ -23,7 +23,7 @@ use super::running::ClusterOrigin;
 use super::settings::{choose_port, pg_hba, server_args, Place};
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{self, io_error, write_anew};
-use super::{snapshot, space};
+use super::{adopted_config, snapshot, space};
 use crate::config::EmbeddedConfig;
 use crate::error::StartError;
 
@@ -177,8 +177,18 @@ impl Launch {
             return Ok(None);
         };
         let path = &found.path;
-        match snapshot::extract(found, key, &self.data_dir, self.run_as.owner()) {
-            Ok(_) => Ok(Some(ClusterOrigin::Snapshot)),
+        let unpacked = snapshot::extract(found, key, &self.data_dir, self.run_as.owner());
+        match unpacked {
+            Ok(_) => {
+                // No configuration from the snapshot: pglease's own files instead.
+                adopted_config::write(
+                    &self.data_dir,
+                    self.cache.as_ref().and_then(Cache::lookup),
+                    &self.config.locale,
+                    self.run_as.owner(),
+                )?;
+                Ok(Some(ClusterOrigin::Snapshot))
+            }
             // Refused (a hostile entry: `error` names it and why) or broken: nothing of it
             // is used, and as nothing was adopted, a clean stop writes a snapshot over it.
             Err(error) => {

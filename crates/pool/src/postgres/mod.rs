@@ -16,11 +16,13 @@
 //! - `instance.rs`: the instance directory, its tmpfs and what the clusters live on, which
 //!   `storage.rs` decides; `cow.rs` makes the copy-on-write store, `space.rs` the
 //!   databases' tmpfs;
-//! - `initdb.rs`: initdb and its cache; `snapshot.rs`: snapshot files; `binaries.rs`:
+//! - `initdb.rs`: initdb and its cache; `snapshot.rs`: snapshot files, `adopted_config.rs`
+//!   the configuration files of a cluster unpacked from one; `binaries.rs`:
 //!   which server, through `pglease-binaries`; `spawn.rs`: the spawner thread;
 //! - `marker.rs`: whose instance a directory is; `run_as.rs`: the OS user;
 //!   `filesystem.rs`: tmpfs check, free space, mount points; `util.rs`: shared helpers.
 
+mod adopted_config;
 mod binaries;
 mod cow;
 mod filesystem;

@@ -405,8 +405,8 @@ fn an_entry_name_is_shown_escaped() {
 fn a_file_under_a_file_is_refused() {
     let root = tempdir();
     let victim = Victim::new(&root);
-    let entries = vec![file("base", b"x"), file("base/1", b"y")];
-    assert_refused(&root, &victim, entries, "base/1", "not a directory");
+    let entries = vec![dir("base"), file("base/1", b"x"), file("base/1/2", b"y")];
+    assert_refused(&root, &victim, entries, "base/1/2", "not a directory");
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -530,4 +530,87 @@ fn a_snapshot_file_is_private_to_its_user() {
     let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(&root.join("snaps")), 0o700);
+}
+
+// Issue 41, step 2: defence in depth for a snapshot whose MAC is valid (a leaked key). Only
+// postgres' own data-directory layout is unpacked; the configuration files are skipped (the
+// start writes its own).
+
+/// Row 1's recovery signal, a postmaster file, a backup label, or a script beside them.
+#[test]
+fn a_signal_file_a_postmaster_file_or_a_foreign_name_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    for (entries, entry, reason) in [
+        (
+            vec![file("recovery.signal", b"")],
+            "recovery.signal",
+            "would start recovery",
+        ),
+        (
+            vec![file("standby.signal", b"")],
+            "standby.signal",
+            "would start recovery",
+        ),
+        (
+            vec![file("postmaster.pid", b"1")],
+            "postmaster.pid",
+            "belongs to a running server",
+        ),
+        (
+            vec![file("backup_label", b"x")],
+            "backup_label",
+            "recovery from a backup",
+        ),
+        (
+            vec![file("x.sh", b"touch /tmp/x")],
+            "x.sh",
+            "no part of a postgres data directory",
+        ),
+        (
+            vec![file("open_hba.conf", b"host all all 0/0 trust")],
+            "open_hba.conf",
+            "no part of",
+        ),
+        (
+            vec![dir("PG_VERSION")],
+            "PG_VERSION",
+            "not of the kind postgres makes there",
+        ),
+        (
+            vec![file("pg_wal", b"x")],
+            "pg_wal",
+            "not of the kind postgres makes there",
+        ),
+    ] {
+        assert_refused(&root, &victim, entries, entry, reason);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The configuration files of a snapshot are not unpacked at all (row 1's
+/// `restore_command`, row 2's `hba_file` in `postgresql.auto.conf`).
+#[test]
+fn the_configuration_files_of_a_snapshot_are_not_unpacked() {
+    let root = tempdir();
+    let path = root.join("configured.pgsnap");
+    hostile_snapshot(
+        &path,
+        vec![
+            file("PG_VERSION", b"15\n"),
+            dir("global"),
+            file("global/pg_control", &[7u8; 64]),
+            file("postgresql.auto.conf", b"restore_command = 'sh ./x.sh'\n"),
+            file("postgresql.conf", b"hba_file = '/tmp/open'\n"),
+            file("pg_hba.conf", b"host all all 0/0 trust\n"),
+            file("pg_ident.conf", b"x y z\n"),
+        ],
+    );
+    let out = root.join("out");
+    extract_file(&path, &out, None).expect("unpacked");
+    for name in unpack::CONFIG_FILES {
+        assert!(!out.join(name).exists(), "{name} was unpacked");
+    }
+    assert!(out.join("global/pg_control").exists());
+    let _ = std::fs::remove_dir_all(&root);
 }
