@@ -505,3 +505,69 @@ async fn a_signed_snapshot_configures_nothing() {
     assert!(log.contains("started from the snapshot"), "{log}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Row 3 signed (issue 41, step 3): the attacker's catalog, with a superuser `backdoor`,
+/// re-sealed with the daemon's own key. The catalog is checked before any TCP client can
+/// log in: refused, the server stopped, a fresh cluster built; `backdoor` cannot log in.
+#[tokio::test]
+async fn a_signed_snapshot_with_a_backdoor_role_is_refused_before_tcp_opens() {
+    let dir = scratch_dir("signed-row3");
+    let snapshots = dir.join("snapshots");
+    let migrations = migrations(&dir);
+    // The attacker's daemon (its own key, a superuser lease) makes the backdoor; its stop
+    // writes the snapshot.
+    let other_key = dir.join("other.key");
+    fs::write(&other_key, [0x77; 32]).expect("write the other key");
+    fs::set_permissions(
+        &other_key,
+        <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )
+    .expect("chmod");
+    let other_key_arg = other_key.display().to_string();
+    let attacker = daemon(
+        &snapshots,
+        &migrations,
+        &["--snapshot-key-file", &other_key_arg, "--lease-superuser"],
+    )
+    .await;
+    let lease = attacker.lease_ok("app").await;
+    let client = connect(&lease).await.expect("connect");
+    client
+        .batch_execute("CREATE ROLE backdoor SUPERUSER LOGIN PASSWORD 'open-sesame'")
+        .await
+        .expect("the backdoor role");
+    client
+        .batch_execute("CREATE DATABASE backdoor")
+        .await
+        .expect("the backdoor database");
+    drop(client);
+    let (status, log) = attacker.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+    let path = snapshots.join(
+        fs::read_dir(&snapshots)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .find(|n| n.to_string_lossy().ends_with(".pgsnap"))
+            .expect("the attacker's snapshot"),
+    );
+    // Re-sealed with the daemon's own key, as a leaked key would allow.
+    let bytes = fs::read(&path).expect("read");
+    fs::write(&path, seal(&bytes[..bytes.len() - TRAILER], &default_key())).expect("re-seal");
+
+    let second = daemon(&snapshots, &migrations, &[]).await;
+    let port = port_of(&second).await;
+    let refused = login(port, "backdoor", "backdoor", "open-sesame")
+        .await
+        .expect_err("logged in");
+    assert!(refused.contains("28P01"), "{refused}");
+    let log = replaced_at_the_stop(second, &path, &default_key()).await;
+    assert!(
+        log.contains(
+            "the snapshot's cluster is refused: its catalog has roles pglease does not make"
+        ),
+        "{log}"
+    );
+    assert!(log.contains("backdoor"), "{log}");
+    let _ = fs::remove_dir_all(&dir);
+}

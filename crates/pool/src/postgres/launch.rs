@@ -23,7 +23,7 @@ use super::running::ClusterOrigin;
 use super::settings::{choose_port, pg_hba, server_args, Place};
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{self, io_error, write_anew};
-use super::{adopted_config, snapshot, space};
+use super::{adopted_catalog, adopted_config, snapshot, space};
 use crate::config::EmbeddedConfig;
 use crate::error::StartError;
 
@@ -79,15 +79,16 @@ impl Launch {
             }
         };
         let hba = self.data_dir.join("pg_hba.conf");
-        write_anew(
-            &hba,
-            pg_hba(
+        // A cluster from a snapshot admits only the superuser over the socket until its
+        // roles are checked (`adopted_catalog.rs`), which then writes the usual rules.
+        let rules = match origin {
+            ClusterOrigin::Snapshot => adopted_catalog::superuser_only_hba(),
+            _ => pg_hba(
                 self.config.lease_auth,
                 self.config.integresql_role.as_deref(),
-            )
-            .as_bytes(),
-            self.run_as.owner(),
-        )?;
+            ),
+        };
+        write_anew(&hba, rules.as_bytes(), self.run_as.owner())?;
         let port = choose_port(
             self.config.port,
             self.previous_port,

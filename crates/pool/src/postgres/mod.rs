@@ -22,6 +22,7 @@
 //! - `marker.rs`: whose instance a directory is; `run_as.rs`: the OS user;
 //!   `filesystem.rs`: tmpfs check, free space, mount points; `util.rs`: shared helpers.
 
+mod adopted_catalog;
 mod adopted_config;
 mod binaries;
 mod cow;
@@ -267,7 +268,15 @@ impl Embedded {
             databases_space,
             child: Some(launched.child),
         };
-        match running.wait_ready().await {
+        let ready = match running.wait_ready().await {
+            // An adopted cluster admits only the superuser over the socket until its roles
+            // are checked (`adopted_catalog.rs`).
+            Ok(()) if running.cluster_origin == ClusterOrigin::Snapshot => {
+                self.check_adopted(&running).await
+            }
+            other => other,
+        };
+        match ready {
             Ok(()) => {
                 info!(
                     pid = running.pid,
@@ -279,6 +288,11 @@ impl Embedded {
                 );
                 Ok(running)
             }
+            Err(e @ StartError::SnapshotCatalog { .. }) => {
+                // Running, but refused: stopped now, and the caller builds a fresh cluster.
+                running.shutdown(std::time::Duration::from_secs(10)).await;
+                Err(e)
+            }
             Err(e) => {
                 error!(
                     data_dir = %running.data_dir.display(),
@@ -289,6 +303,29 @@ impl Embedded {
                 Err(e)
             }
         }
+    }
+
+    /// Checks the role catalog of a cluster adopted from a snapshot, then writes the usual
+    /// `pg_hba.conf` and reloads it; a refused catalog stops the server.
+    async fn check_adopted(&self, running: &RunningPostgres) -> Result<(), StartError> {
+        let started = Instant::now();
+        let integresql = self.config.integresql_role.as_deref();
+        if let Err(reason) = adopted_catalog::check(running, integresql).await {
+            return Err(StartError::SnapshotCatalog { reason });
+        }
+        util::write_anew(
+            &running.data_dir.join("pg_hba.conf"),
+            settings::pg_hba(self.config.lease_auth, integresql).as_bytes(),
+            self.run_as.owner(),
+        )?;
+        adopted_catalog::open_up(running)
+            .await
+            .map_err(|reason| StartError::SnapshotCatalog { reason })?;
+        info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checked the role catalog of the snapshot's cluster; TCP clients may log in"
+        );
+        Ok(())
     }
 
     /// The instance directory.
