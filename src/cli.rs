@@ -6,6 +6,7 @@
 
 mod config;
 mod file;
+mod paths;
 mod serve;
 mod server;
 mod templates;
@@ -265,7 +266,8 @@ pub enum SnapshotCommand {
     /// only prepares (a Docker image, a CI cache warm-up).
     Save(Box<ServeArgs>),
     /// Print what snapshot files hold: postgres version, initdb settings, when it was
-    /// written (UTC), each template's name, fingerprint and size.
+    /// written (UTC), each template's name, fingerprint and size. Only a snapshot whose MAC
+    /// the key proves is read; another is shown as not usable, with the reason.
     Show(ShowArgs),
 }
 
@@ -275,6 +277,13 @@ pub struct ShowArgs {
     /// A snapshot file, or a directory of them (--snapshot-dir).
     #[arg(value_name = "PATH")]
     pub path: PathBuf,
+    /// The key that authenticates the snapshots, as for `serve` [default: snapshot.key in
+    /// the cache root].
+    #[arg(long, env = "PGLEASE_SNAPSHOT_KEY_FILE", value_name = "PATH")]
+    pub snapshot_key_file: Option<PathBuf>,
+    /// The cache root, as for `serve`, where the default key is [default: as for `serve`].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// `pglease postgres fetch`.

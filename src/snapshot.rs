@@ -1,7 +1,8 @@
 //! `pglease snapshot save` and `pglease snapshot show`: snapshots for cold CI runners
 //! without serving (docs/snapshots.md). `save` starts the primary server as `serve` would
 //! with `--snapshot-dir`, builds every template it holds, and stops, which writes the
-//! snapshot; `show` prints what snapshot files hold.
+//! snapshot; `show` prints what snapshot files hold. Both use the key `serve` uses: a file
+//! without a valid MAC under it is not read.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,11 +30,14 @@ pub async fn save(args: ServeArgs) -> ExitCode {
         }
     };
     config.config_from.log();
-    let dir = match &config.pool.server {
-        ServerConfig::Embedded(embedded) => embedded.snapshot_dir.clone(),
-        ServerConfig::External(_) => None,
+    let (dir, key_file) = match &config.pool.server {
+        ServerConfig::Embedded(embedded) => (
+            embedded.snapshot_dir.clone(),
+            embedded.snapshot_key_file.clone(),
+        ),
+        ServerConfig::External(_) => (None, None),
     };
-    let Some(dir) = dir else {
+    let (Some(dir), Some(key_file)) = (dir, key_file) else {
         eprintln!("pglease: snapshot save writes into --snapshot-dir DIR (or snapshot_dir in [postgres]); give one");
         return ExitCode::from(crate::EXIT_CONFIG);
     };
@@ -58,7 +62,11 @@ pub async fn save(args: ServeArgs) -> ExitCode {
         }
     };
     let path = snapshot::path_for(&dir, major);
-    match snapshot::read_manifest(&path) {
+    // The start made the key if there was none.
+    let opened = snapshot::load_key(&key_file)
+        .map_err(|e| e.to_string())
+        .and_then(|key| snapshot::open(&path, &key).map_err(|e| e.to_string()));
+    match opened.map(|found| found.manifest) {
         Ok(manifest) => {
             tracing::info!(
                 snapshot = %path.display(),
@@ -148,10 +156,25 @@ pub fn show(args: ShowArgs) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    let key_file = args.snapshot_key_file.unwrap_or_else(|| {
+        snapshot::default_key_path(
+            &args
+                .cache_dir
+                .unwrap_or_else(pglease_binaries::default_cache_root),
+        )
+    });
+    // Never made here: a key made now would prove no snapshot.
+    let key = match snapshot::load_key(&key_file) {
+        Ok(key) => key,
+        Err(error) => {
+            eprintln!("pglease: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut status = ExitCode::SUCCESS;
     for file in files {
         let size = std::fs::metadata(&file).map_or(0, |m| m.len());
-        match snapshot::read_manifest(&file) {
+        match snapshot::open(&file, &key).map(|found| found.manifest) {
             Ok(m) => {
                 println!(
                     "{}  {:.1} MB  postgres {}  initdb {}  written by pglease {} at {}",

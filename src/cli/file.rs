@@ -33,6 +33,7 @@ pub(super) struct PostgresFile {
     pub(super) encoding: Option<String>,
     pub(super) keep_data: Option<bool>,
     pub(super) snapshot_dir: Option<PathBuf>,
+    pub(super) snapshot_key_file: Option<PathBuf>,
     pub(super) storage: Option<StorageArg>,
     #[serde(default)]
     pub(super) settings: BTreeMap<String, toml::Value>,

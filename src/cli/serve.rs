@@ -301,6 +301,18 @@ pub struct ServeArgs {
         value_name = "DIR"
     )]
     pub snapshot_dir: Option<PathBuf>,
+    /// The key that proves a snapshot was written by this daemon (or a runner sharing the
+    /// key): snapshots carry an HMAC-SHA256 under it, and one without a valid MAC is not
+    /// used. At least 32 bytes, mode 0600; never inside --snapshot-dir. Give all runners of
+    /// one CI cache the same file [default: snapshot.key in the cache root, made at the
+    /// first start].
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        env = "PGLEASE_SNAPSHOT_KEY_FILE",
+        value_name = "PATH"
+    )]
+    pub snapshot_key_file: Option<PathBuf>,
     /// Where the clusters live [default: auto]. `tmpfs`: the instance directory, every
     /// clone copies its template. `cow`: a copy-on-write XFS that pglease makes in RAM and
     /// loop-mounts (needs root, mkfs.xfs from xfsprogs, util-linux' mount), or with

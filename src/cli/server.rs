@@ -47,6 +47,45 @@ pub(super) fn server(
     }
 }
 
+/// With a snapshot directory, the key file that authenticates its snapshots: the one given,
+/// else `snapshot.key` in the cache root. Refused inside the snapshot directory, whose
+/// writers (other jobs of a CI cache) could then read it and forge a snapshot.
+fn snapshot_key_file(
+    flags: &ServeArgs,
+    postgres: &PostgresFile,
+    embedded: &EmbeddedConfig,
+) -> Result<Option<std::path::PathBuf>, String> {
+    let given = flag_or_file(&flags.snapshot_key_file, &postgres.snapshot_key_file);
+    let Some(dir) = &embedded.snapshot_dir else {
+        return match given {
+            Some(_) => Err(
+                "--snapshot-key-file authenticates the snapshots of --snapshot-dir: give \
+                 --snapshot-dir too, or leave the key out"
+                    .into(),
+            ),
+            None => Ok(None),
+        };
+    };
+    let key = given.unwrap_or_else(|| {
+        pglease_pool::postgres::snapshot::default_key_path(
+            &embedded
+                .cache_dir
+                .clone()
+                .unwrap_or_else(pglease_binaries::default_cache_root),
+        )
+    });
+    if super::paths::resolved(&key).starts_with(super::paths::resolved(dir)) {
+        return Err(format!(
+            "the snapshot key {} is inside --snapshot-dir {}: whoever can write the \
+             snapshots could read it and forge one; keep it elsewhere (--snapshot-key-file, \
+             or --cache-dir for the default one)",
+            key.display(),
+            dir.display()
+        ));
+    }
+    Ok(Some(key))
+}
+
 /// The server pglease starts itself: the flags over `[postgres]`, over
 /// `EmbeddedConfig::for_limits`.
 fn embedded(
@@ -100,6 +139,7 @@ fn embedded(
     }
     embedded.keep_data = switch(flags.keep_data, flags.no_keep_data, postgres.keep_data);
     embedded.snapshot_dir = flag_or_file(&flags.snapshot_dir, &postgres.snapshot_dir);
+    embedded.snapshot_key_file = snapshot_key_file(flags, postgres, &embedded)?;
     embedded.storage = match flags.storage.or(postgres.storage) {
         Some(StorageArg::Cow) => Storage::Cow,
         Some(StorageArg::Tmpfs) => Storage::Tmpfs,

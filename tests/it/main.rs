@@ -26,6 +26,7 @@ mod front_tls_direct;
 mod full_tmpfs;
 mod fuzz;
 mod helpers;
+mod hostile_snapshots;
 mod hostile_sources;
 mod integresql;
 mod kept;

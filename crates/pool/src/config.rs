@@ -456,6 +456,9 @@ pub struct EmbeddedConfig {
     /// Where snapshots live (`--snapshot-dir`): the first start adopts this major's one
     /// instead of a fresh cluster, and a clean stop writes one when its templates changed.
     pub snapshot_dir: Option<PathBuf>,
+    /// The key that authenticates snapshots (`--snapshot-key-file`); `snapshot.key` in the
+    /// cache root, made at the first start, when None. Never inside `snapshot_dir`.
+    pub snapshot_key_file: Option<PathBuf>,
     /// `max_connections`, sized by the caller from the pool.
     pub max_connections: u32,
     /// `shared_buffers`, e.g. "128MB", sized by the caller from the pool.
@@ -501,6 +504,7 @@ impl EmbeddedConfig {
             settings: Vec::new(),
             keep_data: false,
             snapshot_dir: None,
+            snapshot_key_file: None,
             max_connections,
             // Small on purpose: every clone checkpoint flushes all dirty buffers.
             shared_buffers: "128MB".into(),

@@ -58,6 +58,17 @@ pub enum StartError {
         /// The filesystem it is on.
         fs_type: String,
     },
+    /// The snapshot key (`--snapshot-key-file`, or the one made in the cache root) cannot
+    /// be read or made.
+    #[error(transparent)]
+    SnapshotKey(#[from] crate::postgres::snapshot::KeyError),
+    /// The role catalog of a cluster adopted from a snapshot is refused (the start then
+    /// builds a fresh cluster).
+    #[error("the snapshot's cluster is refused: {reason}")]
+    SnapshotCatalog {
+        /// What its catalog holds that pglease does not make.
+        reason: String,
+    },
     /// The OS user to run postgres as does not exist.
     #[error("OS user {user:?} not found: postgres refuses to run as root, so pglease runs it as --pg-user (default `postgres`, else `nobody`)")]
     UserNotFound {

@@ -24,7 +24,7 @@ use super::server_log::{Drain, ServerLog};
 use super::settings::{choose_port, pg_hba, server_args, Place};
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{self, io_error, write_anew};
-use super::{snapshot, space};
+use super::{adopted_catalog, adopted_config, snapshot, space};
 use crate::config::EmbeddedConfig;
 use crate::error::StartError;
 
@@ -53,8 +53,9 @@ pub(super) struct Launch {
     pub(super) previous_port: Option<u16>,
     /// Start the cluster already in `data_dir` (a kept one) instead of making one.
     pub(super) reuse_existing: bool,
-    /// A snapshot to unpack instead of a fresh cluster.
-    pub(super) snapshot: Option<PathBuf>,
+    /// A snapshot to unpack instead of a fresh cluster (its MAC checked), with the key
+    /// that checks it again as it is unpacked.
+    pub(super) snapshot: Option<(snapshot::Found, snapshot::SnapshotKey)>,
 }
 
 /// A spawned (not yet ready) postmaster.
@@ -84,15 +85,16 @@ impl Launch {
             }
         };
         let hba = self.data_dir.join("pg_hba.conf");
-        write_anew(
-            &hba,
-            pg_hba(
+        // A cluster from a snapshot admits only the superuser over the socket until its
+        // roles are checked (`adopted_catalog.rs`), which then writes the usual rules.
+        let rules = match origin {
+            ClusterOrigin::Snapshot => adopted_catalog::superuser_only_hba(),
+            _ => pg_hba(
                 self.config.lease_auth,
                 self.config.integresql_role.as_deref(),
-            )
-            .as_bytes(),
-            self.run_as.owner(),
-        )?;
+            ),
+        };
+        write_anew(&hba, rules.as_bytes(), self.run_as.owner())?;
         let port = choose_port(
             self.config.port,
             self.previous_port,
@@ -172,11 +174,22 @@ impl Launch {
 
     /// Fills the data directory from the snapshot, if there is one and it unpacks.
     fn unpack_snapshot(&self) -> Result<Option<ClusterOrigin>, StartError> {
-        let Some(path) = self.snapshot.as_ref() else {
+        let Some((found, key)) = self.snapshot.as_ref() else {
             return Ok(None);
         };
-        match snapshot::extract(path, &self.data_dir, self.run_as.owner()) {
-            Ok(_) => Ok(Some(ClusterOrigin::Snapshot)),
+        let path = &found.path;
+        let unpacked = snapshot::extract(found, key, &self.data_dir, self.run_as.owner());
+        match unpacked {
+            Ok(_) => {
+                // No configuration from the snapshot: pglease's own files instead.
+                adopted_config::write(
+                    &self.data_dir,
+                    self.cache.as_ref().and_then(Cache::lookup),
+                    &self.config.locale,
+                    self.run_as.owner(),
+                )?;
+                Ok(Some(ClusterOrigin::Snapshot))
+            }
             // Refused (a hostile entry: `error` names it and why) or broken: nothing of it
             // is used, and as nothing was adopted, a clean stop writes a snapshot over it.
             Err(error) => {

@@ -17,11 +17,14 @@
 //! - `instance.rs`: the instance directory, its tmpfs and what the clusters live on, which
 //!   `storage.rs` decides; `cow.rs` makes the copy-on-write store, `space.rs` the
 //!   databases' tmpfs;
-//! - `initdb.rs`: initdb and its cache; `snapshot.rs`: snapshot files; `binaries.rs`:
+//! - `initdb.rs`: initdb and its cache; `snapshot.rs`: snapshot files, `adopted_config.rs`
+//!   the configuration files of a cluster unpacked from one; `binaries.rs`:
 //!   which server, through `pglease-binaries`; `spawn.rs`: the spawner thread;
 //! - `marker.rs`: whose instance a directory is; `run_as.rs`: the OS user;
 //!   `filesystem.rs`: tmpfs check, free space, mount points; `util.rs`: shared helpers.
 
+mod adopted_catalog;
+mod adopted_config;
 mod binaries;
 mod cow;
 mod filesystem;
@@ -84,6 +87,8 @@ pub struct Embedded {
     last_port: Option<u16>,
     /// The snapshot the first start unpacks (taken by it).
     snapshot: Option<snapshot::Found>,
+    /// The key that authenticates snapshots (with `snapshot_dir`).
+    snapshot_key: Option<snapshot::SnapshotKey>,
     /// The manifest of the snapshot this server started from, if it did: a stop writes a
     /// new one only when the templates differ.
     adopted: Option<snapshot::Manifest>,
@@ -129,13 +134,28 @@ impl Embedded {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
+        // The key is kept outside the snapshot directory (made at the first start in the
+        // cache root, beside the initdb cache): whoever can write the snapshots cannot
+        // forge one. A key that cannot be read fails the start: without it no snapshot
+        // could be trusted nor written.
+        let snapshot_key = match &config.snapshot_dir {
+            Some(_) => {
+                let path = config
+                    .snapshot_key_file
+                    .clone()
+                    .unwrap_or_else(|| snapshot::default_key_path(&cache_root));
+                Some(snapshot::load_or_create_key(&path)?)
+            }
+            None => None,
+        };
         let found = config
             .snapshot_dir
             .as_deref()
-            .and_then(|dir| snapshot::find(dir, &binaries.version, &initdb_args));
+            .zip(snapshot_key.as_ref())
+            .and_then(|(dir, key)| snapshot::find(dir, &binaries.version, &initdb_args, key));
         let hints = StorageHints {
             major: snapshot::major_of(&binaries.version),
-            largest_template: largest_template(templates, found.as_ref()),
+            largest_template: largest_template(templates, found.as_ref().map(|f| &f.manifest)),
         };
         let instance = Instance::create(&config, &hints, &run_as)?;
         // The log lives with WAL and the catalogs: its cap is a share of their room (the
@@ -174,6 +194,7 @@ impl Embedded {
             kept_generation,
             last_port: None,
             snapshot,
+            snapshot_key,
             adopted: None,
             server_log,
         })
@@ -187,10 +208,7 @@ impl Embedded {
     /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
         let snapshot = self.snapshot.take();
-        match self
-            .start_once(snapshot.as_ref().map(|s| s.path.clone()))
-            .await
-        {
+        match self.start_once(snapshot.clone()).await {
             Ok(running) => {
                 if let (ClusterOrigin::Snapshot, Some(found)) = (running.cluster_origin, snapshot) {
                     info!(
@@ -217,7 +235,7 @@ impl Embedded {
     /// One start: the kept cluster, else `snapshot` unpacked, else a fresh cluster.
     async fn start_once(
         &mut self,
-        snapshot: Option<PathBuf>,
+        snapshot: Option<snapshot::Found>,
     ) -> Result<RunningPostgres, StartError> {
         let started = Instant::now();
         let reuse = self.kept_generation.take();
@@ -243,7 +261,7 @@ impl Embedded {
             generation: self.generation,
             previous_port: self.last_port,
             reuse_existing: reuse.is_some(),
-            snapshot,
+            snapshot: snapshot.zip(self.snapshot_key.clone()),
         };
         let launched = blocking(move || launch.run()).await?;
         self.last_port = Some(launched.port);
@@ -266,7 +284,15 @@ impl Embedded {
             child: Some(launched.child),
             log_drain: launched.log_drain,
         };
-        match running.wait_ready().await {
+        let ready = match running.wait_ready().await {
+            // An adopted cluster admits only the superuser over the socket until its roles
+            // are checked (`adopted_catalog.rs`).
+            Ok(()) if running.cluster_origin == ClusterOrigin::Snapshot => {
+                self.check_adopted(&running).await
+            }
+            other => other,
+        };
+        match ready {
             Ok(()) => {
                 info!(
                     pid = running.pid,
@@ -278,6 +304,11 @@ impl Embedded {
                 );
                 Ok(running)
             }
+            Err(e @ StartError::SnapshotCatalog { .. }) => {
+                // Running, but refused: stopped now, and the caller builds a fresh cluster.
+                running.shutdown(std::time::Duration::from_secs(10)).await;
+                Err(e)
+            }
             Err(e) => {
                 error!(
                     data_dir = %running.data_dir.display(),
@@ -288,6 +319,29 @@ impl Embedded {
                 Err(e)
             }
         }
+    }
+
+    /// Checks the role catalog of a cluster adopted from a snapshot, then writes the usual
+    /// `pg_hba.conf` and reloads it; a refused catalog stops the server.
+    async fn check_adopted(&self, running: &RunningPostgres) -> Result<(), StartError> {
+        let started = Instant::now();
+        let integresql = self.config.integresql_role.as_deref();
+        if let Err(reason) = adopted_catalog::check(running, integresql).await {
+            return Err(StartError::SnapshotCatalog { reason });
+        }
+        util::write_anew(
+            &running.data_dir.join("pg_hba.conf"),
+            settings::pg_hba(self.config.lease_auth, integresql).as_bytes(),
+            self.run_as.owner(),
+        )?;
+        adopted_catalog::open_up(running)
+            .await
+            .map_err(|reason| StartError::SnapshotCatalog { reason })?;
+        info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checked the role catalog of the snapshot's cluster; TCP clients may log in"
+        );
+        Ok(())
     }
 
     /// The instance directory.
@@ -341,12 +395,12 @@ impl Embedded {
     /// [`Embedded::snapshot_plan`]). Failures are logged: a snapshot is a shortcut, never a
     /// reason to fail a stop.
     pub fn save_snapshot(&self, cluster: &Path, manifest: &snapshot::Manifest) {
-        let Some(dir) = &self.config.snapshot_dir else {
+        let (Some(dir), Some(key)) = (&self.config.snapshot_dir, &self.snapshot_key) else {
             return;
         };
         let path = snapshot::path_for(dir, manifest.postgres_major);
         info!(snapshot = %path.display(), templates = %manifest.describe(), "writing a snapshot of the stopped cluster");
-        if let Err(error) = snapshot::write(cluster, manifest, &path) {
+        if let Err(error) = snapshot::write(cluster, manifest, &path, key) {
             warn!(snapshot = %path.display(), %error, "could not write the snapshot");
         }
     }

@@ -10,6 +10,13 @@
 //! logical dump would be portable, but restoring it costs about what building does for a
 //! small schema (measured in `bench/`, scenario 11, and docs/templates.md).
 //!
+//! The file is authenticated, not inspected (`seal.rs`): an HMAC-SHA256 trailer under a key
+//! kept outside the snapshot directory (`key.rs`) proves that this daemon, or a runner
+//! sharing its key, wrote it. A file without a valid MAC (an older pglease's, altered, or
+//! made with another key) is passed over before anything in it is parsed, and the cluster
+//! is built fresh; the unpacking hashes again what it reads from the same descriptor, so a
+//! file rewritten in place after the check is caught too.
+//!
 //! One file per postgres major: `pglease-pg<major>.pgsnap`. It is adopted at start instead
 //! of the initdb cache's copy; the session's sweep then keeps the templates whose
 //! fingerprint matches the current sources and drops the others (which are built again),
@@ -17,23 +24,32 @@
 //! manifest's list.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+mod key;
+mod seal;
 mod unpack;
+
+pub use key::{
+    default_path as default_key_path, load as load_key, load_or_create as load_or_create_key,
+};
+pub use key::{KeyError, SnapshotKey};
+pub use seal::{SealError, Sealed, Sealing};
 
 /// The snapshot files' extension.
 pub const EXTENSION: &str = "pgsnap";
 
 /// The archive's first entry.
 const MANIFEST_ENTRY: &str = "pglease-snapshot.json";
-/// This code's format; another one is ignored.
-const FORMAT: u32 = 1;
+/// This code's format; another one is ignored. 2: the file ends with a MAC (`seal.rs`).
+const FORMAT: u32 = 2;
 /// A manifest is a few hundred bytes; anything much bigger is not one.
 const MANIFEST_LIMIT: u64 = 1 << 20;
 /// zstd level 1: compression keeps up with the disk; higher levels cost seconds per GB
@@ -43,7 +59,7 @@ const ZSTD_LEVEL: i32 = 1;
 /// What a snapshot holds, as its first entry says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// The format version (this code reads and writes 1; another is ignored).
+    /// The format version (this code reads and writes 2; another is ignored).
     pub format: u32,
     /// The full server version it was made with, e.g. `15.14`.
     pub postgres_version: String,
@@ -122,13 +138,15 @@ impl Manifest {
     }
 }
 
-/// A snapshot found for this server.
+/// A snapshot found for this server, its MAC checked.
 #[derive(Debug, Clone)]
 pub struct Found {
     /// The file.
     pub path: PathBuf,
     /// Its manifest.
     pub manifest: Manifest,
+    /// The file, open since its MAC was checked: it is unpacked from this descriptor.
+    pub sealed: Arc<Sealed>,
 }
 
 /// The file of `major`'s snapshot in `dir`.
@@ -157,9 +175,10 @@ fn version_number(version: &str) -> String {
     }
 }
 
-/// The snapshot for `version` with `initdb_args` in `dir`, when there is a usable one.
-/// Every reason to pass one over is logged: a snapshot never fails a start.
-pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> {
+/// The snapshot for `version` with `initdb_args` in `dir`, when there is a usable one whose
+/// MAC `key` proves. Every reason to pass one over is logged: a snapshot never fails a
+/// start.
+pub fn find(dir: &Path, version: &str, initdb_args: &[String], key: &SnapshotKey) -> Option<Found> {
     remove_abandoned(dir);
     let major = major_of(version);
     let path = path_for(dir, major);
@@ -171,13 +190,23 @@ pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> 
         );
         return None;
     }
-    let manifest = match read_manifest(&path) {
-        Ok(manifest) => manifest,
-        Err(error) => {
+    let found = match open(&path, key) {
+        Ok(found) => found,
+        Err(OpenError::Unauthenticated(error)) => {
+            warn!(
+                snapshot = %path.display(),
+                key = %key.path().display(),
+                "passing over the snapshot, none of it is used: {error}; the cluster is built \
+                 fresh, and a clean stop writes an authenticated snapshot over it"
+            );
+            return None;
+        }
+        Err(OpenError::Unreadable(error)) => {
             warn!(snapshot = %path.display(), %error, "ignoring an unreadable snapshot; it is replaced at the next clean stop");
             return None;
         }
     };
+    let manifest = &found.manifest;
     let refused = if manifest.format != FORMAT {
         Some(format!(
             "it is format {}, this pglease reads {FORMAT}",
@@ -200,7 +229,7 @@ pub fn find(dir: &Path, version: &str, initdb_args: &[String]) -> Option<Found> 
         warn!(snapshot = %path.display(), "ignoring the snapshot: {reason}; it is replaced at the next clean stop");
         return None;
     }
-    Some(Found { path, manifest })
+    Some(found)
 }
 
 /// A temporary file older than this was left by a writer that died (a save of even tens of
@@ -227,9 +256,36 @@ fn remove_abandoned(dir: &Path) {
     }
 }
 
-/// Reads only the manifest (the first entry).
-pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
-    let mut archive = open_archive(path)?;
+/// Why [`open`] found no usable snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Its MAC is missing, another key's or wrong: nothing in it was read.
+    #[error("not authenticated: {0}")]
+    Unauthenticated(SealError),
+    /// Authenticated, but it cannot be opened or read as a snapshot.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+/// Opens the snapshot file `path` once, checks its MAC under `key`, then reads its manifest
+/// (the first entry) from the same descriptor.
+pub fn open(path: &Path, key: &SnapshotKey) -> Result<Found, OpenError> {
+    let file = open_file(path).map_err(OpenError::Unreadable)?;
+    let sealed = Sealed::verify(file, path, key).map_err(|error| match error {
+        SealError::Io { .. } => OpenError::Unreadable(error.to_string()),
+        other => OpenError::Unauthenticated(other),
+    })?;
+    let manifest = read_manifest(&sealed, key).map_err(OpenError::Unreadable)?;
+    Ok(Found {
+        path: path.to_path_buf(),
+        manifest,
+        sealed: Arc::new(sealed),
+    })
+}
+
+/// Reads only the manifest (the first entry) of an authenticated file.
+fn read_manifest(sealed: &Sealed, key: &SnapshotKey) -> Result<Manifest, String> {
+    let mut archive = archive(sealed.reader(key))?;
     let mut entries = archive
         .entries()
         .map_err(|e| format!("not a snapshot (tar): {e}"))?;
@@ -255,14 +311,13 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     serde_json::from_str(&text).map_err(|e| format!("its manifest is not valid: {e}"))
 }
 
-/// The archive in `path`, once its first bytes say it is zstd. The file is opened once and
-/// must be a regular file, not a link: pglease renames a regular file into place, so a link
-/// or a FIFO there was put by someone else (and a FIFO would hang the start).
-fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
-    const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
-    let mut file = File::options()
+/// The snapshot file `path`, opened once. It must be a regular file, not a link: pglease
+/// renames a regular file into place, so a link or a FIFO there was put by someone else
+/// (and a FIFO would hang the start).
+fn open_file(path: &Path) -> Result<File, String> {
+    let file = File::options()
         .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(nix::libc::ELOOP) => format!(
@@ -280,15 +335,16 @@ fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
             path.display()
         ));
     }
-    let mut magic = [0u8; 4];
-    let is_zstd = file.read_exact(&mut magic).is_ok() && magic == ZSTD_MAGIC;
-    if !is_zstd {
-        return Err("not a snapshot: not a zstd stream".into());
-    }
-    file.rewind()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let decoder = zstd::stream::read::Decoder::new(BufReader::new(file))
-        .map_err(|e| format!("not a snapshot: {e}"))?;
+    Ok(file)
+}
+
+/// The archive in an authenticated file's stream.
+fn archive(
+    reader: seal::Reader<'_>,
+) -> Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<seal::Reader<'_>>>>, String>
+{
+    let decoder =
+        zstd::stream::read::Decoder::new(reader).map_err(|e| format!("not a snapshot: {e}"))?;
     Ok(tar::Archive::new(decoder))
 }
 
@@ -296,9 +352,19 @@ fn open_archive(path: &Path) -> Result<tar::Archive<impl Read>, String> {
 /// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
 /// that is not a plain file or directory inside the cluster fails it, naming the entry and
 /// the reason (`unpack.rs`). On error the caller removes `data_dir`.
-pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
+///
+/// The file is read from the descriptor whose MAC [`open`] checked, hashing it again: when
+/// the bytes differ from the checked ones (rewritten in place since), it fails after the
+/// unpacking, and the caller throws the cluster away before postgres sees it.
+pub fn extract(
+    found: &Found,
+    key: &SnapshotKey,
+    data_dir: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<u64, String> {
     let started = Instant::now();
-    let mut archive = open_archive(snapshot)?;
+    let snapshot = &found.path;
+    let mut archive = archive(found.sealed.reader(key))?;
     match std::fs::create_dir(data_dir) {
         // Made already, empty, with its databases' tmpfs (`space.rs`): the handle below
         // refuses a link.
@@ -311,6 +377,13 @@ pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> R
         .entries()
         .map_err(|e| format!("cannot read the archive: {e}"))?;
     let bytes = unpack::unpack(entries, &root, data_dir, Path::new(MANIFEST_ENTRY), owner)?;
+    // The rest of the stream and the trailer, hashed: the tag must be the checked one.
+    archive
+        .into_inner()
+        .finish()
+        .into_inner()
+        .finish()
+        .map_err(|e| e.to_string())?;
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
@@ -330,7 +403,13 @@ pub fn extract(snapshot: &Path, data_dir: &Path, owner: Option<(u32, u32)>) -> R
 /// Writes the stopped cluster at `cluster` with `manifest` as `path` (through a temporary
 /// file renamed into place, so a reader never sees half a snapshot). Returns the file's
 /// size.
-pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, String> {
+/// The file ends with a MAC under `key` (`seal.rs`).
+pub fn write(
+    cluster: &Path,
+    manifest: &Manifest,
+    path: &Path,
+    key: &SnapshotKey,
+) -> Result<u64, String> {
     let started = Instant::now();
     let dir = path.parent().unwrap_or(Path::new("."));
     // Private to the service user: a snapshot holds the whole cluster, password verifiers
@@ -346,7 +425,7 @@ pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, St
             .map_or_else(Default::default, |n| n.to_string_lossy()),
         super::util::random_hex(4)
     ));
-    let result = write_archive(cluster, manifest, &tmp).and_then(|()| {
+    let result = write_archive(cluster, manifest, &tmp, key).and_then(|()| {
         std::fs::rename(&tmp, path)
             .map_err(|e| format!("cannot rename {} into place: {e}", tmp.display()))
     });
@@ -365,15 +444,22 @@ pub fn write(cluster: &Path, manifest: &Manifest, path: &Path) -> Result<u64, St
     Ok(size)
 }
 
-fn write_archive(cluster: &Path, manifest: &Manifest, tmp: &Path) -> Result<(), String> {
+fn write_archive(
+    cluster: &Path,
+    manifest: &Manifest,
+    tmp: &Path,
+    key: &SnapshotKey,
+) -> Result<(), String> {
     let file = File::options()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(tmp)
         .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let mut encoder = zstd::stream::write::Encoder::new(BufWriter::new(file), ZSTD_LEVEL)
-        .map_err(|e| format!("zstd: {e}"))?;
+    // Every byte of the stream goes through the MAC on its way to the file.
+    let sealing = seal::Sealing::new(BufWriter::new(file), key);
+    let mut encoder =
+        zstd::stream::write::Encoder::new(sealing, ZSTD_LEVEL).map_err(|e| format!("zstd: {e}"))?;
     // Both cores: a save runs while nothing else does (at stop).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     encoder
@@ -417,6 +503,7 @@ fn write_archive(cluster: &Path, manifest: &Manifest, tmp: &Path) -> Result<(), 
         .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
     let mut writer = encoder
         .finish()
+        .and_then(seal::Sealing::seal)
         .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
     writer
         .flush()

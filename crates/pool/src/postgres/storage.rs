@@ -164,11 +164,11 @@ fn decide_auto(facts: &Facts) -> (Layout, String) {
 
 /// The biggest of `templates` by what is known before the server starts: its sources' bytes
 /// (a dump, SQL files, a command's watched files; a lower bound of the database), or its
-/// database's size in `snapshot`, the snapshot the first start unpacks (for templates still
-/// configured).
+/// database's size in `snapshot`, the manifest of the snapshot the first start unpacks (for
+/// templates still configured).
 pub(crate) fn largest_template(
     templates: &[TemplateConfig],
-    snapshot: Option<&snapshot::Found>,
+    snapshot: Option<&snapshot::Manifest>,
 ) -> Option<(String, u64)> {
     let sources = templates.iter().map(|t| {
         (
@@ -178,9 +178,8 @@ pub(crate) fn largest_template(
     });
     // Only templates still configured: the snapshot may hold one that no longer is.
     let configured = |name: &str| templates.iter().any(|t| t.name.as_str() == name);
-    let saved = snapshot.into_iter().flat_map(|found| {
-        found
-            .manifest
+    let saved = snapshot.into_iter().flat_map(|manifest| {
+        manifest
             .templates
             .iter()
             .filter(|t| configured(&t.name))

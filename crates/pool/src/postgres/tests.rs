@@ -790,7 +790,17 @@ async fn a_hostile_snapshot_is_refused_and_a_fresh_cluster_starts() {
         .expect("link");
     let tar = builder.into_inner().expect("tar");
     let path = snapshot::path_for(snapshots.path(), manifest.postgres_major);
-    std::fs::write(&path, zstd::encode_all(tar.as_slice(), 1).expect("zstd")).expect("write");
+    // Sealed with the key the daemon uses (made in its cache root): the unpacking must
+    // refuse the link even in a snapshot whose MAC is valid.
+    let key =
+        snapshot::load_or_create_key(&snapshot::default_key_path(cache.path())).expect("the key");
+    let mut sealing = snapshot::Sealing::new(Vec::new(), &key);
+    std::io::Write::write_all(
+        &mut sealing,
+        &zstd::encode_all(tar.as_slice(), 1).expect("zstd"),
+    )
+    .expect("seal");
+    std::fs::write(&path, sealing.seal().expect("seal")).expect("write");
 
     config.snapshot_dir = Some(snapshots.path().to_path_buf());
     let mut embedded = prepare(&config).await;

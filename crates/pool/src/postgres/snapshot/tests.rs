@@ -1,5 +1,6 @@
 //! Snapshots written and read back, and hostile ones refused.
 
+use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use super::*;
@@ -42,12 +43,13 @@ fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
     fake_cluster(&cluster);
     let path = path_for(&root.join("snaps"), 15);
     let written = manifest();
-    write(&cluster, &written, &path).expect("test step");
-    assert_eq!(read_manifest(&path).expect("test step"), written);
-    let found = find(&root.join("snaps"), "15.13", &written.initdb_args).expect("test step");
+    write(&cluster, &written, &path, &key()).expect("test step");
+    assert_eq!(manifest_of(&path).expect("test step"), written);
+    let found =
+        find(&root.join("snaps"), "15.13", &written.initdb_args, &key()).expect("test step");
     assert_eq!(found.manifest, written);
     let out = root.join("out");
-    extract(&path, &out, None).expect("test step");
+    extract_file(&path, &out, None).expect("test step");
     assert_eq!(
         std::fs::read(out.join("base/1/1259"))
             .expect("test step")
@@ -69,11 +71,11 @@ fn a_snapshot_of_another_major_or_initdb_setting_is_passed_over() {
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
     let written = manifest();
-    write(&cluster, &written, &path_for(&root, 15)).expect("test step");
+    write(&cluster, &written, &path_for(&root, 15), &key()).expect("test step");
     // Another major looks for another file.
-    assert!(find(&root, "16.2", &written.initdb_args).is_none());
-    assert!(find(&root, "15.14", &["--locale=en_US.UTF-8".into()]).is_none());
-    assert!(find(&root, "15.14", &written.initdb_args).is_some());
+    assert!(find(&root, "16.2", &written.initdb_args, &key()).is_none());
+    assert!(find(&root, "15.14", &["--locale=en_US.UTF-8".into()], &key()).is_none());
+    assert!(find(&root, "15.14", &written.initdb_args, &key()).is_some());
 }
 
 #[test]
@@ -81,12 +83,9 @@ fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
     let root = tempdir();
     let path = path_for(&root, 15);
     std::fs::write(&path, b"not a snapshot at all").expect("test step");
-    assert!(
-        read_manifest(&path).expect_err("an error").contains("zstd"),
-        "{:?}",
-        read_manifest(&path)
-    );
-    assert!(find(&root, "15.14", &[]).is_none());
+    let error = manifest_of(&path).expect_err("an error");
+    assert!(error.contains("not a pglease snapshot at all"), "{error}");
+    assert!(find(&root, "15.14", &[], &key()).is_none());
     // A valid zstd tar whose first entry is something else.
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -98,19 +97,22 @@ fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
     let tar = builder.into_inner().expect("test step");
     std::fs::write(
         &path,
-        zstd::encode_all(tar.as_slice(), 1).expect("test step"),
+        sealed(
+            &zstd::encode_all(tar.as_slice(), 1).expect("test step"),
+            &key(),
+        ),
     )
     .expect("test step");
-    let error = read_manifest(&path).expect_err("an error");
+    let error = manifest_of(&path).expect_err("an error");
     assert!(error.contains("not a pglease snapshot"), "{error}");
     // A cut-off file fails extraction with a message, not a panic.
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
-    write(&cluster, &manifest(), &path).expect("test step");
+    write(&cluster, &manifest(), &path, &key()).expect("test step");
     let bytes = std::fs::read(&path).expect("test step");
     std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("test step");
     let out = root.join("out");
-    assert!(extract(&path, &out, None).is_err());
+    assert!(extract_file(&path, &out, None).is_err());
 }
 
 #[test]
@@ -126,9 +128,34 @@ fn an_abandoned_temporary_file_goes_and_a_fresh_one_stays() {
         .open(&old)
         .and_then(|f| f.set_modified(two_hours_ago))
         .expect("set mtime");
-    assert!(find(&root, "15.14", &[]).is_none());
+    assert!(find(&root, "15.14", &[], &key()).is_none());
     assert!(!old.exists());
     assert!(fresh.exists());
+}
+
+/// The key the tests seal with.
+fn key() -> SnapshotKey {
+    SnapshotKey::from_bytes(&[42u8; 32], Path::new("/test/snapshot.key"))
+}
+
+/// `path`'s manifest, as a start reads it (its MAC checked under [`key`]).
+fn manifest_of(path: &Path) -> Result<Manifest, String> {
+    open(path, &key())
+        .map(|found| found.manifest)
+        .map_err(|e| e.to_string())
+}
+
+/// Unpacks `path` as a start does: opened and checked under [`key`], then extracted.
+fn extract_file(path: &Path, out: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
+    let found = open(path, &key()).map_err(|e| e.to_string())?;
+    extract(&found, &key(), out, owner)
+}
+
+/// `stream` with a valid trailer under `key` appended.
+fn sealed(stream: &[u8], key: &SnapshotKey) -> Vec<u8> {
+    let mut sealing = seal::Sealing::new(Vec::new(), key);
+    sealing.write_all(stream).expect("write");
+    sealing.seal().expect("seal")
 }
 
 fn tempdir() -> PathBuf {
@@ -159,7 +186,10 @@ fn hostile_snapshot(path: &Path, entries: Vec<Entry>) {
         builder.append(&header, data.as_slice()).expect("entry");
     }
     let tar = builder.into_inner().expect("tar");
-    std::fs::write(path, zstd::encode_all(tar.as_slice(), 1).expect("zstd")).expect("write");
+    // Sealed with the daemon's key: these tests are of the unpacking, which must refuse a
+    // hostile entry even in a snapshot whose MAC is valid.
+    let stream = zstd::encode_all(tar.as_slice(), 1).expect("zstd");
+    std::fs::write(path, sealed(&stream, &key())).expect("write");
 }
 
 /// A header for `name` of `kind` (with `link` as a link's target) holding `size` bytes.
@@ -259,7 +289,7 @@ fn assert_refused(root: &Path, victim: &Victim, entries: Vec<Entry>, entry: &str
     let path = root.join("hostile.pgsnap");
     hostile_snapshot(&path, entries);
     let out = root.join("out");
-    let result = extract(&path, &out, server_owner());
+    let result = extract_file(&path, &out, server_owner());
     let _ = std::fs::remove_dir_all(&out);
     // The victim first: whatever the error says, nothing outside may have changed.
     victim.assert_untouched(entry);
@@ -365,7 +395,7 @@ fn an_entry_name_is_shown_escaped() {
     let entries = vec![link(name, tar::EntryType::Symlink, &victim.text())];
     assert_refused(&root, &victim, entries, name, "as a symbolic link");
     let path = root.join("hostile.pgsnap");
-    let error = extract(&path, &root.join("out"), None).expect_err("refused");
+    let error = extract_file(&path, &root.join("out"), None).expect_err("refused");
     assert!(!error.contains('\n'), "{error}");
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -375,8 +405,8 @@ fn an_entry_name_is_shown_escaped() {
 fn a_file_under_a_file_is_refused() {
     let root = tempdir();
     let victim = Victim::new(&root);
-    let entries = vec![file("base", b"x"), file("base/1", b"y")];
-    assert_refused(&root, &victim, entries, "base/1", "not a directory");
+    let entries = vec![dir("base"), file("base/1", b"x"), file("base/1/2", b"y")];
+    assert_refused(&root, &victim, entries, "base/1/2", "not a directory");
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -392,7 +422,8 @@ fn a_link_already_in_the_data_directory_is_not_followed() {
     std::os::unix::fs::symlink(&outside, out.join("base")).expect("symlink");
     let path = root.join("hostile.pgsnap");
     hostile_snapshot(&path, vec![file("base/1259", b"overwritten")]);
-    let mut archive = open_archive(&path).expect("open");
+    let found = open(&path, &key()).expect("open");
+    let mut archive = archive(found.sealed.reader(&key())).expect("open");
     let handle = unpack::open_directory(&out).expect("open the data directory");
     let result = unpack::unpack(
         archive.entries().expect("entries"),
@@ -445,17 +476,17 @@ fn a_snapshot_file_that_is_a_link_or_a_fifo_is_not_read() {
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
     let real = root.join("elsewhere.pgsnap");
-    write(&cluster, &manifest(), &real).expect("write");
+    write(&cluster, &manifest(), &real, &key()).expect("write");
     let snaps = root.join("snaps");
     std::fs::create_dir(&snaps).expect("mkdir");
     let path = path_for(&snaps, 15);
     std::os::unix::fs::symlink(&real, &path).expect("symlink");
-    let error = read_manifest(&path).expect_err("read through a link");
+    let error = manifest_of(&path).expect_err("read through a link");
     assert!(error.contains("it is a symbolic link"), "{error}");
-    assert!(find(&snaps, "15.14", &manifest().initdb_args).is_none());
+    assert!(find(&snaps, "15.14", &manifest().initdb_args, &key()).is_none());
     std::fs::remove_file(&path).expect("remove");
     nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
-    let error = read_manifest(&path).expect_err("read a FIFO");
+    let error = manifest_of(&path).expect_err("read a FIFO");
     assert!(error.contains("it is not a regular file"), "{error}");
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -473,10 +504,10 @@ fn an_unpacked_cluster_is_owner_only_and_the_server_users() {
     )
     .expect("chmod");
     let path = root.join("good.pgsnap");
-    write(&cluster, &manifest(), &path).expect("write");
+    write(&cluster, &manifest(), &path, &key()).expect("write");
     let out = root.join("out");
     let owner = server_owner();
-    extract(&path, &out, owner).expect("extract");
+    extract_file(&path, &out, owner).expect("extract");
     for (relative, mode) in [("", 0o700), ("base/1", 0o700), ("base/1/1259", 0o600)] {
         let meta = std::fs::symlink_metadata(out.join(relative)).expect("stat");
         assert_eq!(meta.mode() & 0o777, mode, "{relative}");
@@ -495,8 +526,91 @@ fn a_snapshot_file_is_private_to_its_user() {
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
     let path = path_for(&root.join("snaps"), 15);
-    write(&cluster, &manifest(), &path).expect("write");
+    write(&cluster, &manifest(), &path, &key()).expect("write");
     let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(&root.join("snaps")), 0o700);
+}
+
+// Issue 41, step 2: defence in depth for a snapshot whose MAC is valid (a leaked key). Only
+// postgres' own data-directory layout is unpacked; the configuration files are skipped (the
+// start writes its own).
+
+/// Row 1's recovery signal, a postmaster file, a backup label, or a script beside them.
+#[test]
+fn a_signal_file_a_postmaster_file_or_a_foreign_name_is_refused() {
+    let root = tempdir();
+    let victim = Victim::new(&root);
+    for (entries, entry, reason) in [
+        (
+            vec![file("recovery.signal", b"")],
+            "recovery.signal",
+            "would start recovery",
+        ),
+        (
+            vec![file("standby.signal", b"")],
+            "standby.signal",
+            "would start recovery",
+        ),
+        (
+            vec![file("postmaster.pid", b"1")],
+            "postmaster.pid",
+            "belongs to a running server",
+        ),
+        (
+            vec![file("backup_label", b"x")],
+            "backup_label",
+            "recovery from a backup",
+        ),
+        (
+            vec![file("x.sh", b"touch /tmp/x")],
+            "x.sh",
+            "no part of a postgres data directory",
+        ),
+        (
+            vec![file("open_hba.conf", b"host all all 0/0 trust")],
+            "open_hba.conf",
+            "no part of",
+        ),
+        (
+            vec![dir("PG_VERSION")],
+            "PG_VERSION",
+            "not of the kind postgres makes there",
+        ),
+        (
+            vec![file("pg_wal", b"x")],
+            "pg_wal",
+            "not of the kind postgres makes there",
+        ),
+    ] {
+        assert_refused(&root, &victim, entries, entry, reason);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The configuration files of a snapshot are not unpacked at all (row 1's
+/// `restore_command`, row 2's `hba_file` in `postgresql.auto.conf`).
+#[test]
+fn the_configuration_files_of_a_snapshot_are_not_unpacked() {
+    let root = tempdir();
+    let path = root.join("configured.pgsnap");
+    hostile_snapshot(
+        &path,
+        vec![
+            file("PG_VERSION", b"15\n"),
+            dir("global"),
+            file("global/pg_control", &[7u8; 64]),
+            file("postgresql.auto.conf", b"restore_command = 'sh ./x.sh'\n"),
+            file("postgresql.conf", b"hba_file = '/tmp/open'\n"),
+            file("pg_hba.conf", b"host all all 0/0 trust\n"),
+            file("pg_ident.conf", b"x y z\n"),
+        ],
+    );
+    let out = root.join("out");
+    extract_file(&path, &out, None).expect("unpacked");
+    for name in unpack::CONFIG_FILES {
+        assert!(!out.join(name).exists(), "{name} was unpacked");
+    }
+    assert!(out.join("global/pg_control").exists());
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -13,6 +13,14 @@
 //! neither write nor chown anything outside the data directory, and the first one found
 //! fails the whole unpacking (the caller removes what was made and starts a fresh cluster).
 //!
+//! Only postgres' own data-directory layout is unpacked, even from a snapshot whose MAC is
+//! valid (defence in depth: a leaked key, or a runner sharing it that was taken over): the
+//! top-level names of a cluster of PostgreSQL 13 to 18 ([`TOP_LEVEL`]), nothing else. A
+//! `*.signal` file (recovery, which runs `restore_command`), `postmaster.*`, `backup_label`
+//! or `tablespace_map`, or any other name fails the unpacking. The configuration files
+//! postgres would read (`postgresql.conf`, `postgresql.auto.conf`, `pg_hba.conf`,
+//! `pg_ident.conf`) are skipped: the start writes its own (`launch.rs`).
+//!
 //! Entry names are shown quoted and escaped (`{:?}`) in errors: they come from the archive
 //! and end up in the log. This file does not read the manifest or decide whether a
 //! snapshot is used.
@@ -34,6 +42,81 @@ use tar::EntryType;
 /// is not used): files owner-only, directories owner-only.
 const FILE_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o700;
+
+/// The top-level entries of a data directory in PostgreSQL 13 to 18, as initdb makes them
+/// and a cleanly stopped server leaves them (seen in real clusters of 15 and in initdb's
+/// `subdirs` list of each major), and whether each is a directory. `pg_wal/summaries`
+/// (17+) and `base/pgsql_tmp` are below these.
+const TOP_LEVEL: &[(&str, bool)] = &[
+    ("PG_VERSION", false),
+    ("base", true),
+    ("global", true),
+    ("pg_commit_ts", true),
+    ("pg_dynshmem", true),
+    ("pg_logical", true),
+    ("pg_multixact", true),
+    ("pg_notify", true),
+    ("pg_replslot", true),
+    ("pg_serial", true),
+    ("pg_snapshots", true),
+    ("pg_stat", true),
+    ("pg_stat_tmp", true),
+    ("pg_subtrans", true),
+    ("pg_tblspc", true),
+    ("pg_twophase", true),
+    ("pg_wal", true),
+    ("pg_xact", true),
+];
+
+/// The configuration files postgres reads from its data directory: never taken from a
+/// snapshot, the start writes them.
+pub(super) const CONFIG_FILES: &[&str] = &[
+    "postgresql.conf",
+    "postgresql.auto.conf",
+    "pg_hba.conf",
+    "pg_ident.conf",
+];
+
+/// What to do with an entry, by its top-level name.
+enum Place {
+    /// Part of the cluster: unpack it.
+    Cluster,
+    /// A configuration file: skip it.
+    Config,
+}
+
+/// Where the entry `name` (of `kind`, its first component `top`) belongs, or why it cannot
+/// be unpacked.
+fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, String> {
+    let top_text = top.to_string_lossy();
+    let is_top = name
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count()
+        == 1;
+    if is_top && kind == EntryType::Regular && CONFIG_FILES.contains(&top_text.as_ref()) {
+        return Ok(Place::Config);
+    }
+    let why = if top_text.ends_with(".signal") {
+        "a signal file would start recovery (which runs restore_command)"
+    } else if top_text.starts_with("postmaster.") {
+        "a postmaster file belongs to a running server"
+    } else if top_text == "backup_label" || top_text == "tablespace_map" {
+        "a backup's file would start recovery from a backup"
+    } else {
+        match TOP_LEVEL.iter().find(|(known, _)| *known == top_text) {
+            // A known directory holds anything, and is a directory itself; a known file
+            // is only itself.
+            Some((_, true)) if !is_top || kind == EntryType::Directory => {
+                return Ok(Place::Cluster)
+            }
+            Some((_, false)) if is_top && kind == EntryType::Regular => return Ok(Place::Cluster),
+            Some(_) => "it is not of the kind postgres makes there",
+            None => "it is no part of a postgres data directory",
+        }
+    };
+    Err(format!("the archive holds {name:?}: {why}"))
+}
 
 /// Opens the directory `path` for `*at` calls, refusing a link at its last component.
 pub(super) fn open_directory(path: &Path) -> Result<OwnedFd, String> {
@@ -83,6 +166,10 @@ pub(super) fn unpack<R: Read>(
             ));
         }
         let (parent, last) = plain_path(&name)?;
+        let top = parent.components().next().map_or(last, |c| c.as_os_str());
+        if let Place::Config = place(&name, top, kind)? {
+            continue;
+        }
         let parent_dir = match last_parent.take() {
             Some((path, fd)) if path == parent => fd,
             _ => open_parent(root, &parent, &name, data_dir)?,

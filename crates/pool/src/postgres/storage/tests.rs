@@ -162,12 +162,8 @@ fn the_largest_template_is_read_from_sources_and_the_snapshot() {
         &[],
         vec![saved("seeded", 900), saved("retired", 5000)],
     );
-    let found = snapshot::Found {
-        path: dir.join("pglease-pg18.tar.zst"),
-        manifest,
-    };
     assert_eq!(
-        largest_template(&templates, Some(&found)),
+        largest_template(&templates, Some(&manifest)),
         Some(("seeded".into(), 900 * MB))
     );
     let _ = std::fs::remove_dir_all(&dir);
