@@ -366,7 +366,7 @@ mod tests {
         let limits = |partial: &Value| {
             let mut limits = over(
                 json!({"connection_budget": 0, "connections_in_use": 0, "kept": 0, "reclaimed": 0,
-                       "abandoned": 0, "expired": 0, "reused_unchanged": 0, "replaced_changed": 0, "replaced_unstamped": 0,
+                       "abandoned": 0, "expired": 0, "exceeded_max_bytes": 0, "reused_unchanged": 0, "replaced_changed": 0, "replaced_unstamped": 0,
                        "logical_bytes": 0}),
                 partial,
             );
