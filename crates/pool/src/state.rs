@@ -14,7 +14,10 @@
 //! reclaiming), [`refill`] (clones and drops to start, jobs that ended), [`budget`] (bytes
 //! and eviction), [`build`] (configured templates), [`owner`] (whose a configured template
 //! is, and who may change it), [`client`] (templates clients build),
-//! [`test_ids`] (lease numbers and IntegreSQL test ids), [`status`].
+//! [`test_ids`] (lease numbers and IntegreSQL test ids), [`demand`] (refilling ahead of
+//! demand), [`proofs`] (stamps for `--reuse-unchanged`), [`kept`] (databases kept after a
+//! failed test), [`lease_bytes`] (`--lease-max-bytes`), [`server`] (the server's lifecycle
+//! and generation), [`space`] (the databases' tmpfs), [`status`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;

@@ -3,13 +3,16 @@
 //! spawning postgres from a long-lived thread with a parent-death signal, readiness,
 //! fast shutdown, and the sweep of instances a killed daemon left behind.
 //!
-//! It runs no SQL beyond the readiness probe and knows nothing of templates or leases;
-//! the actor owns the values returned here.
+//! It runs no SQL beyond the readiness probe and the check of an adopted cluster's roles
+//! (`adopted_catalog.rs`), and knows nothing of leases or the pool's state; the actor owns
+//! the values returned here.
 //!
 //! This file holds [`Embedded`], what the actor drives: a server prepared once, started
 //! (again after a crash), its snapshot written at a stop, its directory removed. The other
 //! files, each using only files listed after it (so none uses this one):
 //! - `launch.rs`: one start: the cluster made, `pg_hba.conf` written, postgres spawned;
+//! - `adopted_catalog.rs`: the roles of a cluster adopted from a snapshot, checked before
+//!   TCP clients are let in;
 //! - `running.rs`: the running postmaster: readiness, its exit, shutdown;
 //! - `server_log.rs`: the server log, fed through a pipe and bounded;
 //! - `settings.rs`: what it runs with: `pg_hba.conf`, its settings, port and host;
