@@ -61,6 +61,7 @@ const OTHER_PROGRAMS: &[(&str, &[&str])] = &[
     ("debootstrap", &["--variant"]),
     ("cp", &["--reflink"]),
     ("dbmate", &["--no-dump-schema"]),
+    ("liquibase", &["--url", "--changelog-file"]),
     (
         "docs/configuration.md's pattern for a switch and its negation",
         &["--x", "--no-x"],

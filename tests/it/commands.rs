@@ -89,6 +89,44 @@ async fn a_shell_script_running_psql_builds_a_template_and_its_watch_list_keeps_
         .expect("the new column");
 }
 
+/// A command gets the URLs every ecosystem reads: `DATABASE_URL` as `postgresql://`
+/// (SQLAlchemy, and so Alembic, refuses `postgres://`), and `JDBC_DATABASE_URL` with its
+/// user and password variables for Flyway and Liquibase (issue 42).
+#[tokio::test]
+async fn a_command_gets_a_postgresql_url_and_a_jdbc_url() {
+    let dir = scratch_dir("command-urls");
+    let config = write_config(
+        &dir,
+        r#"[templates.urls]
+command = "psql -v ON_ERROR_STOP=1 -q \"$DATABASE_URL\" -c \"CREATE TABLE urls AS SELECT '$DATABASE_URL'::text AS url, '$JDBC_DATABASE_URL'::text AS jdbc, '$JDBC_DATABASE_USERNAME'::text AS jdbc_user, length('$JDBC_DATABASE_PASSWORD') AS password_length, session_user::text AS who\""
+"#,
+    );
+    let daemon = TestDaemon::builder()
+        .args(["--config", &config])
+        .start()
+        .await;
+    let lease = daemon.lease_ok("urls").await;
+    let client = connect(&lease).await.expect("connect");
+    let row = client
+        .query_one(
+            "SELECT url, jdbc, jdbc_user, password_length, who FROM urls",
+            &[],
+        )
+        .await
+        .expect("the command's table");
+    let (url, jdbc, jdbc_user, password_length, who): (String, String, String, i32, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert!(url.starts_with("postgresql://"), "{url}");
+    assert!(url.ends_with("?sslmode=disable"), "{url}");
+    assert!(jdbc.starts_with("jdbc:postgresql://127.0.0.1:"), "{jdbc}");
+    assert!(jdbc.contains(&format!("user={who}&password=")), "{jdbc}");
+    assert_eq!(
+        jdbc_user, who,
+        "the JDBC user is the role the command ran as"
+    );
+    assert!(password_length > 0, "JDBC_DATABASE_PASSWORD is set");
+}
+
 /// `--watch NAME=PATH` gives a command template from `--template` what the config file's
 /// `watch` gives: an edit of a watched file builds a new version at the next lease (issue 26:
 /// without it the new column was missing from later leases).

@@ -10,6 +10,7 @@ use crate::config::CommandSource;
 use crate::names::{DbName, TemplateName};
 use crate::progress;
 use crate::session::Session;
+use crate::types::ConnectInfo;
 
 /// Lines of a command's output kept for its error message.
 const OUTPUT_TAIL_LINES: usize = 40;
@@ -49,17 +50,18 @@ pub(super) async fn run_command_with(
     let password = create_build_role(session, db, superuser).await?;
     let host = session.lease_host.clone();
     let port = session.lease_port.to_string();
-    // The embedded server has no TLS; some drivers (lib/pq) insist on it unless told.
-    let options = if session.external {
-        ""
-    } else {
-        "?sslmode=disable"
+    // The URLs a lease answer carries, built the same way: `postgresql://` (SQLAlchemy, and
+    // so Alembic, refuses `postgres://`) and JDBC's for Flyway and Liquibase. The embedded
+    // server has no TLS, which some drivers (lib/pq) insist on unless told.
+    let connect = ConnectInfo {
+        host: host.clone(),
+        port: session.lease_port,
+        user: db.as_str().to_owned(),
+        password: password.clone(),
+        database: db.clone(),
+        ssl: session.external,
     };
-    let url = format!(
-        "postgres://{}:{password}@{host}:{port}/{}{options}",
-        db.as_str(),
-        db.as_str()
-    );
+    let url = connect.url();
     // As the child user, never as the daemon's (root's) own; with none of its environment.
     let user = &session.child_user;
     let mut command = user.command("sh");
@@ -68,6 +70,9 @@ pub(super) async fn run_command_with(
         .arg(&source.command)
         .current_dir(&source.workdir)
         .env("DATABASE_URL", &url)
+        .env("JDBC_DATABASE_URL", connect.jdbc_url().unwrap_or_default())
+        .env("JDBC_DATABASE_USERNAME", db.as_str())
+        .env("JDBC_DATABASE_PASSWORD", &password)
         .env("PGHOST", &host)
         .env("PGPORT", &port)
         .env("PGUSER", db.as_str())
