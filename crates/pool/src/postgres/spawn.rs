@@ -26,7 +26,7 @@ use nix::sys::signal::Signal;
 
 /// Environment variables that must never reach a server: libpq and server defaults that
 /// would change what initdb or postgres do. pglease's own children get none of them, as
-/// they get nothing outside [`passed_on_env`]; the list is public so that the benchmark,
+/// they get nothing outside `passed_on_env`; the list is public so that the benchmark,
 /// which starts its baseline servers with the caller's environment otherwise intact,
 /// removes the same ones.
 pub const SCRUBBED_ENV: &[&str] = &[
