@@ -157,7 +157,7 @@ impl Sealed {
     }
 
     /// A reader of the zstd stream (the trailer left out) that hashes what it reads again;
-    /// [`Reader::finish`] says whether it was the checked content.
+    /// `Reader::finish` says whether it was the checked content.
     pub fn reader<'a>(&'a self, key: &SnapshotKey) -> Reader<'a> {
         Reader {
             sealed: self,
