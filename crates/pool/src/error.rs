@@ -61,7 +61,7 @@ pub enum StartError {
     /// The snapshot key (`--snapshot-key-file`, or the one made in the cache root) cannot
     /// be read or made.
     #[error(transparent)]
-    SnapshotKey(#[from] crate::postgres::snapshot::KeyError),
+    SnapshotKey(#[from] KeyError),
     /// The role catalog of a cluster adopted from a snapshot is refused (the start then
     /// builds a fresh cluster).
     #[error("the snapshot's cluster is refused: {reason}")]
@@ -582,6 +582,77 @@ pub enum TemplateOpError {
         in_use: u32,
         /// The connection budget.
         budget: u32,
+    },
+}
+
+/// Why the snapshot key (`postgres/snapshot/key.rs`) cannot be used: each names the file,
+/// none shows its content. Here, with the other errors, so that `StartError` names it
+/// without this module depending on `postgres`.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Reading, creating or statting failed.
+    #[error("snapshot key {}: cannot {action}: {source}", path.display())]
+    Io {
+        /// The key file (or its directory).
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The file is a symbolic link.
+    #[error("snapshot key {}: it is a symbolic link; give the file itself", path.display())]
+    Link {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// The file is not a regular file.
+    #[error("snapshot key {}: it is not a regular file", path.display())]
+    NotRegular {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// Other users could read or write it.
+    #[error(
+        "snapshot key {}: its mode is {mode:o}; a key others can read or write lets them \
+         forge a snapshot: chmod 600 it",
+        path.display()
+    )]
+    Exposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Another user owns it.
+    #[error(
+        "snapshot key {}: it is owned by uid {owner}, not by this daemon's user (uid {me}) \
+         or root",
+        path.display()
+    )]
+    NotOurs {
+        /// The key file.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The daemon's user.
+        me: u32,
+    },
+    /// Too short or too long to be a key.
+    #[error(
+        "snapshot key {}: it holds {length} bytes; a key is {min} to {max} \
+         bytes (e.g. head -c 32 /dev/urandom)",
+        path.display()
+    )]
+    BadLength {
+        /// The key file.
+        path: PathBuf,
+        /// Its size.
+        length: u64,
+        /// The fewest bytes a key may have.
+        min: usize,
+        /// The most bytes a key file may have.
+        max: u64,
     },
 }
 

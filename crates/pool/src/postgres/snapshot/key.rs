@@ -27,70 +27,7 @@ const MIN_LENGTH: usize = 32;
 /// A key file is a few dozen bytes; anything much bigger is not one.
 const MAX_LENGTH: u64 = 4096;
 
-/// Why the key cannot be used: each names the file, none shows its content.
-#[derive(Debug, thiserror::Error)]
-pub enum KeyError {
-    /// Reading, creating or statting failed.
-    #[error("snapshot key {}: cannot {action}: {source}", path.display())]
-    Io {
-        /// The key file (or its directory).
-        path: PathBuf,
-        /// What was being done.
-        action: &'static str,
-        /// Why it failed.
-        source: std::io::Error,
-    },
-    /// The file is a symbolic link.
-    #[error("snapshot key {}: it is a symbolic link; give the file itself", path.display())]
-    Link {
-        /// The key file.
-        path: PathBuf,
-    },
-    /// The file is not a regular file.
-    #[error("snapshot key {}: it is not a regular file", path.display())]
-    NotRegular {
-        /// The key file.
-        path: PathBuf,
-    },
-    /// Other users could read or write it.
-    #[error(
-        "snapshot key {}: its mode is {mode:o}; a key others can read or write lets them \
-         forge a snapshot: chmod 600 it",
-        path.display()
-    )]
-    Exposed {
-        /// The key file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-    },
-    /// Another user owns it.
-    #[error(
-        "snapshot key {}: it is owned by uid {owner}, not by this daemon's user (uid {me}) \
-         or root",
-        path.display()
-    )]
-    NotOurs {
-        /// The key file.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// The daemon's user.
-        me: u32,
-    },
-    /// Too short or too long to be a key.
-    #[error(
-        "snapshot key {}: it holds {length} bytes; a key is {MIN_LENGTH} to {MAX_LENGTH} \
-         bytes (e.g. head -c 32 /dev/urandom)",
-        path.display()
-    )]
-    BadLength {
-        /// The key file.
-        path: PathBuf,
-        /// Its size.
-        length: u64,
-    },
-}
+pub use crate::error::KeyError;
 
 /// A snapshot key, read from its file. Its bytes are never printed.
 #[derive(Clone)]
@@ -207,6 +144,8 @@ pub fn load(path: &Path) -> Result<SnapshotKey, KeyError> {
         return Err(KeyError::BadLength {
             path: path.to_path_buf(),
             length: meta.len().max(length),
+            min: MIN_LENGTH,
+            max: MAX_LENGTH,
         });
     }
     Ok(SnapshotKey {
