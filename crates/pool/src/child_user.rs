@@ -21,6 +21,8 @@ use tracing::warn;
 
 use crate::error::StartError;
 
+pub(crate) mod control;
+
 /// Variables of the daemon's environment a child gets (besides `HOME`, `USER`, `LOGNAME`
 /// and what its caller sets): what finds programs and speaks the operator's language.
 /// Nothing else passes: not the API token, not the daemon's own settings.
