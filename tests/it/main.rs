@@ -6,6 +6,7 @@ mod binaries;
 mod budget;
 mod cli;
 mod clients;
+mod command_user;
 mod commands;
 mod config_file;
 mod connections;
