@@ -153,15 +153,19 @@ impl Drop for TempHome {
 
 impl Runner {
     /// What to change, for a command that failed with `code` (126: not executable, 127:
-    /// not found) or whose output (`tail`) says "Permission denied": which user it ran as
-    /// and why, which path that user could not reach, and what would let it. None for
-    /// another failure, where the user is not the likely cause.
+    /// not found), whose output (`tail`) says "Permission denied", or names a `HOME` that
+    /// does not exist (Maven's `Could not create local repository at /nonexistent/.m2`):
+    /// which user it ran as and why, which path that user could not reach, and what would
+    /// let it. None for another failure, where the user is not the likely cause.
     pub(super) fn recipe(&self, code: Option<i32>, tail: &[String]) -> Option<String> {
         let denied = tail
             .iter()
             .rev()
             .find(|line| line.contains("Permission denied"));
-        if denied.is_none() && !matches!(code, Some(126 | 127)) {
+        let home = self.user.home.to_string_lossy();
+        let homeless =
+            !self.user.home.exists() && tail.iter().any(|line| line.contains(home.as_ref()));
+        if denied.is_none() && !homeless && !matches!(code, Some(126 | 127)) {
             return None;
         }
         let mut text = format!("it ran as {} because {}", self.user.describe(), self.why);
@@ -175,13 +179,23 @@ impl Runner {
                 ));
             }
         }
-        if code == Some(127) {
+        if homeless {
+            text.push_str(&format!(
+                "; its HOME, {home}, does not exist (the user database's)"
+            ));
+        }
+        // Where a program was found but may not run, the shell says 127 too.
+        if code == Some(127) && denied.is_none() {
             text.push_str(&format!(
                 "; a program was not found in the PATH it ran with ({})",
                 std::env::var("PATH").unwrap_or_default()
             ));
         }
-        let reach = what.as_deref().unwrap_or("what it needs");
+        let reach = match (&what, homeless) {
+            (Some(what), _) => what.as_str(),
+            (None, true) => "a home directory",
+            (None, false) => "what it needs",
+        };
         if self.is_child_user {
             text.push_str(&format!(
                 ". Run it from a checkout no other user can write (it then runs as the checkout's owner), make {reach} reachable by {}, or choose another user with --child-user",

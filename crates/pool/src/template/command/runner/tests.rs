@@ -84,12 +84,35 @@ fn the_owners_recipe_and_no_recipe_for_other_failures() {
         "{text}"
     );
     assert!(!text.contains("--child-user"), "{text}");
+    let text = runner(true, 65534)
+        .recipe(Some(127), &["sh: 1: alembic: Permission denied".to_owned()])
+        .expect("a recipe");
+    assert!(!text.contains("not found"), "found, but closed: {text}");
     assert_eq!(
         runner(true, 65534).recipe(
             Some(1),
             &["ERROR: relation \"x\" does not exist".to_owned()]
         ),
         None
+    );
+}
+
+#[test]
+fn a_home_that_does_not_exist_gets_a_recipe() {
+    let tail = [
+        "[ERROR] Could not create local repository at /nonexistent/.m2/repository -> [Help 1]"
+            .to_owned(),
+    ];
+    let text = runner(true, 65534)
+        .recipe(Some(1), &tail)
+        .expect("a recipe");
+    assert!(
+        text.contains("its HOME, /nonexistent, does not exist"),
+        "{text}"
+    );
+    assert!(
+        text.contains("make a home directory reachable by nobody"),
+        "{text}"
     );
 }
 
