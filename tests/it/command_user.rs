@@ -160,7 +160,11 @@ async fn a_plain_users_checkout_runs_as_that_user_with_a_home_of_its_own() {
         .await;
     let lease = daemon.lease_ok("app").await;
     let (uid, home, writable) = who(&lease).await;
-    assert_eq!(uid as u32, owner.uid.as_raw(), "the checkout's owner ran it");
+    assert_eq!(
+        uid as u32,
+        owner.uid.as_raw(),
+        "the checkout's owner ran it"
+    );
     assert!(
         home.contains("pglease-home-"),
         "a home made for the run, not {home}"
@@ -220,6 +224,10 @@ async fn a_command_registered_over_http_runs_as_the_child_user_in_a_root_checkou
     assert!(status == 200 || status == 201, "{status}: {body}");
     let lease = daemon.lease_ok("app").await;
     let (uid, _, _) = who(&lease).await;
-    assert_eq!(uid as u32, user("nobody").uid.as_raw(), "the child user ran it");
+    assert_eq!(
+        uid as u32,
+        user("nobody").uid.as_raw(),
+        "the child user ran it"
+    );
     assert!(daemon.stop().await.success());
 }

@@ -37,6 +37,7 @@ mod majors;
 mod metrics;
 mod packaging;
 mod privileges;
+mod projects;
 mod proof;
 mod readiness;
 mod register;
