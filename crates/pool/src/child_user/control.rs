@@ -25,6 +25,10 @@ pub(crate) const WALK_LIMIT: usize = 250_000;
 pub(crate) enum CommandUser {
     /// The owner of the working directory controls it alone (root, or one user with root).
     Owner {
+        /// The working directory's canonical path, which was checked: the command runs
+        /// there, never through the path it was configured with, whose links another
+        /// user might change after the check.
+        workdir: PathBuf,
         /// Its uid.
         uid: u32,
         /// The working directory's group, for an owner the user database does not know.
@@ -114,6 +118,7 @@ pub(crate) fn decide(
 ) -> CommandUser {
     match control(tree, workdir, named, limit) {
         Ok((uid, gid)) => CommandUser::Owner {
+            workdir: workdir.to_path_buf(),
             uid,
             gid,
             why: format!(
@@ -211,17 +216,25 @@ fn check(path: &Path, entry: &Entry, owner: u32) -> Result<(), String> {
 }
 
 /// The files a shell command names that exist: each word with a `/` or naming an entry
-/// of `workdir`, resolved against it to its canonical path (links followed: what the
-/// command would reach), if it is a regular file or a directory (`/dev/null` is no
-/// script). Words of the command's programs found through `PATH` are not among them:
-/// `PATH` is the daemon's, the operator's own.
+/// of `workdir`, resolved against it, if it is a regular file or a directory (`/dev/null`
+/// is no script). Each is given twice: as written (the directories that hold a link on the
+/// way must be checked, or another user could point the link elsewhere after the check)
+/// and at its canonical path (what the command reaches through the links). Words of the
+/// command's programs found through `PATH` are not among them: `PATH` is the daemon's, the
+/// operator's own.
 pub(crate) fn named_files(workdir: &Path, command: &str) -> Vec<PathBuf> {
     let separators = |c: char| c.is_whitespace() || ";|&()<>'\"`=".contains(c);
     let mut named: Vec<PathBuf> = command
         .split(separators)
         .filter(|word| !word.is_empty() && !word.starts_with('-') && !word.starts_with('$'))
-        .filter_map(|word| std::fs::canonicalize(workdir.join(word)).ok())
-        .filter(|path| std::fs::metadata(path).is_ok_and(|meta| meta.is_file() || meta.is_dir()))
+        .filter_map(|word| {
+            // `components` drops the `.` of `./bin/migrate`.
+            let written: PathBuf = workdir.join(word).components().collect();
+            let canonical = std::fs::canonicalize(&written).ok()?;
+            let meta = std::fs::metadata(&canonical).ok()?;
+            (meta.is_file() || meta.is_dir()).then_some([written, canonical])
+        })
+        .flatten()
         .collect();
     named.sort();
     named.dedup();

@@ -71,7 +71,7 @@ pub(super) async fn run_command_with(
     command
         .arg("-c")
         .arg(&source.command)
-        .current_dir(&source.workdir)
+        .current_dir(&runner.workdir)
         .env("DATABASE_URL", &url)
         .env("JDBC_DATABASE_URL", connect.jdbc_url().unwrap_or_default())
         .env("JDBC_DATABASE_USERNAME", db.as_str())

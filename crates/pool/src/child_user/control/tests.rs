@@ -85,7 +85,7 @@ fn reason(user: CommandUser) -> String {
 fn a_root_owned_checkout_no_one_else_can_write_runs_as_root() {
     let user = decide_for(&Fake::checkout(0), &["/srv/app/migrate.sh"]);
     assert!(
-        matches!(user, CommandUser::Owner { uid: 0, gid: 0, .. }),
+        matches!(&user, CommandUser::Owner { uid: 0, gid: 0, workdir, .. } if workdir == Path::new("/srv/app")),
         "{user:?}"
     );
 }
@@ -164,6 +164,23 @@ fn a_named_file_outside_is_checked_with_its_parents() {
         decide_for(&tree, &["/opt/shared/migrate.sh"]),
         CommandUser::Owner { uid: 0, .. }
     ));
+}
+
+#[test]
+fn a_named_file_reached_through_a_link_others_may_replace_gives_no_one_control() {
+    let mut tree = Fake::checkout(0);
+    // `sh /tmp/link/migrate.sh`, /tmp/link -> /srv/app: the target is root's, but whoever
+    // made the link in /tmp may point it elsewhere once the check is done.
+    tree.dir("/tmp", 0, 0o1777)
+        .put("/tmp/link", 1001, 0o777, Kind::Link)
+        .file("/tmp/link/migrate.sh", 0, 0o755);
+    assert_eq!(
+        reason(decide_for(
+            &tree,
+            &["/tmp/link/migrate.sh", "/srv/app/migrate.sh"]
+        )),
+        "/tmp is writable by others (mode 1777)"
+    );
 }
 
 #[test]
@@ -252,6 +269,13 @@ fn named_files_are_the_words_that_exist_resolved() {
         &dir,
         "python manage.py migrate --noinput && ./bin/migrate $HOME >/dev/null",
     );
-    assert_eq!(named, vec![dir.join("bin/migrate"), dir.join("manage.py"),]);
+    assert_eq!(named, vec![dir.join("bin/migrate"), dir.join("manage.py")]);
+    // Through a link: as written (whose holder must be checked) and where it leads.
+    std::os::unix::fs::symlink(dir.join("bin"), dir.join("link")).expect("symlink");
+    let named = named_files(&dir, "sh link/migrate");
+    assert_eq!(
+        named,
+        vec![dir.join("bin/migrate"), dir.join("link/migrate")]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

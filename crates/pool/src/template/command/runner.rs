@@ -25,8 +25,10 @@ pub(super) struct Runner {
     pub why: String,
     /// Whether it is the child user (and not the owner of the command's files).
     pub is_child_user: bool,
-    /// The command's working directory, against which relative paths in its output resolve.
-    workdir: PathBuf,
+    /// Where the command runs: for the owner, the canonical path that was checked; for the
+    /// child user, the configured one (as before). Relative paths in its output resolve
+    /// against it too.
+    pub workdir: PathBuf,
     /// A home made for this run, removed when the runner is dropped.
     _home: Option<TempHome>,
 }
@@ -57,25 +59,28 @@ pub(super) async fn choose(
     let (workdir, command) = (source.workdir.clone(), source.command.clone());
     // `lstat` of a whole checkout, and the user database: blocking I/O.
     let decided = tokio::task::spawn_blocking(move || match who_controls(&workdir, &command) {
-        CommandUser::Owner { uid, gid, why } => {
-            owner(uid, gid).map(|(user, home)| Ok((user, home, why)))
-        }
+        CommandUser::Owner {
+            workdir,
+            uid,
+            gid,
+            why,
+        } => owner(uid, gid).map(|(user, home)| Ok((user, home, workdir, why))),
         CommandUser::ChildUser { reason } => Ok(Err(reason)),
     })
     .await
     .map_err(|e| format!("checking who owns {}: {e}", source.workdir.display()))??;
     let runner = match decided {
-        Ok((user, home, why)) => Runner {
+        Ok((user, home, workdir, why)) => Runner {
             user,
             why,
             is_child_user: false,
-            workdir: source.workdir.clone(),
+            workdir,
             _home: home,
         },
         Err(reason) => as_child(format!("no one user controls its files alone: {reason}")),
     };
     tracing::info!(
-        workdir = %source.workdir.display(),
+        workdir = %runner.workdir.display(),
         user = %runner.user.name,
         uid = runner.user.uid,
         why = %runner.why,
