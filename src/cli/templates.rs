@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pglease_binaries::VersionSpec;
 use pglease_pool::config::{
-    one_source_kind, or_list, CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT,
+    one_source_kind, or_list, CommandOrigin, CommandSource, DumpSource, DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_DUMP_TIMEOUT, SOURCE_KINDS,
 };
 use pglease_pool::{TemplateConfig, TemplateName, TemplateSource};
@@ -101,6 +101,7 @@ fn file_template(
                 workdir,
                 timeout: command_timeout(table.timeout_secs)
                     .map_err(|e| format!("timeout_secs: {e}"))?,
+                origin: CommandOrigin::Operator,
             })
         }
         (None, None, None, None) => TemplateSource::Empty,
@@ -222,6 +223,7 @@ fn parse_template_flag(spec: &str) -> Result<(&str, Option<VersionSpec>, Templat
                 workdir: absolute(Path::new("."))?,
                 watch: Vec::new(),
                 timeout: DEFAULT_COMMAND_TIMEOUT,
+                origin: CommandOrigin::Operator,
             })
         }
         None if source == "empty" => TemplateSource::Empty,

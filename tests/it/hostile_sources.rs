@@ -271,6 +271,8 @@ async fn a_configured_command_runs_as_the_child_user_without_the_daemons_environ
     if !as_root("a_configured_command_runs_as_the_child_user_without_the_daemons_environment") {
         return;
     }
+    // A directory anyone may write gives no one control of the command (issue 42), so it
+    // runs as the child user (tests/it/command_user.rs has the other cases).
     let dir = open_dir("hostile-command");
     let out = dir.join("env");
     let config = dir.join("pglease.toml");

@@ -11,6 +11,10 @@
 //! cannot reach the server's private socket or data directory (they are the postgres
 //! user's). When pglease is not root there is nobody to switch to: it is the current user.
 //!
+//! The one program that may run as another user is an operator's migration command, as the
+//! owner who alone controls its files ([`control`] decides; `template/command/runner.rs`
+//! launches it through [`ChildUser::command`] with that owner's identity).
+//!
 //! This module does not choose what runs; `template.rs` and `template/dump.rs` do.
 
 use std::ffi::OsStr;
@@ -20,6 +24,8 @@ use nix::unistd::{geteuid, User};
 use tracing::warn;
 
 use crate::error::StartError;
+
+pub(crate) mod control;
 
 /// Variables of the daemon's environment a child gets (besides `HOME`, `USER`, `LOGNAME`
 /// and what its caller sets): what finds programs and speaks the operator's language.

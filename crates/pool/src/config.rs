@@ -385,6 +385,23 @@ pub struct CommandSource {
     pub watch: Vec<PathBuf>,
     /// Killed (with its process group) after this long.
     pub timeout: Duration,
+    /// Who wrote it down, which decides who may run it (see [`CommandOrigin`]).
+    pub origin: CommandOrigin,
+}
+
+/// Where a command comes from, which decides the user it runs as when the daemon is root.
+/// Set where the command is made (the command line and configuration file, the API, a
+/// dump's restore), so that no build can mistake a caller's command for the operator's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandOrigin {
+    /// The operator's configuration (`--template`, the configuration file): it runs as the
+    /// owner of its working directory when that user alone controls the directory, its
+    /// parents and the files the command names (root included); otherwise as the child
+    /// user. Whoever controls those files could change what runs anyway.
+    Operator,
+    /// A caller of the API (`PUT /templates/{name}` with `--allow-http-commands`) or a
+    /// dump's restore: always the child user.
+    Caller,
 }
 
 /// Time a client gets from initialize to finalize by default: a dump of a few GB restores

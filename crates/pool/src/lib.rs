@@ -26,9 +26,9 @@ pub mod types;
 
 pub use actor::start;
 pub use config::{
-    CloneStrategy, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig, IntegresqlRole,
-    LeaseAuth, LeaseMaxBytes, PoolConfig, PoolLimits, ServerConfig, Storage, TemplateConfig,
-    TemplateSource,
+    CloneStrategy, CommandOrigin, CommandSource, DumpSource, EmbeddedConfig, ExternalConfig,
+    IntegresqlRole, LeaseAuth, LeaseMaxBytes, PoolConfig, PoolLimits, ServerConfig, Storage,
+    TemplateConfig, TemplateSource,
 };
 pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
 pub use handle::PoolHandle;

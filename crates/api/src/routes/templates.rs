@@ -12,7 +12,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use pglease_pool::config::{one_source_kind, DEFAULT_COMMAND_TIMEOUT};
+use pglease_pool::config::{one_source_kind, CommandOrigin, DEFAULT_COMMAND_TIMEOUT};
 use pglease_pool::{
     CommandSource, DumpSource, LeaseError, Registered, TemplateName, TemplateSource, TemplateStatus,
 };
@@ -244,6 +244,8 @@ fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, 
                 workdir,
                 watch,
                 timeout,
+                // A caller's command runs as the child user, whoever owns its workdir.
+                origin: CommandOrigin::Caller,
             }))
         }
         _ => Err(ApiError::invalid(one_source_kind())),

@@ -1,5 +1,6 @@
 //! Running a migration command (or a dump's restore) against a template database: as the
-//! child user, in a process group of its own that a timeout or a shutdown kills whole,
+//! user `command/runner.rs` chooses (the owner of an operator's checkout, else the child
+//! user), in a process group of its own that a timeout or a shutdown kills whole,
 //! with the build role's credentials in its environment, its output's tail kept for the
 //! error message and, for a restore, its progress counted for the log and `/status`.
 
@@ -62,13 +63,15 @@ pub(super) async fn run_command_with(
         ssl: session.external,
     };
     let url = connect.url();
-    // As the child user, never as the daemon's (root's) own; with none of its environment.
-    let user = &session.child_user;
+    // As the child user, or as the owner who controls an operator's checkout alone; with
+    // none of the daemon's environment but PATH and the locale either way.
+    let runner = runner::choose(&session.child_user, source).await?;
+    let user = &runner.user;
     let mut command = user.command("sh");
     command
         .arg("-c")
         .arg(&source.command)
-        .current_dir(&source.workdir)
+        .current_dir(&runner.workdir)
         .env("DATABASE_URL", &url)
         .env("JDBC_DATABASE_URL", connect.jdbc_url().unwrap_or_default())
         .env("JDBC_DATABASE_USERNAME", db.as_str())
@@ -88,12 +91,16 @@ pub(super) async fn run_command_with(
     tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), user = %user.name, "running the migration command");
     let started = std::time::Instant::now();
     let mut child = CommandGroup(command.spawn().map_err(|e| {
-        format!(
+        let message = format!(
             "cannot run `{}` in {} as {}: {e}",
             source.command,
             source.workdir.display(),
             user.describe()
-        )
+        );
+        match runner.recipe(None, std::slice::from_ref(&message)) {
+            Some(recipe) => format!("{message}; {recipe}"),
+            None => message,
+        }
     })?);
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -141,14 +148,19 @@ pub(super) async fn run_command_with(
     if let Some(reporter) = reporter {
         reporter.abort();
     }
+    // The exit code of a command that failed, for the recipe.
+    let mut failed_with = None;
     let outcome = match waited {
         Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(format!(
-            "`{}` failed ({status}; it ran as {} in {})",
-            source.command,
-            user.describe(),
-            source.workdir.display()
-        )),
+        Ok(Ok(status)) => Err({
+            failed_with = Some(status.code());
+            format!(
+                "`{}` failed ({status}; it ran as {} in {})",
+                source.command,
+                user.describe(),
+                source.workdir.display()
+            )
+        }),
         Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
         Err(_) => {
             child.kill();
@@ -174,8 +186,12 @@ pub(super) async fn run_command_with(
                 .lock()
                 .map(|t| t.iter().cloned().collect())
                 .unwrap_or_default();
+            let recipe = failed_with
+                .and_then(|code| runner.recipe(code, &lines))
+                .map(|recipe| format!("\n{recipe}"))
+                .unwrap_or_default();
             Err(format!(
-                "{message}; last lines of its output:\n{}",
+                "{message}; last lines of its output:\n{}{recipe}",
                 lines.join("\n")
             ))
         }
@@ -297,6 +313,8 @@ async fn keep_tail(
         }
     }
 }
+
+mod runner;
 
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::child_user::ChildUser;
-use crate::config::{CommandSource, DumpSource};
+use crate::config::{CommandOrigin, CommandSource, DumpSource};
 
 /// What a dump is, by its first bytes (not its name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +193,9 @@ pub(crate) async fn restore_command(
             workdir,
             watch: vec![dump.path.clone()],
             timeout: dump.timeout,
+            // pg_restore or psql reading a dump runs as the child user, like every read of
+            // a dump: the configured one's too.
+            origin: CommandOrigin::Caller,
         },
         format,
         tool: version,

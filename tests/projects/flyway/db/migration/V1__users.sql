@@ -1,0 +1,1 @@
+CREATE TABLE users (id bigserial PRIMARY KEY, email text UNIQUE NOT NULL);
