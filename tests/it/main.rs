@@ -12,6 +12,7 @@ mod connections;
 mod cow;
 mod credentials;
 mod daemon;
+mod django;
 mod docs;
 mod drivers;
 mod dumps;
