@@ -53,18 +53,19 @@ fn django_python(test: &str) -> Option<PathBuf> {
             "import sys, django, pytest_django, xdist, psycopg, pytest_pglease; print(sys.executable)",
         ])
         .output();
-    let executable =
-        match found {
-            Ok(output) if output.status.success() => {
-                PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-            }
-            _ => return missing(
+    let executable = match found {
+        Ok(output) if output.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+        }
+        _ => {
+            return missing(
                 test,
                 &format!(
                     "{python} lacks Django, pytest-django, pytest-xdist, psycopg or pytest-pglease"
                 ),
-            ),
-        };
+            )
+        }
+    };
     // Under root the daemon runs the template command as `nobody` (its default --child-user):
     // that user must be able to run this python and import Django with it.
     if nix::unistd::geteuid().is_root() {
@@ -288,7 +289,14 @@ async fn manage_py_test_parallel_runs_on_one_leased_database_per_worker() {
         &daemon,
         &python,
         &seen,
-        &["manage.py", "test", "--parallel", "2"],
+        &[
+            "manage.py",
+            "test",
+            "--parallel",
+            "2",
+            "--pglease-ttl",
+            "3600",
+        ],
     )
     .await;
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -315,6 +323,15 @@ async fn manage_py_test_parallel_runs_on_one_leased_database_per_worker() {
         assert!(workers.insert(database.clone()), "{granted:?}");
     }
     workers.remove(&granted["manage.py test"]);
+    let log = daemon.log();
+    let runner_grants: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("lease granted") && l.contains("label=\"manage.py test"))
+        .collect();
+    assert!(
+        runner_grants.len() == 3 && runner_grants.iter().all(|l| l.contains(" ttl_secs=3600 ")),
+        "--pglease-ttl 3600 did not reach every lease: {runner_grants:#?}"
+    );
     let by_process = seen_by_process(&seen);
     assert!(!by_process.is_empty(), "no test noted its database");
     for (pid, databases) in &by_process {

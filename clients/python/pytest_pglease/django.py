@@ -143,15 +143,21 @@ class PgleaseTestRunner(DiscoverRunner):
 
     The daemon and template come from `--pglease-url` / `PGLEASE_URL` (default
     http://127.0.0.1:5480), `--pglease-template` / `PGLEASE_TEMPLATE` (default `default`),
-    and the token from `PGLEASE_TOKEN`.
+    and the token from `PGLEASE_TOKEN`; `--pglease-ttl` gives the leases a longer life than
+    the daemon's default for a long run.
     """
 
     parallel_test_suite = PgleaseParallelTestSuite
 
     def __init__(
-        self, pglease_url: Optional[str] = None, pglease_template: Optional[str] = None, **kwargs: Any
+        self,
+        pglease_url: Optional[str] = None,
+        pglease_template: Optional[str] = None,
+        pglease_ttl: Optional[int] = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.pglease_ttl = pglease_ttl
         self.pglease_client = Client(
             pglease_url or os.environ.get("PGLEASE_URL") or "http://127.0.0.1:5480",
             os.environ.get("PGLEASE_TOKEN") or None,
@@ -173,11 +179,19 @@ class PgleaseTestRunner(DiscoverRunner):
             help="the template to lease, built by `manage.py migrate` [env PGLEASE_TEMPLATE; "
             "default: default]",
         )
+        parser.add_argument(
+            "--pglease-ttl",
+            type=int,
+            help="each lease's time to live in seconds, for runs longer than the daemon's "
+            "default [default: the daemon's]",
+        )
 
     def lease(self, label: str) -> Database:
         """Leases a database of the template, or stops the command saying why."""
         try:
-            database = self.pglease_client.lease(self.pglease_template, label=label)
+            database = self.pglease_client.lease(
+                self.pglease_template, label=label, ttl_secs=self.pglease_ttl
+            )
         except PgleaseError as error:
             raise CommandError(
                 f"pglease: cannot lease a database of template {self.pglease_template!r}: "

@@ -70,10 +70,12 @@ def django_db_setup(
     except BaseException:
         _release(settings, database)
         raise
-    yield
-    with django_db_blocker.unblock():
-        restore_default(old)
-    _release(settings, database)
+    try:
+        yield
+        with django_db_blocker.unblock():
+            restore_default(old)
+    finally:
+        _release(settings, database)
 
 
 def register(config: pytest.Config) -> None:
