@@ -13,6 +13,7 @@ mod connections;
 mod cow;
 mod credentials;
 mod daemon;
+mod django;
 mod docs;
 mod drivers;
 mod dumps;

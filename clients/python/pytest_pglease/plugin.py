@@ -4,7 +4,9 @@
   left it when the test failed and --pglease-keep-failed is given);
 - `pglease_session_db`: one database for the session (one per xdist worker);
 - `pglease_lease`: a factory, for several databases or other templates in one test;
-- `pglease_client`: the HTTP client itself.
+- `pglease_client`: the HTTP client itself;
+- with pytest-django active, `django_db_setup`: Django's `default` database is a lease of
+  the template (`pytest_pglease.django_plugin`).
 
 Each lease is labelled with the test's node id, so `pglease status` shows who holds what.
 
@@ -137,6 +139,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     settings = Settings.from_config(config)
     config.stash[SETTINGS] = settings
+    # With pytest-django active, Django's test database is a lease too (django_plugin.py).
+    from . import django_plugin
+
+    django_plugin.register(config)
     # Under pytest-xdist only the controller starts the daemon, before it starts workers.
     if settings.start and not hasattr(config, "workerinput"):
         start_daemon(settings)
