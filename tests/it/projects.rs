@@ -41,22 +41,40 @@ fn copy_tree(from: &Path, to: &Path) {
 /// A root-owned checkout of the project `name` (0755, as git leaves one under umask 022:
 /// the child user may read it, and reads the watched files with its own rights). Its
 /// parents must be closed to other users' writes, or pglease (rightly) runs the command as
-/// the child user: this says so rather than fail obscurely.
+/// the child user. The tests' scratch directory is used when its parents are (this
+/// checkout's may not be: a clone under `/tmp`), else one under `/var/lib`, which is root's.
 fn root_checkout(name: &str) -> PathBuf {
-    let parent = scratch_dir(&format!("project-{name}"));
-    fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).expect("chmod");
-    for dir in parent.ancestors().skip(1) {
-        let meta = fs::symlink_metadata(dir).expect("stat");
+    let scratch = scratch_dir(&format!("project-{name}"));
+    let parent = if closed_to_others(&scratch) {
+        scratch
+    } else {
+        let _ = fs::remove_dir_all(&scratch);
+        let dir = PathBuf::from("/var/lib/pglease-tests")
+            .join(format!("project-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("create a scratch dir under /var/lib");
+        for made in [dir.parent().expect("parent"), dir.as_path()] {
+            fs::set_permissions(made, fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
         assert!(
-            meta.uid() == 0 && meta.mode() & 0o022 == 0,
-            "{} is not root's or others may write it (mode {:o}): a checkout below it is nobody's alone, so these tests cannot run here",
-            dir.display(),
-            meta.mode() & 0o7777
+            closed_to_others(&dir),
+            "{} has a parent that is not root's or that others may write: a checkout below it \
+             is nobody's alone, so these tests cannot run here",
+            dir.display()
         );
-    }
+        dir
+    };
+    fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).expect("chmod");
     let app = parent.join("app");
     copy_tree(&project(name), &app);
     app
+}
+
+/// Whether every parent of `dir` is root's and closed to other users' writes.
+fn closed_to_others(dir: &Path) -> bool {
+    dir.ancestors().skip(1).all(|parent| {
+        fs::symlink_metadata(parent).is_ok_and(|meta| meta.uid() == 0 && meta.mode() & 0o022 == 0)
+    })
 }
 
 fn as_root(test: &str) -> bool {
