@@ -15,7 +15,7 @@ use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
 /// with the hint "Check free disk space".
-fn says_disk_full(message: &str) -> bool {
+pub fn says_disk_full(message: &str) -> bool {
     message.contains("No space left on device") || message.contains("free disk space")
 }
 

@@ -12,6 +12,7 @@ mod connections;
 mod cow;
 mod credentials;
 mod daemon;
+mod databases_dir;
 mod docs;
 mod drivers;
 mod dumps;
