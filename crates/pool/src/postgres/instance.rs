@@ -44,6 +44,15 @@ pub(crate) const CLUSTER_PREFIX: &str = "pgdata-";
 /// Prefix of the temporary initdb output directories inside an instance.
 pub(crate) const INITDB_TMP_PREFIX: &str = "initdb-tmp-";
 
+/// The instance tmpfs pglease mounts: no devices, no setuid, no programs. Nothing runs from
+/// it (postgres and initdb come from their binary directory, the initdb cache and the
+/// downloaded binaries live in the cache root, the copy-on-write store is a file mounted
+/// with its own flags), while a file a lease holder makes postgres write there (`COPY … TO`
+/// as a superuser lease, an extension's files) must not become a program anyone can run.
+const INSTANCE_MOUNT_FLAGS: MsFlags = MsFlags::MS_NOSUID
+    .union(MsFlags::MS_NODEV)
+    .union(MsFlags::MS_NOEXEC);
+
 /// The kernel's limit on a unix socket path, `sizeof(sun_path)` minus the final NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -135,6 +144,7 @@ impl Instance {
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
+        log_exec(&self.dir);
         self.choose_storage(config, hints, run_as)?;
         self.share_space(config, run_as)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
@@ -266,7 +276,8 @@ impl Instance {
                 None::<&str>,
                 &self.dir,
                 None::<&str>,
-                MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                // The flags are set anew by a remount: the same as at the mount.
+                MsFlags::MS_REMOUNT | INSTANCE_MOUNT_FLAGS,
                 Some(format!("size={}", split.rest).as_str()),
             )
             .map_err(|source| StartError::Sys {
@@ -363,7 +374,7 @@ impl Instance {
             Some("pglease"),
             &self.dir,
             Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            INSTANCE_MOUNT_FLAGS,
             Some(options.as_str()),
         )
         .map_err(|source| match source {
@@ -460,6 +471,22 @@ impl Instance {
                 warn!(path = %self.dir.display(), error = %e, "cannot remove the instance directory")
             }
         }
+    }
+}
+
+/// Says whether the file system of `dir` lets programs run (docker's `--tmpfs` and the
+/// tmpfs pglease mounts are `noexec`; a Kubernetes `emptyDir` and `/dev/shm` usually are
+/// not): a file written there could then be run by whoever can reach it.
+fn log_exec(dir: &Path) {
+    use nix::sys::statvfs::FsFlags;
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(stats) if stats.flags().contains(FsFlags::ST_NOEXEC) => {
+            info!(path = %dir.display(), "the instance directory's file system is noexec: nothing written there can be run")
+        }
+        Ok(_) => {
+            info!(path = %dir.display(), "the instance directory's file system allows running programs (not mounted noexec); mount it noexec where you can (docs/security.md)")
+        }
+        Err(error) => warn!(path = %dir.display(), %error, "cannot statvfs the instance directory"),
     }
 }
 
