@@ -264,3 +264,72 @@ async fn a_databases_dir_that_gives_no_room_of_its_own_is_refused() {
     assert_eq!(status.code(), Some(64), "{log}");
     assert!(log.contains("--keep-data"), "{log}");
 }
+
+/// The token the lease's template recorded when it was built.
+async fn built_token(daemon: &TestDaemon) -> String {
+    let lease = daemon.lease_ok("app").await;
+    let client = connect(&lease).await.expect("connect");
+    let row = client
+        .query_one("SELECT token FROM built", &[])
+        .await
+        .expect("query");
+    row.get(0)
+}
+
+/// A snapshot (`--snapshot-dir`) of a cluster whose databases are in the room is written
+/// from what the room holds and started from again into a fresh room: the template built in
+/// the first run is leased in the second without a build (same token), from the room.
+#[tokio::test]
+async fn a_snapshot_round_trips_through_the_databases_room() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test mounts a tmpfs (root)");
+        return;
+    }
+    let scratch = scratch_dir("databases-dir-snapshot");
+    let databases = Tmpfs::mount(&scratch.join("databases"), "size=200m,mode=0755");
+    let migrations = scratch.join("migrations");
+    std::fs::create_dir(&migrations).expect("mkdir");
+    std::fs::write(
+        migrations.join("001.sql"),
+        "CREATE TABLE built (token text); INSERT INTO built SELECT md5(random()::text);",
+    )
+    .expect("write");
+    let snapshots = scratch.join("snapshots");
+    let start = || {
+        TestDaemon::builder()
+            .args([
+                "--databases-dir",
+                databases.point.to_str().expect("utf-8"),
+                "--snapshot-dir",
+                snapshots.to_str().expect("utf-8"),
+                "--template",
+                &format!("app=migrations:{}", migrations.display()),
+            ])
+            .start()
+    };
+    let first = start().await;
+    let built = built_token(&first).await;
+    let (status, log) = first.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+
+    let second = start().await;
+    assert_eq!(
+        built_token(&second).await,
+        built,
+        "the template was built again"
+    );
+    let status = second.status().await;
+    assert!(
+        status["postgres"]["databases_space"].is_object(),
+        "{status}"
+    );
+    let (code, log) = second.stop_with_log().await;
+    assert!(code.success(), "{log}");
+    assert!(log.contains("started from the snapshot"), "{log}");
+    assert!(log.contains("template already built template=app"), "{log}");
+    let left: Vec<_> = std::fs::read_dir(&databases.point)
+        .expect("read the room")
+        .collect();
+    assert!(left.is_empty(), "left in the databases' room: {left:?}");
+}
