@@ -325,7 +325,7 @@ DOCKER_BUILDKIT=0 "$DOCKER" build --build-arg BASE_IMAGE="$runtime_image" \
 phase "image checks"
 # No token with a non-loopback listen address: refused (exit 64) before anything starts.
 set +e
-out=$("$DOCKER" run --rm --tmpfs /var/lib/pglease "$image" 2>&1)
+out=$("$DOCKER" run --rm --tmpfs /var/lib/pglease --tmpfs /var/lib/pglease/databases "$image" 2>&1)
 status=$?
 set -e
 if [ "$status" -ne 64 ] || ! grep -q "token" <<<"$out"; then
@@ -333,9 +333,20 @@ if [ "$status" -ne 64 ] || ! grep -q "token" <<<"$out"; then
   exit 1
 fi
 echo "ok: refuses to listen on all interfaces without a token"
+# One tmpfs, none for the databases: refused (exit 64) rather than letting one lease that
+# fills it make postgres restart.
+set +e
+out=$("$DOCKER" run --rm --tmpfs /var/lib/pglease -e PGLEASE_TOKEN=x "$image" 2>&1)
+status=$?
+set -e
+if [ "$status" -ne 64 ] || ! grep -q "databases-dir /var/lib/pglease/databases" <<<"$out"; then
+  echo "expected exit 64 naming --databases-dir without the databases' tmpfs, got $status: $out" >&2
+  exit 1
+fi
+echo "ok: refuses to start without the databases' tmpfs"
 # No tmpfs: refused rather than running fsync-off postgres on the overlay file system.
 set +e
-out=$("$DOCKER" run --rm -e PGLEASE_TOKEN=x "$image" 2>&1)
+out=$("$DOCKER" run --rm -e PGLEASE_TOKEN=x "$image" --no-databases-dir 2>&1)
 status=$?
 set -e
 if [ "$status" -ne 1 ] || ! grep -q "not tmpfs" <<<"$out"; then
@@ -393,6 +404,56 @@ loops_of() {
 }
 cow_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
+phase "the databases' room: a lease that fills it fails alone"
+# As kubernetes/sidecar-job.yaml's non-root sidecar (read-only root, every capability dropped)
+# with its two memory volumes: WAL and the catalogs on the first tmpfs, the databases on the
+# second (pglease.toml's databases_dir), small so that one lease fills it in seconds. With
+# --lease-max-bytes=off the filler is not ended first: it fills the room itself.
+cid=$("$DOCKER" run -d --read-only --cap-drop ALL --security-opt no-new-privileges \
+  --tmpfs /var/lib/pglease:size=256m --tmpfs /var/lib/pglease/databases:size=128m \
+  -e PGLEASE_TOKEN="$cow_token" "$image" --min-ready=1 --lease-max-bytes=off)
+containers+=("$cid")
+wait_ready "$cid"
+filler=$("$DOCKER" exec "$cid" pglease lease --template default)
+bystander=$("$DOCKER" exec "$cid" pglease lease --template default)
+"$DOCKER" exec "$cid" psql "$bystander" -v ON_ERROR_STOP=1 -qc 'CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)'
+"$DOCKER" exec "$cid" psql "$filler" -v ON_ERROR_STOP=1 -qc 'CREATE TABLE fill (n int, pad text)'
+filled=
+for _ in $(seq 40); do
+  # VERBOSITY verbose: the error's SQLSTATE is printed.
+  if ! out=$("$DOCKER" exec "$cid" psql "$filler" -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -qc \
+    "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) FROM generate_series(1, 100000) g" 2>&1); then
+    filled=$out
+    break
+  fi
+done
+if ! grep -q "53100" <<<"$filled" || ! grep -Eq "No space left on device|free disk space" <<<"$filled"; then
+  echo "expected the filler to get 53100 (No space left on device), got: ${filled:-no error in 40 batches}" >&2
+  exit 1
+fi
+echo "ok: the filler got: $(grep -m1 ERROR <<<"$filled")"
+# The other lease still writes (a row that fits its page), and postgres did not restart.
+"$DOCKER" exec "$cid" psql "$bystander" -v ON_ERROR_STOP=1 -qc 'INSERT INTO mine VALUES (2)'
+# The room is measured every 250 ms: a few looks until /status says it is full.
+for _ in $(seq 20); do
+  room=$(status_of "$cid" | python3 -c '
+import json, sys
+postgres = json.load(sys.stdin)["postgres"]
+space = postgres["databases_space"] or {}
+print(postgres["restarts"], space.get("bytes"), space.get("full"))')
+  read -r restarts room_bytes room_full <<<"$room"
+  [ "$room_full" = True ] && break
+  sleep 0.5
+done
+if [ "$restarts" != 0 ] || [ "$room_bytes" != $((128 << 20)) ] || [ "$room_full" != True ]; then
+  echo "expected 0 restarts and the 128 MiB room full in /status, got: $room" >&2
+  "$DOCKER" logs "$cid" 2>&1 | tail -n 30 >&2
+  exit 1
+fi
+echo "ok: the other lease still writes; /status: restarts 0, the databases' room ($room_bytes bytes) full"
+stop_cleanly "$cid"
+"$DOCKER" rm "$cid" >/dev/null
+
 phase "copy-on-write clones: a container makes its store"
 # Root with CAP_SYS_ADMIN and the loop devices: what --privileged gives, narrowed (docker
 # here may not grant every capability --privileged asks for). A read-only root, as in
@@ -407,7 +468,8 @@ for device in /dev/loop-control /dev/loop[0-9]*; do
 done
 cid=$("$DOCKER" run -d --user 0:0 --cap-add SYS_ADMIN "${loop_devices[@]}" \
   --security-opt apparmor=unconfined --read-only --tmpfs /var/lib/pglease:size=1g \
-  -e PGLEASE_TOKEN="$cow_token" "$image" --postgres-version=18 --storage=cow --min-ready=1)
+  -e PGLEASE_TOKEN="$cow_token" "$image" --postgres-version=18 --storage=cow --min-ready=1 \
+  --no-databases-dir)
 containers+=("$cid")
 wait_ready "$cid"
 expect_clones "$cid" cow
@@ -449,7 +511,8 @@ chown 10001:10001 "$xfs_mount"
 # dropped, no privilege escalation.
 cid=$("$DOCKER" run -d --read-only --cap-drop ALL --security-opt no-new-privileges \
   -v "$xfs_mount:/var/lib/pglease" -e PGLEASE_TOKEN="$cow_token" \
-  "$image" --postgres-version=18 --storage=cow --allow-unsafe-on-disk --min-ready=1)
+  "$image" --postgres-version=18 --storage=cow --allow-unsafe-on-disk --min-ready=1 \
+  --no-databases-dir)
 containers+=("$cid")
 wait_ready "$cid"
 expect_clones "$cid" data_dir

@@ -23,6 +23,7 @@ pub(super) struct PostgresFile {
     pub(super) postgres_repository: Option<String>,
     pub(super) data_dir: Option<PathBuf>,
     pub(super) tmpfs_size: Option<String>,
+    pub(super) databases_dir: Option<PathBuf>,
     pub(super) allow_unsafe_on_disk: Option<bool>,
     pub(super) user: Option<String>,
     pub(super) cache_dir: Option<PathBuf>,

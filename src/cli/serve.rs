@@ -234,6 +234,28 @@ pub struct ServeArgs {
     /// fills it gets "No space left on device" and postgres stays up (docs/security.md).
     #[arg(help_heading = "The PostgreSQL server", long, value_name = "SIZE")]
     pub tmpfs_size: Option<String>,
+    /// The databases' room: a directory on a file system of its own (a second tmpfs) where
+    /// every database's files go, apart from WAL and the shared catalogs in --data-dir, so
+    /// that a lease that fills it gets "No space left on device" and postgres stays up
+    /// (docs/security.md). What a daemon that cannot mount (not root, a container) needs
+    /// for that; as root it is used instead of the tmpfs pglease would mount. Refused on
+    /// the data directory's file system.
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        value_name = "DIR",
+        overrides_with = "no_databases_dir"
+    )]
+    pub databases_dir: Option<PathBuf>,
+    /// Overrides databases_dir in the config file's postgres table: the databases share
+    /// the data directory's file system.
+    #[arg(
+        help_heading = "The PostgreSQL server",
+        long,
+        overrides_with = "databases_dir",
+        hide_short_help = true
+    )]
+    pub no_databases_dir: bool,
     /// Allow fsync=off on a data directory that is not tmpfs/ramfs.
     #[arg(
         help_heading = "The PostgreSQL server",

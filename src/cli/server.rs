@@ -119,6 +119,10 @@ fn embedded(
     embedded.tmpfs_size = flag_or_file(&flags.tmpfs_size, &postgres.tmpfs_size)
         .map(|s| parse_size(&s))
         .transpose()?;
+    embedded.databases_dir = match flags.no_databases_dir {
+        true => None,
+        false => flag_or_file(&flags.databases_dir, &postgres.databases_dir),
+    };
     embedded.allow_unsafe_on_disk = switch(
         flags.allow_unsafe_on_disk,
         flags.no_allow_unsafe_on_disk,
@@ -152,6 +156,9 @@ fn embedded(
                 .into(),
         );
     }
+    // A directory that gives no room of its own is refused here, before anything starts
+    // (exit 64), rather than by the pool (exit 1).
+    pglease_pool::postgres::check_databases_dir(&embedded).map_err(|e| e.to_string())?;
     // The config file's settings first, so that a --pg-setting of the same name, applied
     // after them, wins.
     for (key, value) in &postgres.settings {

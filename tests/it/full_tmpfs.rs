@@ -15,7 +15,7 @@ use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
 /// with the hint "Check free disk space".
-fn says_disk_full(message: &str) -> bool {
+pub fn says_disk_full(message: &str) -> bool {
     message.contains("No space left on device") || message.contains("free disk space")
 }
 
@@ -329,6 +329,62 @@ async fn by_default_a_filler_of_the_whole_tmpfs_is_ended_and_the_others_keep_wri
         .await
         .expect("the bystander writes after");
     assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+    assert!(daemon.stop().await.success());
+}
+
+/// Issue 41 row 8: the instance tmpfs pglease mounts (`--tmpfs-size`) is `noexec` (and
+/// `nosuid`, `nodev`), also after the databases' split resized it with a remount, which
+/// sets the flags anew; the log says so at start. Nothing pglease or postgres runs lives
+/// there, while a file a holder makes postgres write there must not become a program.
+#[tokio::test]
+async fn the_instance_tmpfs_pglease_mounts_is_noexec() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --tmpfs-size needs root");
+        return;
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--tmpfs-size", "300M", "--min-ready", "1"])
+        .start()
+        .await;
+    let status = daemon.status().await;
+    assert!(
+        status["postgres"]["databases_space"].is_object(),
+        "the split (and its remount) happened: {status}"
+    );
+    let instance_dir =
+        std::path::PathBuf::from(status["postgres"]["data_dir"].as_str().expect("data dir"))
+            .parent()
+            .expect("instance dir")
+            .to_path_buf();
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    // Fields: id, parent id, major:minor, root, mount point, the mount's own options, …
+    let options = mountinfo
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.get(4) == Some(&instance_dir.to_str().expect("utf-8")))
+        .and_then(|fields| fields.get(5).map(|options| options.to_string()))
+        .unwrap_or_else(|| {
+            panic!(
+                "{} is not a mount point:\n{mountinfo}",
+                instance_dir.display()
+            )
+        });
+    for flag in ["noexec", "nosuid", "nodev"] {
+        assert!(
+            options.split(',').any(|option| option == flag),
+            "{}: {options}",
+            instance_dir.display()
+        );
+    }
+    assert!(
+        daemon
+            .log()
+            .contains("the instance directory's file system is noexec"),
+        "{}",
+        daemon.log()
+    );
+    // postgres runs, as it must with nothing of its own to execute there.
+    write_in_a_lease_of(&daemon, "default", "CREATE TABLE t (n int)").await;
     assert!(daemon.stop().await.success());
 }
 

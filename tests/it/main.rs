@@ -13,6 +13,7 @@ mod connections;
 mod cow;
 mod credentials;
 mod daemon;
+mod databases_dir;
 mod django;
 mod docs;
 mod drivers;

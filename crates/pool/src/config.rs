@@ -447,6 +447,10 @@ pub struct EmbeddedConfig {
     pub data_dir: Option<PathBuf>,
     /// Mount a dedicated tmpfs of this many bytes on the instance directory (root only).
     pub tmpfs_size: Option<u64>,
+    /// The databases' room (`--databases-dir`): a directory on a file system of its own
+    /// where each cluster's `base/` lives, apart from WAL and the shared catalogs
+    /// (`postgres/room.rs`); used instead of the databases' own tmpfs pglease mounts as root.
+    pub databases_dir: Option<PathBuf>,
     /// Where the clusters live: the tmpfs itself or a copy-on-write store made in it.
     pub storage: Storage,
     /// Start even when the data directory is not on tmpfs/ramfs.
@@ -509,6 +513,7 @@ impl EmbeddedConfig {
             binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
             data_dir: None,
             tmpfs_size: None,
+            databases_dir: None,
             storage: Storage::Auto,
             allow_unsafe_on_disk: false,
             pg_user: None,

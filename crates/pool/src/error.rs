@@ -5,6 +5,50 @@ use std::path::PathBuf;
 
 use crate::names::TemplateName;
 
+/// Why `--databases-dir` cannot be used; the daemon refuses to start (exit 64).
+#[derive(Debug, thiserror::Error)]
+pub enum DatabasesDirError {
+    /// It cannot be looked at (missing, or a parent not searchable).
+    #[error("--databases-dir {}: {source}; mount a file system of its own there (a second tmpfs)", path.display())]
+    Unreadable {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is a file, not a directory.
+    #[error("--databases-dir {}: not a directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The daemon cannot make its room in it.
+    #[error("--databases-dir {}: not writable by pglease ({source})", path.display())]
+    NotWritable {
+        /// The directory.
+        path: PathBuf,
+        /// What `access(2)` said.
+        source: nix::Error,
+    },
+    /// On the instance directory's file system it gives the databases no room of their own.
+    #[error(
+        "--databases-dir {} is on the same file system as the instance directory {}: it would \
+         give the databases no room of their own; mount a second tmpfs there",
+        path.display(),
+        instance.display()
+    )]
+    SameFileSystem {
+        /// The directory.
+        path: PathBuf,
+        /// The instance directory (or the nearest existing directory above it).
+        instance: PathBuf,
+    },
+    /// A kept cluster's databases would be left in the room, which the next run cannot
+    /// tell from a stale one.
+    #[error("--databases-dir and --keep-data: a kept cluster needs its databases in the data directory; give one of them")]
+    WithKeepData,
+}
+
 /// Starting (or restarting) postgres failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -91,6 +135,9 @@ pub enum StartError {
         /// Why it failed.
         message: String,
     },
+    /// `--databases-dir` cannot be used (`postgres/room.rs`).
+    #[error(transparent)]
+    DatabasesDir(#[from] DatabasesDirError),
     /// A dedicated tmpfs was requested without the privilege to mount it.
     #[error("--tmpfs-size needs root (or CAP_SYS_ADMIN) to mount a tmpfs on {path}")]
     MountNeedsRoot {

@@ -30,7 +30,9 @@ pub use config::{
     IntegresqlRole, LeaseAuth, LeaseMaxBytes, PoolConfig, PoolLimits, ServerConfig, Storage,
     TemplateConfig, TemplateSource,
 };
-pub use error::{Blocked, LeaseError, LeaseOpError, StartError, TemplateOpError};
+pub use error::{
+    Blocked, DatabasesDirError, LeaseError, LeaseOpError, StartError, TemplateOpError,
+};
 pub use handle::PoolHandle;
 pub use names::{DbName, InvalidName, LeaseId, TemplateName};
 pub use pglease_binaries::{parse_version_number, VersionSpec};

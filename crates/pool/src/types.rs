@@ -283,7 +283,8 @@ pub struct PostgresStatus {
     /// Admin operations (clone, recycle, drop, ...) that hit their time bound since the
     /// server was last (re)connected.
     pub admin_timeouts: u64,
-    /// The databases' own tmpfs (embedded, on tmpfs, as root).
+    /// The databases' own tmpfs (embedded, on tmpfs, as root), or their room in
+    /// `--databases-dir`.
     pub databases_space: Option<DatabasesSpace>,
 }
 
@@ -291,7 +292,7 @@ pub struct PostgresStatus {
 /// shared catalogs: filling it fails the writer, not the server.
 #[derive(Debug, Clone)]
 pub struct DatabasesSpace {
-    /// Its mount point, the cluster's `base/`.
+    /// Its mount point, the cluster's `base/` (a link to the room in `--databases-dir`).
     pub path: PathBuf,
     /// Its size.
     pub bytes: u64,

@@ -97,7 +97,7 @@ impl Cache {
         }
         let tmp = with_suffix(&self.entry, &format!(".tmp-{}", random_hex(6)));
         // The cache belongs to the daemon's user: copy without changing owners.
-        let result = copy_tree(cluster, &tmp, None).and_then(|()| {
+        let result = copy_tree(cluster, &tmp, None, None).and_then(|()| {
             match std::fs::rename(&tmp, &self.entry) {
                 Ok(()) => Ok(()),
                 // Another process filled the entry first: theirs is as good as ours.
@@ -158,17 +158,22 @@ pub(crate) fn run_initdb(
 }
 
 /// Copies the tree at `src` to `dst` (which must not exist), keeping permission bits and
-/// symlinks, and giving everything to `owner` when set.
+/// symlinks, and giving everything to `owner` when set. `room`: the databases' room in
+/// `--databases-dir` that `dst/base` links to (`room.rs`), which the copy fills.
 pub(crate) fn copy_tree(
     src: &Path,
     dst: &Path,
     owner: Option<(u32, u32)>,
+    room: Option<&Path>,
 ) -> Result<(), StartError> {
     let meta = std::fs::symlink_metadata(src).map_err(|e| io_error("cannot stat", src, e))?;
     match std::fs::create_dir(dst) {
         // Made already, empty: a cluster directory whose databases have a tmpfs of their
-        // own (`space.rs`) and that tmpfs' mount point.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && is_real_dir(dst) => {}
+        // own (`space.rs`) and that tmpfs' mount point, or a link to their fresh room in
+        // `--databases-dir` (`room.rs`), `room`: the only link a copy goes through.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::AlreadyExists
+                && (is_real_dir(dst) || room.is_some_and(|room| links_to(dst, room))) => {}
         result => result.map_err(|e| io_error("cannot create", dst, e))?,
     }
     let entries = std::fs::read_dir(src).map_err(|e| io_error("cannot read", src, e))?;
@@ -180,7 +185,7 @@ pub(crate) fn copy_tree(
             .file_type()
             .map_err(|e| io_error("cannot stat", &from, e))?;
         if kind.is_dir() {
-            copy_tree(&from, &to, owner)?;
+            copy_tree(&from, &to, owner, room)?;
         } else if kind.is_symlink() {
             let target =
                 std::fs::read_link(&from).map_err(|e| io_error("cannot read", &from, e))?;
@@ -220,6 +225,11 @@ pub(crate) fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartE
             .map_err(|e| io_error("cannot chown", path, e)),
         None => Ok(()),
     }
+}
+
+/// `path` is a link to `target`.
+fn links_to(path: &Path, target: &Path) -> bool {
+    std::fs::read_link(path).is_ok_and(|link| link == target)
 }
 
 /// `path` is a directory, not a link to one.

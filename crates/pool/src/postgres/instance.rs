@@ -1,6 +1,6 @@
 //! The instance directory: creating it (optionally a dedicated tmpfs mounted on it),
 //! checking that it lives in memory, deciding and making what the clusters live on, giving
-//! the databases a tmpfs of their own, the paths of the clusters in it, and removing it at
+//! the databases a tmpfs of their own (or their room in `--databases-dir`), the paths of the clusters in it, and removing it at
 //! exit. The OS user is `run_as.rs`, the marker `marker.rs`, the sweep of the instances a
 //! killed daemon left behind `sweep.rs`.
 //!
@@ -24,14 +24,15 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::unistd::geteuid;
 use tracing::{info, warn};
 
-use super::filesystem::{check_in_memory, free_bytes, is_mount_point};
+use super::filesystem::{check_in_memory, free_bytes, is_mount_point, total_bytes};
 use super::marker::{read_marker, write_marker, Marker};
+use super::room::{self, Room};
 use super::run_as::{make_private_dir, RunAs};
 use super::space;
 use super::storage::{self, Layout, StorageHints};
 use super::util::{io_error, random_hex};
 use crate::config::{EmbeddedConfig, Storage};
-use crate::error::StartError;
+use crate::error::{DatabasesDirError, StartError};
 use crate::types::StorageStatus;
 
 /// Prefix of the default instance directories under [`SHM_ROOT`], and of cluster dirs.
@@ -42,6 +43,15 @@ pub(crate) const SHM_ROOT: &str = "/dev/shm";
 pub(crate) const CLUSTER_PREFIX: &str = "pgdata-";
 /// Prefix of the temporary initdb output directories inside an instance.
 pub(crate) const INITDB_TMP_PREFIX: &str = "initdb-tmp-";
+
+/// The instance tmpfs pglease mounts: no devices, no setuid, no programs. Nothing runs from
+/// it (postgres and initdb come from their binary directory, the initdb cache and the
+/// downloaded binaries live in the cache root, the copy-on-write store is a file mounted
+/// with its own flags), while a file a lease holder makes postgres write there (`COPY … TO`
+/// as a superuser lease, an extension's files) must not become a program anyone can run.
+const INSTANCE_MOUNT_FLAGS: MsFlags = MsFlags::MS_NOSUID
+    .union(MsFlags::MS_NODEV)
+    .union(MsFlags::MS_NOEXEC);
 
 /// The kernel's limit on a unix socket path, `sizeof(sun_path)` minus the final NUL.
 const MAX_SOCKET_PATH: usize = 107;
@@ -70,8 +80,11 @@ pub(crate) struct Instance {
     created: bool,
     /// We mounted a tmpfs on it (so cleanup unmounts it).
     mounted: bool,
-    /// Each cluster's databases get a tmpfs of their own (`space.rs`): on tmpfs, as root.
+    /// Each cluster's databases get a tmpfs of their own (`space.rs`): on tmpfs, as root;
+    /// or room of their own in `--databases-dir` (then `databases_room` is set too).
     pub databases_space: Option<space::Split>,
+    /// This instance's room in `--databases-dir` (`room.rs`).
+    databases_room: Option<Room>,
 }
 
 impl Instance {
@@ -107,6 +120,7 @@ impl Instance {
             created,
             mounted: false,
             databases_space: None,
+            databases_room: None,
         };
         match instance.set_up(config, hints, run_as) {
             Ok(()) => Ok(instance),
@@ -130,8 +144,9 @@ impl Instance {
         // The marker goes first, so that a crash from here on leaves a sweepable directory.
         write_marker(&self.dir, false)?;
         self.in_memory = check_in_memory(&self.dir, config.allow_unsafe_on_disk)?;
+        log_exec(&self.dir);
         self.choose_storage(config, hints, run_as)?;
-        self.share_space(config)?;
+        self.share_space(config, run_as)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|source| io_error("cannot chmod", &self.dir, source))?;
         run_as.chown(&self.dir)?;
@@ -212,11 +227,24 @@ impl Instance {
         Ok(())
     }
 
-    /// On tmpfs, as root, where clones copy: gives the databases a tmpfs of their own
-    /// (`space.rs`), sized from the dedicated tmpfs (which shrinks to the rest) or from
-    /// what the shared one has free.
-    fn share_space(&mut self, config: &EmbeddedConfig) -> Result<(), StartError> {
-        if self.layout != Layout::Copy || !self.in_memory {
+    /// Where clones copy: gives the databases their room in `--databases-dir` when one is
+    /// given (`room.rs`); else, on tmpfs, as root, a tmpfs of their own (`space.rs`), sized
+    /// from the dedicated tmpfs (which shrinks to the rest) or from what the shared one has
+    /// free.
+    fn share_space(&mut self, config: &EmbeddedConfig, run_as: &RunAs) -> Result<(), StartError> {
+        if self.layout != Layout::Copy {
+            if let Some(dir) = &config.databases_dir {
+                info!(path = %dir.display(), "the databases live in the copy-on-write store, which WAL shares: --databases-dir is not used");
+            }
+            return Ok(());
+        }
+        if let Some(dir) = &config.databases_dir {
+            if config.keep_data {
+                return Err(DatabasesDirError::WithKeepData.into());
+            }
+            return self.use_databases_dir(dir, run_as);
+        }
+        if !self.in_memory {
             return Ok(());
         }
         if config.keep_data {
@@ -248,7 +276,8 @@ impl Instance {
                 None::<&str>,
                 &self.dir,
                 None::<&str>,
-                MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                // The flags are set anew by a remount: the same as at the mount.
+                MsFlags::MS_REMOUNT | INSTANCE_MOUNT_FLAGS,
                 Some(format!("size={}", split.rest).as_str()),
             )
             .map_err(|source| StartError::Sys {
@@ -264,6 +293,33 @@ impl Instance {
         );
         self.databases_space = Some(split);
         Ok(())
+    }
+
+    /// Gives the databases their room in `dir` (`room.rs`), as root too: the operator's
+    /// file system is used instead of a tmpfs pglease would mount. WAL is sized from what
+    /// the instance's file system has free (at most what the root split leaves it).
+    fn use_databases_dir(&mut self, dir: &Path, run_as: &RunAs) -> Result<(), StartError> {
+        room::check(dir, Some(&self.dir))?;
+        let split = space::Split {
+            databases: total_bytes(dir)?,
+            rest: free_bytes(&self.dir)?.min(space::REST_MAX),
+        };
+        let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), random_hex(8));
+        let room = Room::create(dir, &name, run_as)?;
+        info!(
+            path = %room.root.display(),
+            databases = split.databases,
+            rest = split.rest,
+            "the databases have room of their own in --databases-dir, WAL and the shared catalogs the instance directory's file system: a lease that fills its database gets an error, the server stays up"
+        );
+        self.databases_space = Some(split);
+        self.databases_room = Some(room);
+        Ok(())
+    }
+
+    /// The room root in `--databases-dir` each cluster's `base/` goes to, when there is one.
+    pub fn databases_room(&self) -> Option<PathBuf> {
+        self.databases_room.as_ref().map(|room| room.root.clone())
     }
 
     /// The clusters' file system clones files (our store, or a `--data-dir` that does):
@@ -318,7 +374,7 @@ impl Instance {
             Some("pglease"),
             &self.dir,
             Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            INSTANCE_MOUNT_FLAGS,
             Some(options.as_str()),
         )
         .map_err(|source| match source {
@@ -393,6 +449,9 @@ impl Instance {
         }
         // The databases' tmpfs of each cluster (the instance's own tmpfs goes below).
         space::unmount_inside(&self.dir);
+        if let Some(room) = &self.databases_room {
+            room.remove();
+        }
         if self.mounted {
             // Detach: a straggling backend with a file open must not make this fail.
             if let Err(e) = nix::mount::umount2(&self.dir, MntFlags::MNT_DETACH) {
@@ -412,6 +471,22 @@ impl Instance {
                 warn!(path = %self.dir.display(), error = %e, "cannot remove the instance directory")
             }
         }
+    }
+}
+
+/// Says whether the file system of `dir` lets programs run (docker's `--tmpfs` and the
+/// tmpfs pglease mounts are `noexec`; a Kubernetes `emptyDir` and `/dev/shm` usually are
+/// not): a file written there could then be run by whoever can reach it.
+fn log_exec(dir: &Path) {
+    use nix::sys::statvfs::FsFlags;
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(stats) if stats.flags().contains(FsFlags::ST_NOEXEC) => {
+            info!(path = %dir.display(), "the instance directory's file system is noexec: nothing written there can be run")
+        }
+        Ok(_) => {
+            info!(path = %dir.display(), "the instance directory's file system allows running programs (not mounted noexec); mount it noexec where you can (docs/security.md)")
+        }
+        Err(error) => warn!(path = %dir.display(), %error, "cannot statvfs the instance directory"),
     }
 }
 
@@ -437,6 +512,36 @@ pub(crate) fn remove_stale_clusters(instance_dir: &Path, keep: &Path) {
             }
         }
     }
+}
+
+/// Checks `config.databases_dir`, if set, before anything is made: the instance directory
+/// it is compared with is `data_dir` (or the nearest directory above it that exists), else
+/// `/dev/shm`; with `tmpfs_size` the instance gets a file system of its own, so any other
+/// is apart from it. The command line calls this to exit 64 on a bad directory.
+pub fn check_databases_dir(config: &EmbeddedConfig) -> Result<(), DatabasesDirError> {
+    let Some(dir) = config.databases_dir.as_deref() else {
+        return Ok(());
+    };
+    if config.keep_data {
+        return Err(DatabasesDirError::WithKeepData);
+    }
+    let instance = match (&config.data_dir, config.tmpfs_size) {
+        (_, Some(_)) => None,
+        (Some(data_dir), None) => Some(existing_ancestor(data_dir)),
+        (None, None) => Some(PathBuf::from(SHM_ROOT)),
+    };
+    room::check(dir, instance.as_deref())
+}
+
+/// `path`, or the nearest directory above it that exists (a data directory is made at
+/// start when missing).
+fn existing_ancestor(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    absolute
+        .ancestors()
+        .find(|dir| dir.exists())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf()
 }
 
 /// Decides whether a configured directory may be used: `(dir, created)`.

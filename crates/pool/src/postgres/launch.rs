@@ -24,7 +24,7 @@ use super::server_log::{Drain, ServerLog};
 use super::settings::{choose_port, pg_hba, server_args, Place};
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{self, io_error, write_anew};
-use super::{adopted_catalog, adopted_config, snapshot, space};
+use super::{adopted_catalog, adopted_config, room, snapshot, space};
 use crate::config::EmbeddedConfig;
 use crate::error::StartError;
 
@@ -44,8 +44,11 @@ pub(super) struct Launch {
     pub(super) in_memory: bool,
     /// The clusters' file system clones files.
     pub(super) clones: bool,
-    /// The databases get a tmpfs of their own (`space.rs`).
+    /// The databases get a tmpfs of their own (`space.rs`), or room of their own.
     pub(super) databases_space: Option<space::Split>,
+    /// The databases' room root in `--databases-dir` (`room.rs`): each cluster's `base/`
+    /// is a link into it instead of a tmpfs.
+    pub(super) databases_room: Option<PathBuf>,
     pub(super) cache: Option<Cache>,
     pub(super) initdb_args: Vec<String>,
     pub(super) config: EmbeddedConfig,
@@ -75,6 +78,11 @@ impl Launch {
         // directory per generation also gives the new postmaster a new SysV shared
         // memory key, so backends lingering from a killed one cannot block it.
         instance::remove_stale_clusters(&self.clusters_dir, &self.data_dir);
+        if let Some(room_root) = &self.databases_room {
+            // The rooms of those clusters' databases (the links to them went above).
+            let keep = room::cluster_room(room_root, &self.data_dir);
+            instance::remove_stale_clusters(room_root, &keep);
+        }
         let origin = if self.reuse_existing {
             ClusterOrigin::Kept
         } else {
@@ -156,8 +164,9 @@ impl Launch {
     }
 
     /// Removes whatever the data directory holds (its databases' tmpfs first) and, when
-    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs;
-    /// else the fill makes the directory.
+    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs, or
+    /// with `base` a link to their fresh room in `--databases-dir`; else the fill makes
+    /// the directory.
     fn fresh_data_dir(&self) -> Result<(), StartError> {
         space::unmount_inside(&self.data_dir);
         match std::fs::remove_dir_all(&self.data_dir) {
@@ -166,10 +175,17 @@ impl Launch {
             }
             _ => {}
         }
-        match self.databases_space {
-            Some(split) => space::mount(&self.data_dir, split.databases, &self.run_as),
-            None => Ok(()),
+        match (&self.databases_room, self.databases_space) {
+            (Some(room_root), _) => room::make_cluster_dir(&self.data_dir, room_root, &self.run_as),
+            (None, Some(split)) => space::mount(&self.data_dir, split.databases, &self.run_as),
+            (None, None) => Ok(()),
         }
+    }
+
+    /// The room in `--databases-dir` that this cluster's `base` links to, if any.
+    fn cluster_room(&self) -> Option<PathBuf> {
+        let room_root = self.databases_room.as_ref()?;
+        Some(room::cluster_room(room_root, &self.data_dir))
     }
 
     /// Fills the data directory from the snapshot, if there is one and it unpacks.
@@ -178,7 +194,14 @@ impl Launch {
             return Ok(None);
         };
         let path = &found.path;
-        let unpacked = snapshot::extract(found, key, &self.data_dir, self.run_as.owner());
+        let room = self.cluster_room();
+        let unpacked = snapshot::extract(
+            found,
+            key,
+            &self.data_dir,
+            self.run_as.owner(),
+            room.as_deref(),
+        );
         match unpacked {
             Ok(_) => {
                 // No configuration from the snapshot: pglease's own files instead.
@@ -216,7 +239,7 @@ impl Launch {
         };
         if let Some(entry) = cache.lookup() {
             let started = Instant::now();
-            match initdb::copy_tree(entry, &self.data_dir, owner) {
+            match initdb::copy_tree(entry, &self.data_dir, owner, self.cluster_room().as_deref()) {
                 Ok(()) => {
                     info!(
                         from = %entry.display(),
@@ -270,13 +293,18 @@ impl Launch {
         Ok(fresh)
     }
 
-    /// Puts initdb's output in place: renamed, or copied into the databases' tmpfs.
+    /// Puts initdb's output in place: renamed, or copied into the databases' tmpfs or room.
     fn move_into_place(&self, fresh: &Path) -> Result<(), StartError> {
         if self.databases_space.is_none() {
             return std::fs::rename(fresh, &self.data_dir)
                 .map_err(|e| io_error("cannot rename into", &self.data_dir, e));
         }
-        initdb::copy_tree(fresh, &self.data_dir, self.run_as.owner())?;
+        initdb::copy_tree(
+            fresh,
+            &self.data_dir,
+            self.run_as.owner(),
+            self.cluster_room().as_deref(),
+        )?;
         std::fs::remove_dir_all(fresh).map_err(|e| io_error("cannot remove", fresh, e))
     }
 }

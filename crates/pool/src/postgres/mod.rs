@@ -18,11 +18,11 @@
 //! - `settings.rs`: what it runs with: `pg_hba.conf`, its settings, port and host;
 //! - `sweep.rs`: the instances a killed daemon left behind;
 //! - `instance.rs`: the instance directory, its tmpfs and what the clusters live on, which
-//!   `storage.rs` decides; `cow.rs` makes the copy-on-write store, `space.rs` the
-//!   databases' tmpfs;
+//!   `storage.rs` decides; `cow.rs` makes the copy-on-write store;
 //! - `initdb.rs`: initdb and its cache; `snapshot.rs`: snapshot files, `adopted_config.rs`
 //!   the configuration files of a cluster unpacked from one; `binaries.rs`:
 //!   which server, through `pglease-binaries`; `spawn.rs`: the spawner thread;
+//! - `room.rs`: the databases' room in `--databases-dir`; `space.rs`: the databases' tmpfs;
 //! - `marker.rs`: whose instance a directory is; `run_as.rs`: the OS user;
 //!   `filesystem.rs`: tmpfs check, free space, mount points; `util.rs`: shared helpers.
 
@@ -35,6 +35,7 @@ mod initdb;
 mod instance;
 mod launch;
 mod marker;
+mod room;
 mod run_as;
 mod running;
 mod server_log;
@@ -57,6 +58,7 @@ use self::binaries::Binaries;
 pub(crate) use self::cow::used_bytes;
 use self::initdb::Cache;
 pub use self::initdb::ADMIN_USER;
+pub use self::instance::check_databases_dir;
 use self::instance::Instance;
 use self::launch::Launch;
 use self::run_as::RunAs;
@@ -132,7 +134,12 @@ impl Embedded {
         run_as: RunAs,
         cache_root: PathBuf,
     ) -> Result<Embedded, StartError> {
-        let swept = sweep::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+        let mut swept =
+            sweep::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+        // The rooms of the databases a killed daemon left in `--databases-dir`.
+        if let Some(dir) = &config.databases_dir {
+            swept.extend(sweep::sweep_stale(dir, None));
+        }
         if !swept.is_empty() {
             info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
         }
@@ -258,6 +265,7 @@ impl Embedded {
             in_memory: self.instance.in_memory,
             clones: self.instance.clones(),
             databases_space: self.instance.databases_space,
+            databases_room: self.instance.databases_room(),
             cache: self.cache.clone(),
             initdb_args: self.initdb_args.clone(),
             config: (*self.config).clone(),

@@ -348,8 +348,9 @@ fn archive(
     Ok(tar::Archive::new(decoder))
 }
 
-/// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist), owned by
-/// `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
+/// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist, or be empty
+/// but for `base`: a tmpfs, or a link to `room`, the databases' room in `--databases-dir`,
+/// where `base/` then goes), owned by `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
 /// that is not a plain file or directory inside the cluster fails it, naming the entry and
 /// the reason (`unpack.rs`). On error the caller removes `data_dir`.
 ///
@@ -361,6 +362,7 @@ pub fn extract(
     key: &SnapshotKey,
     data_dir: &Path,
     owner: Option<(u32, u32)>,
+    room: Option<&Path>,
 ) -> Result<u64, String> {
     let started = Instant::now();
     let snapshot = &found.path;
@@ -373,10 +375,19 @@ pub fn extract(
     }
     // Everything below happens through this handle, never by a path someone could swap.
     let root = unpack::open_directory(data_dir)?;
+    // With the databases' room in `--databases-dir`, `base` is a link to it (`room.rs`):
+    // the room is opened here, once, by its own path (never through the link), and what
+    // the archive puts under `base/` goes through this handle.
+    let base = room.map(unpack::open_directory).transpose()?;
+    let into = unpack::Into {
+        root: &root,
+        base: base.as_ref(),
+        data_dir,
+    };
     let entries = archive
         .entries()
         .map_err(|e| format!("cannot read the archive: {e}"))?;
-    let bytes = unpack::unpack(entries, &root, data_dir, Path::new(MANIFEST_ENTRY), owner)?;
+    let bytes = unpack::unpack(entries, &into, Path::new(MANIFEST_ENTRY), owner)?;
     // The rest of the stream and the trailer, hashed: the tag must be the checked one.
     archive
         .into_inner()
@@ -491,6 +502,10 @@ fn write_archive(
             .map_err(|e| format!("cannot stat {}: {e}", from.display()))?;
         let written = if name == "pg_wal" && kind.is_dir() {
             append_wal(&mut builder, cluster, &from)
+        } else if name == "base" && kind.is_symlink() {
+            // The databases' room in `--databases-dir` (`room.rs`): what it holds goes in,
+            // as a directory `base`, never the link (which no unpacking would take).
+            std::fs::read_link(&from).and_then(|room| builder.append_dir_all(&name, &room))
         } else if kind.is_dir() {
             builder.append_dir_all(&name, &from)
         } else {

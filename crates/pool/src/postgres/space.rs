@@ -30,7 +30,7 @@ pub(crate) const DIR: &str = "base";
 /// recycled ones, the shared catalogs, an uncached initdb's output on its way, the log.
 const REST_MIN: u64 = 96 << 20;
 /// What the rest of the cluster keeps at most: WAL is bounded by `max_wal_size`.
-const REST_MAX: u64 = 1 << 30;
+pub(crate) const REST_MAX: u64 = 1 << 30;
 /// Below this the databases cannot be given space of their own: initdb's three databases
 /// take 23 MB, a template and a clone of it as much again.
 const DATABASES_MIN: u64 = 64 << 20;

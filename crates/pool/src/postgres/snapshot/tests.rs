@@ -65,6 +65,87 @@ fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
     assert_eq!(mode, 0o700);
 }
 
+/// With the databases' room in `--databases-dir` (`room.rs`), a cluster's `base` is a link
+/// to it: a snapshot packs what the room holds as the directory `base` (not the link, which
+/// no unpacking would take), and unpacking into a data directory whose `base` links to a
+/// fresh room fills the room.
+#[test]
+fn a_cluster_whose_databases_are_in_a_room_packs_and_unpacks_through_it() {
+    let root = tempdir();
+    let cluster = root.join("cluster");
+    fake_cluster(&cluster);
+    let room = root.join("room");
+    std::fs::rename(cluster.join("base"), &room).expect("move base");
+    std::os::unix::fs::symlink(&room, cluster.join("base")).expect("symlink");
+    let path = path_for(&root.join("snaps"), 15);
+    write(&cluster, &manifest(), &path, &key()).expect("write");
+
+    // Into a plain data directory: `base` comes out a directory.
+    let plain = root.join("plain");
+    extract_file(&path, &plain, None).expect("a plain unpack");
+    assert!(std::fs::symlink_metadata(plain.join("base"))
+        .expect("base")
+        .is_dir());
+    assert_eq!(
+        std::fs::read(plain.join("base/1/1259"))
+            .expect("read")
+            .len(),
+        100_000
+    );
+
+    // Into a data directory with its own room: the files land in the room.
+    let out = root.join("out");
+    let out_room = root.join("out-room");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::create_dir(&out_room).expect("mkdir");
+    std::os::unix::fs::symlink(&out_room, out.join("base")).expect("symlink");
+    let found = open(&path, &key()).expect("open");
+    extract(&found, &key(), &out, None, Some(&out_room)).expect("unpack into the room");
+    assert_eq!(
+        std::fs::read(out_room.join("1/1259")).expect("read").len(),
+        100_000
+    );
+    assert!(std::fs::symlink_metadata(out.join("base"))
+        .expect("base")
+        .is_symlink());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The room changes nothing for a hostile entry: below `base/` it is refused as anywhere
+/// else, and nothing is written through a link the archive brings.
+#[test]
+fn a_hostile_entry_under_base_is_refused_in_the_room_too() {
+    let root = tempdir();
+    let outside = root.join("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    let out = root.join("out");
+    let room = root.join("room");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::create_dir(&room).expect("mkdir");
+    std::os::unix::fs::symlink(&room, out.join("base")).expect("symlink");
+    let path = root.join("hostile.pgsnap");
+    hostile_snapshot(
+        &path,
+        vec![
+            dir("base"),
+            link(
+                "base/1",
+                tar::EntryType::Symlink,
+                outside.to_str().expect("utf-8"),
+            ),
+            file("base/1/1259", b"overwritten"),
+        ],
+    );
+    let found = open(&path, &key()).expect("open");
+    let error = extract(&found, &key(), &out, None, Some(&room)).expect_err("a link in base");
+    assert!(
+        error.contains("\"base/1\"") && error.contains("symbolic link"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_dir(&outside).expect("read").count(), 0);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn a_snapshot_of_another_major_or_initdb_setting_is_passed_over() {
     let root = tempdir();
@@ -148,7 +229,7 @@ fn manifest_of(path: &Path) -> Result<Manifest, String> {
 /// Unpacks `path` as a start does: opened and checked under [`key`], then extracted.
 fn extract_file(path: &Path, out: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let found = open(path, &key()).map_err(|e| e.to_string())?;
-    extract(&found, &key(), out, owner)
+    extract(&found, &key(), out, owner, None)
 }
 
 /// `stream` with a valid trailer under `key` appended.
@@ -425,10 +506,14 @@ fn a_link_already_in_the_data_directory_is_not_followed() {
     let found = open(&path, &key()).expect("open");
     let mut archive = archive(found.sealed.reader(&key())).expect("open");
     let handle = unpack::open_directory(&out).expect("open the data directory");
+    let into = unpack::Into {
+        root: &handle,
+        base: None,
+        data_dir: &out,
+    };
     let result = unpack::unpack(
         archive.entries().expect("entries"),
-        &handle,
-        &out,
+        &into,
         Path::new(MANIFEST_ENTRY),
         server_owner(),
     );

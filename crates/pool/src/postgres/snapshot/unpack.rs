@@ -68,6 +68,9 @@ const TOP_LEVEL: &[(&str, bool)] = &[
     ("pg_xact", true),
 ];
 
+/// The data directory's databases, which may be a link to their room (`Into::base`).
+const BASE: &str = "base";
+
 /// The configuration files postgres reads from its data directory: never taken from a
 /// snapshot, the start writes them.
 pub(super) const CONFIG_FILES: &[&str] = &[
@@ -134,13 +137,24 @@ pub(super) fn make_private(dir: &OwnedFd, owner: Option<(u32, u32)>) -> Result<(
     set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
 }
 
+/// Where a snapshot is unpacked: handles opened by the caller.
+pub(super) struct Into<'a> {
+    /// The empty data directory.
+    pub root: &'a OwnedFd,
+    /// The databases' room in `--databases-dir` that the data directory's `base` links to
+    /// (`room.rs`): the archive's `base/` goes there, through this handle, instead of
+    /// through the link (which [`open_parent`] refuses like any other).
+    pub base: Option<&'a OwnedFd>,
+    /// The data directory's path, for errors.
+    pub data_dir: &'a Path,
+}
+
 /// Unpacks every entry of `entries` but the manifest (`skip`) into the empty directory
-/// `root` (the data directory, named `data_dir` in errors), owned by `owner` when set.
-/// Returns the bytes unpacked.
+/// `into.root` (the data directory, named `into.data_dir` in errors), owned by `owner` when
+/// set. Returns the bytes unpacked.
 pub(super) fn unpack<R: Read>(
     entries: tar::Entries<'_, R>,
-    root: &OwnedFd,
-    data_dir: &Path,
+    into: &Into<'_>,
     skip: &Path,
     owner: Option<(u32, u32)>,
 ) -> Result<u64, String> {
@@ -172,11 +186,19 @@ pub(super) fn unpack<R: Read>(
         }
         let parent_dir = match last_parent.take() {
             Some((path, fd)) if path == parent => fd,
-            _ => open_parent(root, &parent, &name, data_dir)?,
+            _ => open_parent(into, &parent, &name)?,
         };
         let failed = |action: &str, e: Errno| {
             format!("cannot {action} {name:?}: {}", std::io::Error::from(e))
         };
+        if kind == EntryType::Directory && parent.as_os_str().is_empty() && last == BASE {
+            if let Some(base) = into.base {
+                // The room: made already, empty; only its mode and owner are set.
+                set_mode_and_owner(base.as_fd(), DIR_MODE, owner)
+                    .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+                continue;
+            }
+        }
         if kind == EntryType::Directory {
             // mkdirat makes the directory or fails: it never follows a link at `last`. One
             // there already (`base/`, the databases' tmpfs) is opened below, never a link.
@@ -242,17 +264,22 @@ fn plain_path(name: &Path) -> Result<(PathBuf, &OsStr), String> {
 
 /// The directory `parent` below `root`, opened one component at a time without following
 /// links: each component must be a directory this unpacking made.
-fn open_parent(
-    root: &OwnedFd,
-    parent: &Path,
-    name: &Path,
-    data_dir: &Path,
-) -> Result<OwnedFd, String> {
-    let mut dir = root
+fn open_parent(into: &Into<'_>, parent: &Path, name: &Path) -> Result<OwnedFd, String> {
+    let mut components = parent.components().peekable();
+    let mut walked = into.data_dir.to_path_buf();
+    // Under `base/` with the databases' room: from the room's handle.
+    let start = match into.base {
+        Some(base) if components.peek().is_some_and(|c| c.as_os_str() == BASE) => {
+            components.next();
+            walked.push(BASE);
+            base
+        }
+        _ => into.root,
+    };
+    let mut dir = start
         .try_clone()
         .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
-    let mut walked = data_dir.to_path_buf();
-    for component in parent.components() {
+    for component in components {
         walked.push(component);
         dir = match nix::fcntl::openat(
             &dir,

@@ -1,0 +1,335 @@
+//! The databases' room an operator gives (`--databases-dir`, issue 41 row 8): a daemon that
+//! cannot mount (a container's; here root without CAP_SYS_ADMIN) keeps every database on a
+//! second tmpfs, apart from WAL and the shared catalogs, so that a lease that fills it gets
+//! SQLSTATE 53100 and the server stays up; a directory that would give no room of its own is
+//! refused before anything starts (exit 64). The test makes both tmpfs mounts (root).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::full_tmpfs::says_disk_full;
+use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
+
+/// A tmpfs the test mounts (root), unmounted and removed when dropped.
+struct Tmpfs {
+    point: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(point: &Path, options: &str) -> Tmpfs {
+        std::fs::create_dir_all(point).expect("mount point");
+        nix::mount::mount(
+            Some("pglease-test"),
+            point,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(options),
+        )
+        .expect("mount a tmpfs");
+        Tmpfs {
+            point: point.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.point, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.point);
+    }
+}
+
+/// docs/security.md, "a lease holder fills the storage", for a daemon that cannot mount:
+/// with `--databases-dir` on a tmpfs of its own, the filler's writes fail with 53100, the
+/// bystander keeps writing, postgres is not restarted, `/status` shows the databases' room;
+/// at the stop the room is emptied. Without the option (the same daemon, one tmpfs) postgres
+/// PANICs on its next WAL or checkpoint write and restarts, ending every lease.
+#[tokio::test]
+async fn a_lease_that_fills_the_databases_dir_fails_alone() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test mounts its two tmpfs (root)");
+        return;
+    }
+    let scratch = scratch_dir("databases-dir-fill");
+    let instance = Tmpfs::mount(&scratch.join("instance"), "size=300m,mode=0755");
+    let databases = Tmpfs::mount(&scratch.join("databases"), "size=150m,mode=0755");
+    let data_dir = instance.point.join("data");
+    let daemon = TestDaemon::builder()
+        // As a container's root: it cannot mount the databases a tmpfs of its own.
+        .wrapped_in(
+            "setpriv",
+            ["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"],
+        )
+        .args([
+            "--data-dir",
+            data_dir.to_str().expect("utf-8"),
+            "--databases-dir",
+            databases.point.to_str().expect("utf-8"),
+            "--min-ready",
+            "1",
+            "--lease-max-bytes",
+            "off",
+        ])
+        .start()
+        .await;
+    let status = poll_until(Duration::from_secs(10), "the room measured", || async {
+        let status = daemon.status().await;
+        (status["postgres"]["databases_space"]["bytes"].as_u64() > Some(0)).then_some(status)
+    })
+    .await;
+    let room = status["postgres"]["databases_space"]["bytes"]
+        .as_u64()
+        .expect("bytes");
+    assert_eq!(room, 150 << 20, "the room is the second tmpfs: {status}");
+    assert!(
+        daemon
+            .log()
+            .contains("the databases have room of their own in --databases-dir"),
+        "{}",
+        daemon.log()
+    );
+
+    let filler = daemon.lease_ok("default").await;
+    let bystander = daemon.lease_ok("default").await;
+    let other = connect(&bystander).await.expect("the bystander connects");
+    other
+        .batch_execute("CREATE TABLE mine (n int); INSERT INTO mine VALUES (1)")
+        .await
+        .expect("the bystander writes");
+    let client = connect(&filler).await.expect("the filler connects");
+    client
+        .batch_execute("CREATE TABLE fill (n int, pad text)")
+        .await
+        .expect("create");
+    let mut error = None;
+    for _ in 0..40 {
+        let insert = client
+            .batch_execute(
+                "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
+                 FROM generate_series(1, 100000) g",
+            )
+            .await;
+        if let Err(e) = insert {
+            error = Some(e);
+            break;
+        }
+    }
+    let error = error.expect("the room never filled");
+    let db_error = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not an error of the filler's own statement: {error:?}"));
+    assert_eq!(
+        db_error.code(),
+        &tokio_postgres::error::SqlState::DISK_FULL,
+        "{db_error:?}"
+    );
+    // "No space left on device", or for a short write "wrote only N of M bytes" with the
+    // hint "Check free disk space".
+    assert!(
+        says_disk_full(db_error.message()) || db_error.hint().is_some_and(says_disk_full),
+        "{db_error:?}"
+    );
+
+    // Churn in the full room, as a suite does: rows deleted, their room reused. The data
+    // stays the size it is, but WAL grows by every row (tens of MB: several segments, and
+    // checkpoints as `max_wal_size` is passed): it has the instance's tmpfs, which the room's filling left alone.
+    for _ in 0..3 {
+        for statement in [
+            "DELETE FROM fill WHERE n % 2 = 0",
+            "VACUUM fill",
+            "INSERT INTO fill SELECT g * 2, md5(g::text) || md5((g + 1)::text) \
+             FROM generate_series(1, 100000) g",
+        ] {
+            match client.batch_execute(statement).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {}
+                Err(e) => panic!("`{statement}` in the full room: {e:?}"),
+            }
+        }
+    }
+    // The server stayed up: the bystander's session and data are there and it writes on.
+    let rows = other
+        .query("SELECT count(*) FROM mine", &[])
+        .await
+        .expect("the bystander's connection survived");
+    assert_eq!(rows[0].get::<_, i64>(0), 1);
+    other
+        .batch_execute("INSERT INTO mine VALUES (2)")
+        .await
+        .expect("a row that fits its page");
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+    let database = filler["database"].as_str().expect("database").to_owned();
+    poll_until(
+        Duration::from_secs(10),
+        "/status to name the filler",
+        || {
+            let daemon = &daemon;
+            let database = database.clone();
+            async move {
+                let status = daemon.status().await;
+                (status["postgres"]["databases_space"]["filled_by"]["database"]
+                    == database.as_str())
+                .then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Releasing the filler makes room, and a fresh lease writes.
+    drop(client);
+    let (code, _) = daemon.release(&id_of(&filler), false).await;
+    assert_eq!(code, 204);
+    poll_until(Duration::from_secs(20), "room again", || async {
+        let status = daemon.status().await;
+        (status["postgres"]["databases_space"]["full"] == false).then_some(())
+    })
+    .await;
+    let fresh = daemon.lease_ok("default").await;
+    connect(&fresh)
+        .await
+        .expect("a new lease connects")
+        .batch_execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g")
+        .await
+        .expect("a new lease writes");
+    assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
+    assert!(daemon.stop().await.success());
+    let left: Vec<_> = std::fs::read_dir(&databases.point)
+        .expect("read the room")
+        .collect();
+    assert!(left.is_empty(), "left in the databases' room: {left:?}");
+    assert!(!data_dir.exists(), "the instance directory is removed");
+}
+
+/// A `--databases-dir` that gives no room of its own is refused with exit 64 and one line
+/// naming why: on the instance directory's file system, not a directory, missing, or not
+/// writable (a read-only tmpfs, root being allowed everything else).
+#[tokio::test]
+async fn a_databases_dir_that_gives_no_room_of_its_own_is_refused() {
+    let scratch = scratch_dir("databases-dir-refused");
+    let data_dir = scratch.join("data");
+    let same = scratch.join("same");
+    std::fs::create_dir(&same).expect("mkdir");
+    let file = scratch.join("file");
+    std::fs::write(&file, b"x").expect("write");
+    let mut cases = vec![
+        (
+            same.clone(),
+            "is on the same file system as the instance directory",
+        ),
+        (file, "not a directory"),
+        (scratch.join("missing"), "No such file or directory"),
+    ];
+    let read_only = nix::unistd::geteuid()
+        .is_root()
+        .then(|| Tmpfs::mount(&scratch.join("read-only"), "size=1m"))
+        .inspect(|tmpfs| {
+            nix::mount::mount(
+                None::<&str>,
+                &tmpfs.point,
+                None::<&str>,
+                nix::mount::MsFlags::MS_REMOUNT | nix::mount::MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .expect("remount read-only");
+        });
+    if let Some(tmpfs) = &read_only {
+        cases.push((tmpfs.point.clone(), "not writable"));
+    }
+    for (dir, why) in cases {
+        let (status, log) = TestDaemon::builder()
+            .args([
+                "--data-dir",
+                data_dir.to_str().expect("utf-8"),
+                "--databases-dir",
+                dir.to_str().expect("utf-8"),
+            ])
+            .run_to_exit();
+        assert_eq!(status.code(), Some(64), "{dir:?}: {log}");
+        assert_eq!(log.trim().lines().count(), 1, "{dir:?}: {log}");
+        assert!(
+            log.starts_with("pglease: --databases-dir") && log.contains(why),
+            "{dir:?}: {log}"
+        );
+    }
+    assert!(!data_dir.exists(), "nothing was made");
+    // --keep-data would leave a kept cluster's databases in the room.
+    let (status, log) = TestDaemon::builder()
+        .args([
+            "--databases-dir",
+            "/nonexistent-is-not-looked-at",
+            "--keep-data",
+        ])
+        .run_to_exit();
+    assert_eq!(status.code(), Some(64), "{log}");
+    assert!(log.contains("--keep-data"), "{log}");
+}
+
+/// The token the lease's template recorded when it was built.
+async fn built_token(daemon: &TestDaemon) -> String {
+    let lease = daemon.lease_ok("app").await;
+    let client = connect(&lease).await.expect("connect");
+    let row = client
+        .query_one("SELECT token FROM built", &[])
+        .await
+        .expect("query");
+    row.get(0)
+}
+
+/// A snapshot (`--snapshot-dir`) of a cluster whose databases are in the room is written
+/// from what the room holds and started from again into a fresh room: the template built in
+/// the first run is leased in the second without a build (same token), from the room.
+#[tokio::test]
+async fn a_snapshot_round_trips_through_the_databases_room() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test mounts a tmpfs (root)");
+        return;
+    }
+    let scratch = scratch_dir("databases-dir-snapshot");
+    let databases = Tmpfs::mount(&scratch.join("databases"), "size=200m,mode=0755");
+    let migrations = scratch.join("migrations");
+    std::fs::create_dir(&migrations).expect("mkdir");
+    std::fs::write(
+        migrations.join("001.sql"),
+        "CREATE TABLE built (token text); INSERT INTO built SELECT md5(random()::text);",
+    )
+    .expect("write");
+    let snapshots = scratch.join("snapshots");
+    let start = || {
+        TestDaemon::builder()
+            .args([
+                "--databases-dir",
+                databases.point.to_str().expect("utf-8"),
+                "--snapshot-dir",
+                snapshots.to_str().expect("utf-8"),
+                "--template",
+                &format!("app=migrations:{}", migrations.display()),
+            ])
+            .start()
+    };
+    let first = start().await;
+    let built = built_token(&first).await;
+    let (status, log) = first.stop_with_log().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("wrote the snapshot"), "{log}");
+
+    let second = start().await;
+    assert_eq!(
+        built_token(&second).await,
+        built,
+        "the template was built again"
+    );
+    let status = second.status().await;
+    assert!(
+        status["postgres"]["databases_space"].is_object(),
+        "{status}"
+    );
+    let (code, log) = second.stop_with_log().await;
+    assert!(code.success(), "{log}");
+    assert!(log.contains("started from the snapshot"), "{log}");
+    assert!(log.contains("template already built template=app"), "{log}");
+    let left: Vec<_> = std::fs::read_dir(&databases.point)
+        .expect("read the room")
+        .collect();
+    assert!(left.is_empty(), "left in the databases' room: {left:?}");
+}
