@@ -42,7 +42,8 @@ echo "==> docker load from the archive, as a machine without a registry" >&2
 "$docker" image inspect "$tag" >/dev/null
 
 token=image-check-token
-"$docker" run -d --name "$name" -e PGLEASE_TOKEN="$token" --tmpfs /var/lib/pglease:size=1g "$tag" >/dev/null
+"$docker" run -d --name "$name" -e PGLEASE_TOKEN="$token" --tmpfs /var/lib/pglease:size=1g \
+  --tmpfs /var/lib/pglease/databases:size=1g "$tag" >/dev/null
 for _ in $(seq 1 150); do
   status=$("$docker" inspect -f '{{.State.Health.Status}}' "$name" 2>/dev/null || echo missing)
   [ "$status" = healthy ] && break

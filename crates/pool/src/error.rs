@@ -33,7 +33,8 @@ pub enum DatabasesDirError {
     /// On the instance directory's file system it gives the databases no room of their own.
     #[error(
         "--databases-dir {} is on the same file system as the instance directory {}: it would \
-         give the databases no room of their own; mount a second tmpfs there",
+         give the databases no room of their own; mount a second tmpfs there (or run with \
+         --no-databases-dir, and a lease that fills the room makes postgres restart)",
         path.display(),
         instance.display()
     )]
