@@ -34,6 +34,7 @@ mod lease_bytes;
 mod leases;
 mod majors;
 mod metrics;
+mod notify_queue;
 mod packaging;
 mod privileges;
 mod proof;

@@ -118,6 +118,7 @@ impl Launch {
                     clones: self.clones,
                     major: snapshot::major_of(&self.binaries.version),
                     rest: self.databases_space.map(|split| split.rest),
+                    notify_queue: self.databases_space.map(|split| split.notify_queue),
                 },
             ),
             cwd: self.instance_dir.clone(),
@@ -156,8 +157,8 @@ impl Launch {
     }
 
     /// Removes whatever the data directory holds (its databases' tmpfs first) and, when
-    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs;
-    /// else the fill makes the directory.
+    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs and
+    /// the notification queue's; else the fill makes the directory.
     fn fresh_data_dir(&self) -> Result<(), StartError> {
         space::unmount_inside(&self.data_dir);
         match std::fs::remove_dir_all(&self.data_dir) {
@@ -167,7 +168,10 @@ impl Launch {
             _ => {}
         }
         match self.databases_space {
-            Some(split) => space::mount(&self.data_dir, split.databases, &self.run_as),
+            Some(split) => {
+                space::mount(&self.data_dir, split.databases, &self.run_as)?;
+                space::mount_notify_queue(&self.data_dir, split.notify_queue, &self.run_as)
+            }
             None => Ok(()),
         }
     }
