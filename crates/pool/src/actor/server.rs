@@ -181,7 +181,8 @@ impl Actor {
             return;
         }
         if status.as_deref() == Some("stopping") {
-            let reason = "postgres is shutting down, asked by something other than pglease                           (a SIGTERM or pg_ctl stop; postmaster.pid says \"stopping\"): it \
+            let reason = "postgres is shutting down, asked by something other than pglease \
+                          (a SIGTERM or pg_ctl stop; postmaster.pid says \"stopping\"): it \
                           refuses new connections";
             tracing::error!(
                 pid = self.running.as_ref().map(|r| r.pid),
