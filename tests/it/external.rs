@@ -447,3 +447,82 @@ async fn a_build_that_loses_its_connection_is_not_blamed_on_its_sql() {
         .expect("the template's table");
     assert!(daemon.stop().await.success());
 }
+
+/// docs/security.md: an external server someone stops (`pg_ctl stop -m smart`, a SIGTERM)
+/// sits in smart shutdown while any session is open, a holder's here, refusing every new
+/// connection with 57P03. Before, pglease went on granting leases on it that could not
+/// connect, with `/status` saying all was well, for as long as any session lasted. Now a
+/// new connection a second tells it: `/lease` answers 503 naming the reason, `/status`
+/// says why, and once the server is back (its operator's to restart) leases work again.
+#[tokio::test]
+async fn an_external_server_that_is_shutting_down_is_let_go_until_it_is_back() {
+    let mut server = PlainPostgres::start("smart-shutdown");
+    let args = vec![
+        "--postgres-url".to_owned(),
+        server.url(),
+        "--min-ready".to_owned(),
+        "1".to_owned(),
+    ];
+    let daemon = TestDaemon::builder().args(args).start().await;
+    let held = daemon.lease_ok("default").await;
+    let session = connect(&held).await.expect("connect with the held lease");
+
+    server.begin_smart_shutdown();
+    let sent = Instant::now();
+    let refused = support::poll_until(
+        Duration::from_secs(15),
+        "a lease refused while the server shuts down",
+        || async {
+            let (code, body) = daemon
+                .lease(serde_json::json!({ "template": "default" }))
+                .await;
+            (code != 201).then_some((code, body))
+        },
+    )
+    .await;
+    let took = sent.elapsed();
+    let (code, body) = refused;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["error"]["code"], "postgres_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the external postgres server is shutting down"),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(5), "noticed only after {took:?}");
+    let status = daemon.status().await;
+    let reason = status["postgres"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("shutting down"), "{status}");
+    // The holder's session is the server's, not pglease's to end.
+    session
+        .simple_query("SELECT 1")
+        .await
+        .expect("the held session goes on");
+
+    // The last session ends, the shutdown finishes (pglease holds no session there any
+    // more), the operator starts the server again: leases work again.
+    drop(session);
+    support::poll_until(Duration::from_secs(20), "the shutdown to finish", || {
+        let exited = server.has_exited();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    server.restart();
+    support::poll_until(
+        Duration::from_secs(30),
+        "a lease whose URL connects",
+        || async {
+            let (code, lease) = daemon
+                .lease(serde_json::json!({ "template": "default" }))
+                .await;
+            if code != 201 {
+                return None;
+            }
+            connect(&lease).await.ok().map(|_| ())
+        },
+    )
+    .await;
+    assert!(daemon.stop().await.success());
+}

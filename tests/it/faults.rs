@@ -397,5 +397,7 @@ async fn a_postmaster_someone_else_stops_is_taken_back() {
     );
     let reason = after["postgres"]["last_error"].as_str().unwrap_or_default();
     assert!(reason.contains("shutting down"), "{reason}");
+    // One sentence, not a source line's indentation in the middle of it.
+    assert!(!reason.contains("  "), "{reason:?}");
     assert!(daemon.stop().await.success());
 }

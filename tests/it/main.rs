@@ -37,6 +37,7 @@ mod lease_bytes;
 mod leases;
 mod majors;
 mod metrics;
+mod notify_queue;
 mod packaging;
 mod privileges;
 mod projects;

@@ -95,10 +95,11 @@ struct Actor {
     server: u8,
     /// When the sources of failed templates are looked at next (a pace for file I/O).
     failed_sources_at: Instant,
-    /// When the postmaster's status line (`postmaster.pid`) is read next, and whether a read
-    /// is under way: a shutdown someone else asked for shows there first (`server.rs`).
-    postmaster_status_at: Instant,
-    postmaster_status_pending: bool,
+    /// When the server is next checked for a shutdown someone else asked for, and whether
+    /// a check is under way (`server.rs`): our postmaster's status line (`postmaster.pid`),
+    /// or whether an external server takes a new connection.
+    shutdown_check_at: Instant,
+    shutdown_check_pending: bool,
     /// The copy-on-write store whose usage the byte budget is judged by, while the server
     /// runs with `file_copy_method = clone` there (`measure_store`), and what its file
     /// system held before the cluster was put there (its own metadata, and on an

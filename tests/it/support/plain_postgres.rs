@@ -18,6 +18,8 @@ pub struct PlainPostgres {
     dir: PathBuf,
     /// The directory of the `postgres` and `initdb` it runs.
     pub bin_dir: PathBuf,
+    /// Its extra `-c name=value` settings, for a restart.
+    settings: Vec<String>,
 }
 
 /// The server binaries, found once per test process the way `pglease serve` finds its own
@@ -104,36 +106,38 @@ impl PlainPostgres {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let log = std::fs::File::create(dir.join("log")).expect("log file");
-        let mut postgres = Command::new(bin.join("postgres"));
-        postgres
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(&dir)
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
-            .args(settings.iter().flat_map(|setting| ["-c", setting]))
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(log);
-        if let Some((uid, gid)) = user {
-            postgres.uid(uid).gid(gid);
-        }
-        let child = postgres.spawn().expect("spawn postgres");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "plain postgres did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let settings: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
+        let child = spawn_server(&bin, &dir, port, &settings);
         PlainPostgres {
             child,
             port,
             dir,
             bin_dir: bin,
+            settings,
         }
+    }
+
+    /// Begins a smart shutdown, as `pg_ctl stop -m smart` does (a SIGTERM to the
+    /// postmaster): the server keeps the sessions it has and refuses new ones (57P03) until
+    /// they have all ended.
+    pub fn begin_smart_shutdown(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+            .expect("SIGTERM to the plain postgres");
+    }
+
+    /// Whether the postmaster has exited (its shutdown finished).
+    pub fn has_exited(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .expect("wait for the plain postgres")
+            .is_some()
+    }
+
+    /// Starts the server again on its data directory and port, once it has exited.
+    pub fn restart(&mut self) {
+        assert!(self.has_exited(), "restart: the plain postgres still runs");
+        self.child = spawn_server(&self.bin_dir, &self.dir, self.port, &self.settings);
     }
 
     /// Superuser URL.
@@ -163,6 +167,45 @@ impl PlainPostgres {
             }
         }
     }
+}
+
+/// Starts postgres on `dir`'s data directory with `settings`; returns once it accepts TCP
+/// connections on `port`.
+fn spawn_server(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    port: u16,
+    settings: &[String],
+) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log"))
+        .expect("log file");
+    let mut postgres = Command::new(bin.join("postgres"));
+    postgres
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+        .args(settings.iter().flat_map(|setting| ["-c", setting]))
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(log);
+    if let Some((uid, gid)) = run_as() {
+        postgres.uid(uid).gid(gid);
+    }
+    let child = postgres.spawn().expect("spawn postgres");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "plain postgres did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for PlainPostgres {

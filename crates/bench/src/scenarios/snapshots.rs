@@ -2,8 +2,12 @@
 //! (an empty `--cache-dir`: initdb runs) until the first lease of a template, building it
 //! from its sources, against the same start from a snapshot (`--snapshot-dir`, which
 //! replaces both initdb and the build). A third path, the build with the initdb cache warm,
-//! shows what the snapshot saves over a runner that caches only that. The paths alternate
-//! run by run, so drift on this shared machine hits them alike.
+//! shows what the snapshot saves over a runner that caches only that. A snapshot is used
+//! only under the key that sealed it: the snapshot path runs with the first runner's cache
+//! root (where its `snapshot.key` is), and a fourth path, a runner with an empty cache root
+//! of its own, shares that key through `--snapshot-key-file`, as CI runners do. Both check
+//! in the daemon's log that the snapshot was unpacked. The paths alternate run by run, so
+//! drift on this shared machine hits them alike.
 //!
 //! Templates: the fixture (migrations), and in full mode the ~1 GB dump template when
 //! scenario 10 ran in the same invocation (its dump is reused).
@@ -42,10 +46,15 @@ pub struct SnapshotCase {
     pub cold_build: Summary,
     /// Spawn → first lease with the initdb cache warm: the build only.
     pub warm_build: Summary,
-    /// Spawn → first lease from the snapshot (initdb cache empty).
+    /// Spawn → first lease from the snapshot, with the cache root that holds its key.
     pub snapshot: Summary,
+    /// Spawn → first lease from the snapshot on a runner with an empty cache root of its
+    /// own, the key given with `--snapshot-key-file`.
+    pub snapshot_shared_key: Summary,
     /// cold_build ÷ snapshot (medians).
     pub cold_vs_snapshot: f64,
+    /// cold_build ÷ snapshot_shared_key (medians).
+    pub cold_vs_shared_key: f64,
     /// warm_build ÷ snapshot (medians).
     pub warm_vs_snapshot: f64,
     /// The target for cold_vs_snapshot, when it names one.
@@ -91,20 +100,33 @@ async fn case(
     let save_stop = daemon.stop().await?;
     let snapshot_mb = snapshot_mb(&snapshots)?;
 
-    let (mut cold, mut warm, mut from_snapshot) = (Vec::new(), Vec::new(), Vec::new());
+    // The key the first runner made beside its initdb cache, which sealed the snapshot.
+    let key_file = warm_cache.join("snapshot.key");
+    let (mut cold, mut warm, mut from_snapshot, mut shared_key) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         eprintln!("[bench] 11 {template}: run {} of {runs}", run + 1);
         let empty = dir.join(format!("empty-cache-{run}"));
         cold.push(start(ctx, template, &template_args, &empty, None).await?);
         warm.push(start(ctx, template, &template_args, &warm_cache, None).await?);
-        let empty = dir.join(format!("empty-cache-s{run}"));
-        from_snapshot.push(start(ctx, template, &template_args, &empty, Some(&snapshots)).await?);
+        let adopt = Adopt {
+            snapshots: &snapshots,
+            key_file: None,
+        };
+        from_snapshot.push(start(ctx, template, &template_args, &warm_cache, Some(adopt)).await?);
+        let empty = dir.join(format!("empty-cache-k{run}"));
+        let adopt = Adopt {
+            snapshots: &snapshots,
+            key_file: Some(&key_file),
+        };
+        shared_key.push(start(ctx, template, &template_args, &empty, Some(adopt)).await?);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let (cold, warm, from_snapshot) = (
+    let (cold, warm, from_snapshot, shared_key) = (
         Summary::of(&cold),
         Summary::of(&warm),
         Summary::of(&from_snapshot),
+        Summary::of(&shared_key),
     );
     let ratio = |a: f64, b: f64| if b > 0.0 { round3(a / b) } else { 0.0 };
     Ok(SnapshotCase {
@@ -112,40 +134,67 @@ async fn case(
         snapshot_mb: round3(snapshot_mb),
         save_stop_ms: round3(save_stop.as_secs_f64() * 1e3),
         cold_vs_snapshot: ratio(cold.p50_ms, from_snapshot.p50_ms),
+        cold_vs_shared_key: ratio(cold.p50_ms, shared_key.p50_ms),
         warm_vs_snapshot: ratio(warm.p50_ms, from_snapshot.p50_ms),
         cold_build: cold,
         warm_build: warm,
         snapshot: from_snapshot,
+        snapshot_shared_key: shared_key,
         target,
     })
 }
 
-/// One start with `cache_dir` (created if missing) and, when given, the snapshot
-/// directory: spawn → first lease of `template`.
+/// A start from the snapshot in `snapshots`, with the key in `key_file`
+/// (`--snapshot-key-file`), else the one in the cache root.
+#[derive(Clone, Copy)]
+struct Adopt<'a> {
+    snapshots: &'a Path,
+    key_file: Option<&'a Path>,
+}
+
+/// What the daemon logs when it unpacked a snapshot (`postgres/snapshot.rs`).
+const UNPACKED: &str = "unpacked the snapshot";
+
+/// One start with `cache_dir` (created if missing) and, when given, the snapshot to adopt:
+/// spawn → first lease of `template`. A start meant to adopt the snapshot that built the
+/// template instead (a key that does not prove it) is an error, not a figure.
 async fn start(
     ctx: &Ctx,
     template: &str,
     template_args: &[String],
     cache_dir: &Path,
-    snapshots: Option<&Path>,
+    adopt: Option<Adopt<'_>>,
 ) -> Result<Duration> {
     create_dir(cache_dir)?;
     let mut args = template_args.to_vec();
     args.extend(flag("--cache-dir", cache_dir));
-    if let Some(dir) = snapshots {
-        args.extend(flag("--snapshot-dir", dir));
+    if let Some(adopt) = adopt {
+        args.extend(flag("--snapshot-dir", adopt.snapshots));
+        if let Some(key_file) = adopt.key_file {
+            args.extend(flag("--snapshot-key-file", key_file));
+        }
     }
     let label = format!(
         "snapshot-{template}-{}",
-        if snapshots.is_some() {
-            "adopt"
-        } else {
-            "build"
+        match adopt {
+            Some(Adopt {
+                key_file: Some(_), ..
+            }) => "adopt-shared-key",
+            Some(_) => "adopt",
+            None => "build",
         }
     );
     let daemon = ctx.launcher.start(&label, &args).await?;
     let elapsed = first_lease(&daemon, template).await?;
+    let log = std::fs::read_to_string(&daemon.log_path).unwrap_or_default();
+    let log_path = daemon.log_path.clone();
     daemon.stop().await?;
+    if adopt.is_some() && !log.contains(UNPACKED) {
+        return Err(BenchError::Other(format!(
+            "{label}: the daemon did not unpack the snapshot (no \"{UNPACKED}\" in {})",
+            log_path.display()
+        )));
+    }
     Ok(elapsed)
 }
 
@@ -188,7 +237,9 @@ pub(crate) fn render(outcome: &Outcome<SnapshotsResult>, out: &mut String) {
         "cold build p50 ms",
         "warm-initdb build p50 ms",
         "snapshot p50 ms",
+        "shared-key snapshot p50 ms",
         "cold ÷ snapshot",
+        "cold ÷ shared key",
         "warm ÷ snapshot",
         "target",
     ]);
@@ -200,7 +251,9 @@ pub(crate) fn render(outcome: &Outcome<SnapshotsResult>, out: &mut String) {
             num(c.cold_build.p50_ms),
             num(c.warm_build.p50_ms),
             num(c.snapshot.p50_ms),
+            num(c.snapshot_shared_key.p50_ms),
             num(c.cold_vs_snapshot),
+            num(c.cold_vs_shared_key),
             num(c.warm_vs_snapshot),
             c.target.map_or_else(String::new, |x| format!("≥ {x}")),
         ]);

@@ -96,6 +96,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>>;
     /// A second look at the server: `Ok` is a new watch on it.
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>>;
+    /// Whether the server refuses a new connection as it shuts down (SQLSTATE 57P03, as a
+    /// server in smart shutdown does while it keeps the sessions it has): `Some` is
+    /// postgres' words. Anything else (a connection, no slot free, no answer) is `None`: a
+    /// server that went away is the monitor's to notice.
+    fn refuses_new_connections(&self) -> Work<'_, Option<String>>;
     /// Marks a ready clone for the next run to adopt.
     fn mark_ready<'a>(
         &'a self,
@@ -243,6 +248,32 @@ impl Backend for Session {
                 Ok(Ok(monitor)) => Ok(Box::new(monitor) as Box<dyn Monitor>),
                 Ok(Err(error)) => Err(crate::sql_error::pg_message(&error)),
                 Err(_) => Err("the server did not answer".into()),
+            }
+        })
+    }
+    fn refuses_new_connections(&self) -> Work<'_, Option<String>> {
+        Box::pin(async move {
+            let mut config = self.admin_config.clone();
+            config.application_name("pglease shutdown check");
+            let connected = tokio::time::timeout(
+                super::server::PROBE_TIMEOUT,
+                config.connect(tokio_postgres::NoTls),
+            )
+            .await;
+            match connected {
+                Ok(Ok((client, connection))) => {
+                    // Dropping the client makes the connection say goodbye and end.
+                    drop(client);
+                    tokio::spawn(connection);
+                    None
+                }
+                Ok(Err(error))
+                    if error.code()
+                        == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+                {
+                    Some(crate::sql_error::pg_message(&error))
+                }
+                Ok(Err(_)) | Err(_) => None,
             }
         })
     }

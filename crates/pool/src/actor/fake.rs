@@ -449,6 +449,10 @@ impl Backend for FakeBackend {
             Ok(Box::new(FakeMonitor(closed)) as Box<dyn Monitor>)
         })
     }
+    fn refuses_new_connections(&self) -> Work<'_, Option<String>> {
+        // The fake server is up or gone, never shutting down in between.
+        Box::pin(async { None })
+    }
     fn mark_ready<'a>(
         &'a self,
         _template: &'a TemplateName,

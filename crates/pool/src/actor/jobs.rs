@@ -99,6 +99,9 @@ pub(super) enum JobResult {
     /// The status line of the running postmaster's `postmaster.pid` was read (off the
     /// actor: it is file I/O): `None` when there is none to read.
     PostmasterStatus { status: Option<String> },
+    /// A new connection to the external server was tried: `Some` is postgres' refusal as
+    /// it shuts down (SQLSTATE 57P03).
+    ExternalRefuses { refusal: Option<String> },
     /// The sources of a failed template were looked at (`PoolState::look_at_failed_sources`).
     FailedSourcesChecked {
         template: TemplateName,
@@ -242,6 +245,7 @@ impl Actor {
             }
             JobResult::Probed { outcome } => self.probed(outcome),
             JobResult::PostmasterStatus { status } => self.postmaster_status_read(status),
+            JobResult::ExternalRefuses { refusal } => self.external_checked(refusal),
             JobResult::SpaceFilled { sizes } => {
                 let actions = self.state.space_filled(sizes, SystemTime::now(), now);
                 self.apply(actions);
@@ -273,7 +277,9 @@ impl Actor {
             // Callers waiting on client-built templates and grants were told when the
             // server went (`PoolState::server_lost`, `fail_client_work`), which also set
             // the probe back to idle for the new generation.
-            JobResult::PostmasterStatus { .. } => self.postmaster_status_pending = false,
+            JobResult::PostmasterStatus { .. } | JobResult::ExternalRefuses { .. } => {
+                self.shutdown_check_pending = false;
+            }
             JobResult::Probed { .. }
             | JobResult::SpaceFilled { .. }
             | JobResult::LeaseSizes { .. }

@@ -1,6 +1,7 @@
 //! Watching the server: noticing a dead postmaster, one that is shutting down (a SIGTERM
-//! or `pg_ctl stop` that did not come from us), or a lost connection (with a second look
-//! before declaring it lost), bringing it back, and taking it in when it is up.
+//! or `pg_ctl stop` that did not come from us; for an external server, one that refuses
+//! new connections as it shuts down), or a lost connection (with a second look before
+//! declaring it lost), bringing it back, and taking it in when it is up.
 
 use std::time::{Duration, SystemTime};
 
@@ -18,6 +19,11 @@ pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// sessions (the monitor's too) and refuses every new connection, so leases granted on it
 /// fail: half a second bounds how many, for the price of reading 100 bytes from tmpfs.
 const POSTMASTER_STATUS_INTERVAL: Duration = Duration::from_millis(500);
+/// How often an external server is asked for a new connection. It has no status line we
+/// can read, and in smart shutdown it keeps our sessions: only a new connection tells, with
+/// 57P03. A login a second is cheap for a server tests use, and bounds how many leases are
+/// granted that nobody can use.
+const EXTERNAL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Actor {
     /// Reads how much the copy-on-write store holds, for the byte budget (a `statvfs` of a
@@ -136,6 +142,8 @@ impl Actor {
             });
         } else if self.state.restart_due(Instant::now()) {
             self.spawn_bring_up();
+        } else if self.external {
+            self.look_at_external_server();
         } else {
             self.look_at_postmaster_status();
         }
@@ -145,14 +153,14 @@ impl Actor {
     /// [`POSTMASTER_STATUS_INTERVAL`] and one read at a time.
     fn look_at_postmaster_status(&mut self) {
         let now = Instant::now();
-        if self.postmaster_status_pending || now < self.postmaster_status_at {
+        if self.shutdown_check_pending || now < self.shutdown_check_at {
             return;
         }
         let Some(data_dir) = self.running.as_ref().map(|r| r.data_dir.clone()) else {
             return;
         };
-        self.postmaster_status_pending = true;
-        self.postmaster_status_at = now + POSTMASTER_STATUS_INTERVAL;
+        self.shutdown_check_pending = true;
+        self.shutdown_check_at = now + POSTMASTER_STATUS_INTERVAL;
         self.spawn_job(move |_| async move {
             let status =
                 tokio::task::spawn_blocking(move || crate::postgres::postmaster_status(&data_dir))
@@ -168,18 +176,58 @@ impl Actor {
     /// smart shutdown waits for every session to end, refusing every new connection, so
     /// leases would be granted that nobody can use, for as long as any lease is held.
     pub(super) fn postmaster_status_read(&mut self, status: Option<String>) {
-        self.postmaster_status_pending = false;
+        self.shutdown_check_pending = false;
         if self.state.is_stopping() || self.running.is_none() {
             return;
         }
         if status.as_deref() == Some("stopping") {
-            let reason = "postgres is shutting down, asked by something other than pglease                           (a SIGTERM or pg_ctl stop; postmaster.pid says \"stopping\"): it \
+            let reason = "postgres is shutting down, asked by something other than pglease \
+                          (a SIGTERM or pg_ctl stop; postmaster.pid says \"stopping\"): it \
                           refuses new connections";
             tracing::error!(
                 pid = self.running.as_ref().map(|r| r.pid),
                 "{reason}; stopping it fast and starting it again"
             );
             self.server_lost(reason.to_owned());
+        }
+    }
+
+    /// Asks the external server for a new connection in a worker, at most every
+    /// [`EXTERNAL_CHECK_INTERVAL`] and one at a time, while it is up.
+    fn look_at_external_server(&mut self) {
+        let now = Instant::now();
+        if self.shutdown_check_pending || now < self.shutdown_check_at || self.backend.is_none() {
+            return;
+        }
+        self.shutdown_check_pending = true;
+        self.shutdown_check_at = now + EXTERNAL_CHECK_INTERVAL;
+        self.spawn_job(move |session| async move {
+            let refusal = match session {
+                Some(session) => session.refuses_new_connections().await,
+                None => None,
+            };
+            JobResult::ExternalRefuses { refusal }
+        });
+    }
+
+    /// The external server was asked for a new connection: one that refuses it as it shuts
+    /// down (someone's `pg_ctl stop -m smart`) keeps the sessions it has, ours too, so
+    /// nothing else shows it; leases granted on it could not connect. It is let go as a lost
+    /// one: no leases are granted, `/status` says why, and it is connected to again (it is
+    /// not ours to restart) once it takes connections, after its restart. Letting go of our
+    /// own sessions also lets its shutdown finish.
+    pub(super) fn external_checked(&mut self, refusal: Option<String>) {
+        self.shutdown_check_pending = false;
+        if self.state.is_stopping() || !self.state.server_is_up() {
+            return;
+        }
+        if let Some(refusal) = refusal {
+            let reason = format!(
+                "the external postgres server is shutting down: it refuses new connections \
+                 ({refusal}); pglease connects again once it is back"
+            );
+            tracing::error!(%refusal, "the external postgres server is shutting down; letting it go until it takes connections again");
+            self.server_lost(reason);
         }
     }
 

@@ -261,8 +261,8 @@ pub(super) async fn launch(
         lease_sizes_started: None,
         lease_sizes_after: tokio::time::Instant::now(),
         failed_sources_at: Instant::now(),
-        postmaster_status_at: Instant::now(),
-        postmaster_status_pending: false,
+        shutdown_check_at: Instant::now(),
+        shutdown_check_pending: false,
         jobs_tx,
         tracker: TaskTracker::new(),
     };

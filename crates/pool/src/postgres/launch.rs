@@ -126,6 +126,10 @@ impl Launch {
                     clones: self.clones,
                     major: snapshot::major_of(&self.binaries.version),
                     rest: self.databases_space.map(|split| split.rest),
+                    notify_queue: self
+                        .databases_space
+                        .filter(|_| self.databases_room.is_none())
+                        .map(|split| split.notify_queue),
                 },
             ),
             cwd: self.instance_dir.clone(),
@@ -164,9 +168,9 @@ impl Launch {
     }
 
     /// Removes whatever the data directory holds (its databases' tmpfs first) and, when
-    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs, or
-    /// with `base` a link to their fresh room in `--databases-dir`; else the fill makes
-    /// the directory.
+    /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs and
+    /// the notification queue's, or with `base` a link to their fresh room in
+    /// `--databases-dir`; else the fill makes the directory.
     fn fresh_data_dir(&self) -> Result<(), StartError> {
         space::unmount_inside(&self.data_dir);
         match std::fs::remove_dir_all(&self.data_dir) {
@@ -177,7 +181,10 @@ impl Launch {
         }
         match (&self.databases_room, self.databases_space) {
             (Some(room_root), _) => room::make_cluster_dir(&self.data_dir, room_root, &self.run_as),
-            (None, Some(split)) => space::mount(&self.data_dir, split.databases, &self.run_as),
+            (None, Some(split)) => {
+                space::mount(&self.data_dir, split.databases, &self.run_as)?;
+                space::mount_notify_queue(&self.data_dir, split.notify_queue, &self.run_as)
+            }
             (None, None) => Ok(()),
         }
     }

@@ -60,6 +60,8 @@ pub(super) struct Place {
     pub(super) major: u32,
     /// With the databases on a tmpfs of their own: the bytes the rest of the cluster has.
     pub(super) rest: Option<u64>,
+    /// With the notification queue on a tmpfs of its own: its bytes.
+    pub(super) notify_queue: Option<u64>,
 }
 
 /// postgres' command line after the binary: tuned for throw-away data on tmpfs.
@@ -129,6 +131,15 @@ pub(super) fn server_args(
             ("min_wal_size".to_string(), "80MB".to_string()),
         ],
     });
+    if place.major >= 17 {
+        // A queue nobody reads grows up to 8 GB by default, in the room WAL needs: half
+        // its own tmpfs (`space.rs`), or a bound that fits any test's use without one.
+        let room = place.notify_queue.unwrap_or(space::NOTIFY_QUEUE_MAX);
+        settings.push((
+            "max_notify_queue_pages".to_string(),
+            space::notify_queue_pages(room).to_string(),
+        ));
+    }
     if place.in_memory {
         settings.extend(
             IN_MEMORY_SETTINGS

@@ -11,9 +11,16 @@
 //! that error and every other lease goes on; `max_wal_size` keeps WAL well inside the rest
 //! ([`max_wal_size`]).
 //!
-//! The mounts need root. Each cluster directory gets its own ([`mount`]), made before the
-//! cluster is filled; [`unmount_inside`] takes them down before a directory holding them
-//! is removed.
+//! `LISTEN`/`NOTIFY`'s queue (`pg_notify/`) gets a small tmpfs of its own too, taken from
+//! the rest's share ([`mount_notify_queue`]): a holder that listens and never reads (idle
+//! in a transaction) while it notifies grows the queue up to 8 GB before PostgreSQL 17,
+//! and in the rest it would fill WAL's room. On its own tmpfs a full queue is an ERROR for
+//! the notifier (`could not access status of transaction 0`, `No space left on device`);
+//! from PostgreSQL 17 `max_notify_queue_pages` ([`notify_queue_pages`]) refuses it before.
+//!
+//! The mounts need root. Each cluster directory gets its own ([`mount`],
+//! [`mount_notify_queue`]), made before the cluster is filled; [`unmount_inside`] takes
+//! them down before a directory holding them is removed.
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +43,19 @@ pub(crate) const REST_MAX: u64 = 1 << 30;
 const DATABASES_MIN: u64 = 64 << 20;
 /// postgres' smallest `max_wal_size`: two 16 MB segments.
 const WAL_MIN_MB: u64 = 32;
+/// The cluster's directory of `LISTEN`/`NOTIFY`'s queue, a mount point of its own.
+pub(crate) const NOTIFY_QUEUE_DIR: &str = "pg_notify";
+/// The notification queue's tmpfs at least. In normal use (listeners that read) the queue
+/// holds a segment or two of 256 kB: postgres truncates it by whole segments once every
+/// listener has read past one. Measured on PostgreSQL 15 with a listener reading as they
+/// come: at most 360 kB for 100,000 notifications of 100 bytes (1,000 a transaction), and
+/// 1 MB for transactions of 100 notifications of 7 kB.
+const NOTIFY_QUEUE_MIN: u64 = 4 << 20;
+/// The notification queue's tmpfs at most, and its bound without one (PostgreSQL 17+):
+/// room for 8,000 notifications of the largest size (8,000 bytes) nobody reads.
+pub(crate) const NOTIFY_QUEUE_MAX: u64 = 64 << 20;
+/// The queue's page, postgres' block size.
+const NOTIFY_QUEUE_PAGE: u64 = 8192;
 
 /// How the instance's room is shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,14 +64,30 @@ pub(crate) struct Split {
     pub databases: u64,
     /// What the rest of the cluster has.
     pub rest: u64,
+    /// The size of each cluster's `pg_notify/` tmpfs, taken from the rest's share.
+    pub notify_queue: u64,
 }
 
 /// Shares `total` bytes: a quarter for the rest of the cluster (at least 96 MB, at most
-/// 1 GB), the remainder for the databases; `None` when that leaves them under 64 MB.
+/// 1 GB), of which a sixteenth (4 to 64 MB) goes to the notification queue, the remainder
+/// for the databases; `None` when that leaves them under 64 MB.
 pub(crate) fn split(total: u64) -> Option<Split> {
-    let rest = (total / 4).clamp(REST_MIN, REST_MAX);
-    let databases = total.checked_sub(rest)?;
-    (databases >= DATABASES_MIN).then_some(Split { databases, rest })
+    let share = (total / 4).clamp(REST_MIN, REST_MAX);
+    let databases = total.checked_sub(share)?;
+    let notify_queue = (share / 16).clamp(NOTIFY_QUEUE_MIN, NOTIFY_QUEUE_MAX);
+    (databases >= DATABASES_MIN).then_some(Split {
+        databases,
+        rest: share - notify_queue,
+        notify_queue,
+    })
+}
+
+/// `max_notify_queue_pages` (PostgreSQL 17+) for a queue with `bytes` of room: half of it,
+/// because postgres removes the queue's files by whole segments (32 pages) some time after
+/// its readers passed them, so the files can hold more than the pages counted.
+pub(crate) fn notify_queue_pages(bytes: u64) -> u64 {
+    // postgres' smallest allowed value.
+    (bytes / 2 / NOTIFY_QUEUE_PAGE).max(64)
 }
 
 /// `max_wal_size` (and `min_wal_size`, the recycled segments kept) for a rest of `rest`
@@ -77,6 +113,27 @@ pub(crate) fn mount(data_dir: &Path, bytes: u64, run_as: &RunAs) -> Result<(), S
         }
     })?;
     info!(path = %base.display(), bytes, "the databases have a tmpfs of their own");
+    Ok(())
+}
+
+/// Gives `data_dir`'s `pg_notify/` (made here, `data_dir` already made by [`mount`]) a
+/// tmpfs of `bytes`, owned by the server's user, before the cluster is put there: a copy
+/// or an unpack fills the existing directory, and postgres empties it at its start.
+pub(crate) fn mount_notify_queue(
+    data_dir: &Path,
+    bytes: u64,
+    run_as: &RunAs,
+) -> Result<(), StartError> {
+    let queue = data_dir.join(NOTIFY_QUEUE_DIR);
+    std::fs::create_dir(&queue).map_err(|e| io_error("cannot create", &queue, e))?;
+    mount_tmpfs(&queue, &format!("size={bytes}"), run_as.owner()).map_err(|source| {
+        StartError::Sys {
+            action: "cannot mount the notification queue's tmpfs on",
+            path: queue.clone(),
+            source,
+        }
+    })?;
+    info!(path = %queue.display(), bytes, "LISTEN/NOTIFY's queue has a tmpfs of its own");
     Ok(())
 }
 
@@ -174,18 +231,21 @@ mod tests {
             split(200 * mb),
             Some(Split {
                 databases: 104 * mb,
-                rest: 96 * mb
+                rest: 90 * mb,
+                notify_queue: 6 * mb,
             })
         );
         assert_eq!(
             split(800 * mb),
             Some(Split {
                 databases: 600 * mb,
-                rest: 200 * mb
+                rest: 200 * mb - 12800 * 1024,
+                notify_queue: 12800 * 1024,
             })
         );
         let big = split(12 << 30).expect("split");
-        assert_eq!(big.rest, 1 << 30);
+        assert_eq!(big.rest + big.notify_queue, 1 << 30);
+        assert_eq!(big.notify_queue, 64 * mb);
         assert_eq!(big.databases, 11 << 30);
         // Too small for both: the databases would not even hold initdb's.
         assert_eq!(split(150 * mb), None);
@@ -196,6 +256,14 @@ mod tests {
     fn wal_stays_a_quarter_of_the_rest_and_at_least_two_segments() {
         assert_eq!(max_wal_size(96 << 20), "32MB");
         assert_eq!(max_wal_size(1 << 30), "256MB");
+    }
+
+    #[test]
+    fn the_notify_queue_is_bounded_at_half_its_room() {
+        // 6 MB: 384 pages of 8 kB.
+        assert_eq!(notify_queue_pages(6 << 20), 384);
+        assert_eq!(notify_queue_pages(NOTIFY_QUEUE_MAX), 4096);
+        assert_eq!(notify_queue_pages(0), 64);
     }
 
     #[test]

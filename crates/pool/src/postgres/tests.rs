@@ -542,6 +542,7 @@ fn server_args_put_user_settings_last() {
             clones: false,
             major: 15,
             rest: None,
+            notify_queue: None,
         },
     )
     .into_iter()
@@ -568,6 +569,7 @@ fn server_args_put_user_settings_last() {
             clones: false,
             major: 15,
             rest: Some(96 << 20),
+            notify_queue: Some(6 << 20),
         },
     );
     assert!(!on_disk.iter().any(|arg| arg
@@ -576,6 +578,37 @@ fn server_args_put_user_settings_last() {
     // WAL kept to a quarter of what the rest of a split cluster has.
     assert!(on_disk.iter().any(|arg| arg == "max_wal_size=32MB"));
     assert!(args.contains(&"max_wal_size=8GB".to_owned()));
+    // No max_notify_queue_pages before 17: those servers refuse a setting they lack.
+    assert!(!args
+        .iter()
+        .any(|arg| arg.starts_with("max_notify_queue_pages")));
+}
+
+/// From PostgreSQL 17 the notification queue is bounded at half its tmpfs, or at half of
+/// `space::NOTIFY_QUEUE_MAX` without one (postgres' default is 8 GB).
+#[test]
+fn from_17_the_notify_queue_is_bounded() {
+    let config = EmbeddedConfig::for_limits(&PoolLimits::default(), 1);
+    let args_for = |notify_queue: Option<u64>| -> Vec<String> {
+        server_args(
+            &config,
+            Path::new("/d"),
+            Path::new("/s"),
+            5433,
+            &Place {
+                in_memory: true,
+                clones: false,
+                major: 17,
+                rest: notify_queue.map(|_| 90 << 20),
+                notify_queue,
+            },
+        )
+        .into_iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect()
+    };
+    assert!(args_for(Some(6 << 20)).contains(&"max_notify_queue_pages=384".to_owned()));
+    assert!(args_for(None).contains(&"max_notify_queue_pages=4096".to_owned()));
 }
 
 /// Turns [`helper_daemon_that_dies`] into a daemon for [`postgres_dies_with_its_daemon`].
