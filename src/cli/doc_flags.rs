@@ -46,6 +46,17 @@ const OTHER_PROGRAMS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "Django's manage.py and pytest-django",
+        &[
+            "--noinput",
+            "--parallel",
+            "--testrunner",
+            "--create-db",
+            "--reuse-db",
+            "--nomigrations",
+        ],
+    ),
+    (
         "pg_dump, pg_restore and psql",
         &[
             "--no-owner",
