@@ -44,10 +44,14 @@ async fn auto_keeps_tmpfs_for_small_templates() {
     assert_eq!(method.as_deref(), Some("copy"));
     let dir = data_dir(&daemon).await;
     let instance = dir.parent().expect("instance dir").to_path_buf();
-    // The one mount is the databases' own tmpfs (root, on tmpfs): no store.
+    // The mounts are the databases' own tmpfs and the notification queue's (root, on
+    // tmpfs): no store.
     assert_eq!(
         mounts_under(&instance),
-        vec![dir.join("base").display().to_string()],
+        vec![
+            dir.join("base").display().to_string(),
+            dir.join("pg_notify").display().to_string()
+        ],
         "no store was made"
     );
     assert!(daemon.stop().await.success());
