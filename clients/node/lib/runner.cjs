@@ -1,5 +1,6 @@
 'use strict'
-// What the hooks need to know from the test runner, vitest or jest, without importing either:
+// What the hooks need to know from the test runner, vitest, jest or node:test, without importing
+// any:
 // the current test's full name (the lease's label), the file's name, and whether a test failed
 // (to keep its database). Every function answers `undefined` when it cannot tell.
 //
@@ -11,6 +12,11 @@
 // documented API; finding it by the symbol's description is not documented, so if a jest
 // version stops putting it there, the name falls back to expect.getState() and failure is
 // reported unknown (hooks.cjs then says so and drops the database).
+//
+// node:test passes every hook its TestContext (beforeEach/afterEach) or SuiteContext
+// (before/after): `fullName` is `describe > test`, `passed` is set before afterEach runs, and
+// `filePath` (Node 22.6+) names the file; before that, node --test runs each file in a process
+// of its own, whose argv[1] is the file.
 
 const path = require('node:path')
 
@@ -28,6 +34,33 @@ function vitestSuite(suite) {
   return suite && typeof suite === 'object' && suite.type === 'suite' && Array.isArray(suite.tasks)
     ? suite
     : undefined
+}
+
+/** node:test's TestContext or SuiteContext: a name and an abort signal, and no vitest task. */
+function nodeContext(context) {
+  return context && typeof context === 'object' && typeof context.name === 'string' &&
+    context.signal instanceof AbortSignal && !('task' in context) && !('tasks' in context)
+    ? context
+    : undefined
+}
+
+/** The file of a node:test context, relative to the working directory. */
+function nodeFile(context) {
+  const file = context.filePath ?? process.argv[1]
+  return file ? path.relative(process.cwd(), file) : undefined
+}
+
+/** `file > describe > test` (or `file > describe`) of a node:test context. */
+function nodeName(context) {
+  let name
+  try {
+    name = context.fullName ?? context.name
+  } catch {
+    // The file's own context (a hook outside any describe): Node 20's fullName throws for it,
+    // as it has no parent; the file names it.
+    name = undefined
+  }
+  return join(nodeFile(context), name ? [name] : [])
 }
 
 function jestState() {
@@ -64,6 +97,8 @@ function testName(context) {
   if (task) return join(task.file?.name, vitestNames(task))
   const test = jestState()?.currentlyRunningTest
   if (test) return join(jestFile(), jestNames(test))
+  const node = nodeContext(context)
+  if (node) return nodeName(node)
   // Another runner that implements expect.getState() (vitest without a context, jest without
   // the state): the name without the file.
   return globalThis.expect?.getState?.().currentTestName || undefined
@@ -73,6 +108,8 @@ function testName(context) {
 function suiteName(suite) {
   const vitest = vitestSuite(suite)
   if (vitest) return vitest.file && vitest.file !== vitest ? join(vitest.file.name, vitestNames(vitest)) : vitest.name
+  const node = nodeContext(suite)
+  if (node) return nodeName(node)
   return jestFile()
 }
 
@@ -82,6 +119,8 @@ function testFailed(context) {
   if (task) return task.result?.state === 'fail'
   const test = jestState()?.currentlyRunningTest
   if (test) return test.errors.length > 0
+  const node = nodeContext(context)
+  if (node && typeof node.passed === 'boolean') return !node.passed
   return undefined
 }
 

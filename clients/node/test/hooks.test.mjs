@@ -2,7 +2,7 @@
 // a runner would call them (vitest's arguments, or jest's none), against the real daemon. The
 // runners themselves run the examples in suites.test.mjs and keep.test.mjs.
 import assert from 'node:assert/strict'
-import { afterEach, before, test } from 'node:test'
+import { afterEach, before, beforeEach, describe, test } from 'node:test'
 import { PgleaseClient, useDatabase, useFileDatabase } from '../index.js'
 import hooksModule from '../lib/hooks.cjs'
 import { client, proxy, requireDaemon } from './support.mjs'
@@ -168,4 +168,15 @@ test('a lease that expired during its test: afterEach says it outlived its time 
     await new Promise((resolve) => setTimeout(resolve, 100))
   }
   await assert.rejects(runner.call('afterEach', context), /the lease of src\/orders\.test\.js > refunds > runs long had ended before afterEach gave it back: it outlived its time to live .*ttlSecs/)
+})
+
+// node:test's own hooks, given as its users give them: each test's lease is labelled with the
+// file, the describe and the test, as under vitest and jest (not "node test").
+describe('under node:test', () => {
+  const db = useDatabase({ template: 'app', hooks: { beforeEach, afterEach } })
+
+  test('the label is the file, the describe and the test', async () => {
+    const label = (await openLease(db.id))?.label
+    assert.match(label ?? '', /hooks\.test\.mjs > under node:test > the label is the file, the describe and the test$/)
+  })
 })

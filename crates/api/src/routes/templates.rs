@@ -215,7 +215,7 @@ fn plain_source(state: &AppState, body: TemplateBody) -> Result<TemplateSource, 
         (None, None, Some(command)) => {
             if !state.config.allow_http_commands {
                 return Err(ApiError::forbidden(
-                    "command sources run programs as the daemon's user; this daemon was not started with --allow-http-commands",
+                    "command sources run programs (as the child user, --child-user); this daemon was not started with --allow-http-commands",
                 ));
             }
             if command.trim().is_empty() {
