@@ -304,7 +304,7 @@ impl Instance {
             databases: total_bytes(dir)?,
             rest: free_bytes(&self.dir)?.min(space::REST_MAX),
             // Not mounted: the queue stays with WAL (and 17+ bounds it by its setting).
-            notify_queue: 0,
+            notify_queue: None,
         };
         let name = format!("{INSTANCE_PREFIX}{}-{}", std::process::id(), random_hex(8));
         let room = Room::create(dir, &name, run_as)?;

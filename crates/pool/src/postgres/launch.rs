@@ -126,10 +126,7 @@ impl Launch {
                     clones: self.clones,
                     major: snapshot::major_of(&self.binaries.version),
                     rest: self.databases_space.map(|split| split.rest),
-                    notify_queue: self
-                        .databases_space
-                        .filter(|_| self.databases_room.is_none())
-                        .map(|split| split.notify_queue),
+                    notify_queue: self.databases_space.and_then(|split| split.notify_queue),
                 },
             ),
             cwd: self.instance_dir.clone(),
@@ -183,7 +180,10 @@ impl Launch {
             (Some(room_root), _) => room::make_cluster_dir(&self.data_dir, room_root, &self.run_as),
             (None, Some(split)) => {
                 space::mount(&self.data_dir, split.databases, &self.run_as)?;
-                space::mount_notify_queue(&self.data_dir, split.notify_queue, &self.run_as)
+                match split.notify_queue {
+                    Some(bytes) => space::mount_notify_queue(&self.data_dir, bytes, &self.run_as),
+                    None => Ok(()),
+                }
             }
             (None, None) => Ok(()),
         }

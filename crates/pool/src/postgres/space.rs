@@ -64,8 +64,9 @@ pub(crate) struct Split {
     pub databases: u64,
     /// What the rest of the cluster has.
     pub rest: u64,
-    /// The size of each cluster's `pg_notify/` tmpfs, taken from the rest's share.
-    pub notify_queue: u64,
+    /// The size of each cluster's `pg_notify/` tmpfs, taken from the rest's share; `None`
+    /// where none is mounted (an operator's `--databases-dir`: the queue stays with WAL).
+    pub notify_queue: Option<u64>,
 }
 
 /// Shares `total` bytes: a quarter for the rest of the cluster (at least 96 MB, at most
@@ -78,7 +79,7 @@ pub(crate) fn split(total: u64) -> Option<Split> {
     (databases >= DATABASES_MIN).then_some(Split {
         databases,
         rest: share - notify_queue,
-        notify_queue,
+        notify_queue: Some(notify_queue),
     })
 }
 
@@ -232,7 +233,7 @@ mod tests {
             Some(Split {
                 databases: 104 * mb,
                 rest: 90 * mb,
-                notify_queue: 6 * mb,
+                notify_queue: Some(6 * mb),
             })
         );
         assert_eq!(
@@ -240,12 +241,12 @@ mod tests {
             Some(Split {
                 databases: 600 * mb,
                 rest: 200 * mb - 12800 * 1024,
-                notify_queue: 12800 * 1024,
+                notify_queue: Some(12800 * 1024),
             })
         );
         let big = split(12 << 30).expect("split");
-        assert_eq!(big.rest + big.notify_queue, 1 << 30);
-        assert_eq!(big.notify_queue, 64 * mb);
+        assert_eq!(big.rest + big.notify_queue.unwrap_or(0), 1 << 30);
+        assert_eq!(big.notify_queue, Some(64 * mb));
         assert_eq!(big.databases, 11 << 30);
         // Too small for both: the databases would not even hold initdb's.
         assert_eq!(split(150 * mb), None);
