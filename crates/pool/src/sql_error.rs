@@ -108,6 +108,16 @@ impl SqlError {
         }
     }
 
+    /// The same failure, its message preceded by `what` the pool was doing ("settling the
+    /// template: …"): the kind and the SQLSTATE stay, so a full disk met in any step of a
+    /// build is still a full disk where the API decides the answer.
+    pub fn context(self, what: impl std::fmt::Display) -> SqlError {
+        SqlError {
+            message: format!("{what}: {}", self.message),
+            ..self
+        }
+    }
+
     /// An operation that overran its bound.
     pub fn timeout(message: impl Into<String>) -> SqlError {
         SqlError {

@@ -108,7 +108,7 @@ impl Session {
 
     /// Waits until no session is connected to `db` (a build's connection may take a moment
     /// to go), terminating stragglers after half the time.
-    pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), String> {
+    pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), SqlError> {
         let started = tokio::time::Instant::now();
         loop {
             if self.sessions_on(db).await? == 0 {
@@ -118,7 +118,9 @@ impl Session {
                 self.terminate_sessions(db).await?;
             }
             if started.elapsed() > limit {
-                return Err(format!("sessions still connected to {db} after {limit:?}"));
+                return Err(SqlError::timeout(format!(
+                    "sessions still connected to {db} after {limit:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -139,7 +141,7 @@ impl Session {
     }
 
     /// Sessions connected to `db` (other than this one).
-    pub async fn sessions_on(&self, db: &DbName) -> Result<i64, String> {
+    pub async fn sessions_on(&self, db: &DbName) -> Result<i64, SqlError> {
         self.bounded(
             || format!("counting the sessions on {db}"),
             async |client| {
@@ -149,7 +151,7 @@ impl Session {
                         &[&db.as_str()],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(row.get(0))
             },
         )

@@ -47,7 +47,7 @@ pub(super) async fn apply_source(
         }
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
-            return Ok(retire_build_role(session, db, superuser).await?);
+            return retire_build_role(session, db, superuser).await;
         }
         TemplateSource::Dump(dump) => {
             let restore = dump::restore_command(dump, &session.child_user).await?;
@@ -62,9 +62,14 @@ pub(super) async fn apply_source(
             let restored =
                 run_command_with(session, &restore.command, db, superuser, Some(progress))
                     .await
-                    .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
+                    .map_err(|e| {
+                        SqlError::other(format!(
+                            "restoring {} with {tool}: {e}",
+                            dump.path.display()
+                        ))
+                    });
             let retired = retire_build_role(session, db, superuser).await;
-            return Ok(restored.and(retired)?);
+            return restored.and(retired);
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),
@@ -79,7 +84,7 @@ pub(super) async fn apply_source(
         .dbname(db.as_str());
     let applied = apply_files(config, &files, db, &session.child_user).await;
     let retired = retire_build_role(session, db, superuser).await;
-    applied.and(retired.map_err(SqlError::from))
+    applied.and(retired)
 }
 
 /// Runs each file in its own transaction on one connection made with `config`.
@@ -136,7 +141,7 @@ pub(super) async fn create_build_role(
     session: &Session,
     db: &DbName,
     superuser: bool,
-) -> Result<String, String> {
+) -> Result<String, SqlError> {
     let role = quote_ident(db.as_str());
     let password = crate::scram::random_password();
     // Either way its sessions start acting as the owner role (`RESET ROLE` returns to that
@@ -179,7 +184,7 @@ pub(super) async fn retire_build_role(
     session: &Session,
     db: &DbName,
     superuser: bool,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     let role = quote_ident(db.as_str());
     let (heir, whose) = if superuser {
         ("CURRENT_USER".to_owned(), "the superuser")
@@ -192,7 +197,7 @@ pub(super) async fn retire_build_role(
         &format!("REASSIGN OWNED BY {role} TO {heir}; DROP OWNED BY {role};"),
     )
     .await
-    .map_err(|e| format!("handing the objects of {db} to {whose}: {e}"))?;
+    .map_err(|e| e.context(format!("handing the objects of {db} to {whose}")))?;
     session
         .execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await?;
