@@ -128,20 +128,6 @@ impl SqlError {
     }
 }
 
-/// Callers that report in words still can: `?` turns the error into its message.
-impl From<SqlError> for String {
-    fn from(error: SqlError) -> String {
-        error.message
-    }
-}
-
-/// A failure described in words is of no particular kind.
-impl From<String> for SqlError {
-    fn from(message: String) -> SqlError {
-        SqlError::other(message)
-    }
-}
-
 /// Tests write failures as words.
 #[cfg(test)]
 impl From<&str> for SqlError {

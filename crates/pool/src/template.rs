@@ -64,10 +64,12 @@ pub async fn build(
     let major = session.pg_major;
     // Blocking I/O on paths a caller may have named: with the child user's rights.
     let user = &session.child_user;
+    // What the sources' files say is no SQL's: no SQLSTATE to keep.
     let fingerprint = user
         .read(move || fingerprint(&source_for_hash, major))
-        .await?
-        .map_err(|e| user.explain(e))?;
+        .await
+        .map_err(SqlError::other)?
+        .map_err(|e| SqlError::other(user.explain(e)))?;
     let db = DbName::template(name, &fingerprint);
     let started = std::time::Instant::now();
     let finished = |fingerprint: String, db: DbName, size_bytes: i64| Built {

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::Session;
 use crate::names::DbName;
-use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 impl Session {
@@ -51,7 +50,7 @@ impl Session {
     /// `--lease-max-bytes` is judged by, a few times a second while leases are open. One
     /// query for all of them; a database dropped meanwhile is left out (its directory
     /// gone, postgres sizes it 0; the superuser's size check does not look it up).
-    pub async fn sizes_of(&self, dbs: &[DbName]) -> Result<Vec<(String, i64)>, String> {
+    pub async fn sizes_of(&self, dbs: &[DbName]) -> Result<Vec<(String, i64)>, SqlError> {
         let names: Vec<&str> = dbs.iter().map(DbName::as_str).collect();
         self.bounded(
             || "sizing the leased databases".to_string(),
@@ -63,7 +62,7 @@ impl Session {
                         &[&names],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
             },
         )
@@ -71,7 +70,7 @@ impl Session {
     }
 
     /// Every database's name and `pg_database_size`, in bytes.
-    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, String> {
+    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, SqlError> {
         self.bounded(
             || "sizing the databases".to_string(),
             async |client| {
@@ -81,7 +80,7 @@ impl Session {
                         &[],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
             },
         )
@@ -129,7 +128,7 @@ impl Session {
     /// Sessions still connected to `db` after up to `grace`: a client that has just closed
     /// its connection leaves a backend that takes a few milliseconds to exit, so an
     /// immediate count would call a finished test "in use".
-    pub async fn sessions_after(&self, db: &DbName, grace: Duration) -> Result<i64, String> {
+    pub async fn sessions_after(&self, db: &DbName, grace: Duration) -> Result<i64, SqlError> {
         let started = tokio::time::Instant::now();
         loop {
             let sessions = self.sessions_on(db).await?;

@@ -42,15 +42,18 @@ pub(super) async fn apply_source(
             let dir = dir.clone();
             let user = &session.child_user;
             user.read(move || migration_files(&dir))
-                .await?
-                .map_err(|e| user.explain(e))?
+                .await
+                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(user.explain(e)))?
         }
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
             return retire_build_role(session, db, superuser).await;
         }
         TemplateSource::Dump(dump) => {
-            let restore = dump::restore_command(dump, &session.child_user).await?;
+            let restore = dump::restore_command(dump, &session.child_user)
+                .await
+                .map_err(SqlError::other)?;
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {
@@ -63,10 +66,7 @@ pub(super) async fn apply_source(
                 run_command_with(session, &restore.command, db, superuser, Some(progress))
                     .await
                     .map_err(|e| {
-                        SqlError::other(format!(
-                            "restoring {} with {tool}: {e}",
-                            dump.path.display()
-                        ))
+                        e.context(format!("restoring {} with {tool}", dump.path.display()))
                     });
             let retired = retire_build_role(session, db, superuser).await;
             return restored.and(retired);
@@ -107,8 +107,9 @@ async fn apply_files(
             let file = path.clone();
             let sql = child_user
                 .read(move || sources::read_sql(&file))
-                .await?
-                .map_err(|e| child_user.explain(e))?;
+                .await
+                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(child_user.explain(e)))?;
             // Postgres' words, naming the file (and line), with the kind of the error.
             let transaction = client.transaction().await.map_err(|e| {
                 SqlError::described(&e, format!("{}: {}", path.display(), pg_message(&e)))
