@@ -286,6 +286,105 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
     assert!(daemon.stop().await.success());
 }
 
+/// Issue 43: a lease holds the databases' tmpfs full (`--lease-max-bytes off`), and a
+/// template registered over HTTP is built into it: the build's own `CREATE DATABASE` meets
+/// the full disk (SQLSTATE 53100). The lease that asked is answered 507 `disk_full` naming
+/// the full storage, not 422 `template_build_failed`, which blames the template's SQL; once
+/// the filler is released, the same template builds and is leased.
+#[tokio::test]
+async fn a_build_that_meets_a_full_tmpfs_is_507_not_the_sources_fault() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --tmpfs-size needs root");
+        return;
+    }
+    let sources = scratch_dir("tmpfs-build-full");
+    let sql = sources.join("small.sql");
+    fs::write(
+        &sql,
+        "CREATE TABLE small (n int); INSERT INTO small VALUES (1);",
+    )
+    .expect("write");
+    let daemon = TestDaemon::builder()
+        // The byte budget above the tmpfs' size, so that postgres, not the budget, says
+        // the room is gone (the budget's own 507 is tested in budget.rs).
+        .args([
+            "--tmpfs-size",
+            "300M",
+            "--max-bytes",
+            "1G",
+            "--min-ready",
+            "1",
+            "--lease-max-bytes",
+            "off",
+        ])
+        .start()
+        .await;
+    let filler = daemon.lease_ok("default").await;
+    let client = connect(&filler).await.expect("the filler connects");
+    // Without autovacuum on it, the pages of the failed INSERT stay allocated: nothing
+    // gives room back before the release.
+    client
+        .batch_execute("CREATE TABLE fill (n int, pad text) WITH (autovacuum_enabled = false)")
+        .await
+        .expect("create");
+    let mut full = false;
+    for rows in [100_000, 1_000, 10] {
+        for _ in 0..400 {
+            let insert = client
+                .batch_execute(&format!(
+                    "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
+                     FROM generate_series(1, {rows}) g"
+                ))
+                .await;
+            match insert {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {
+                    full = true;
+                    break;
+                }
+                Err(e) => panic!("filling: {e:?}"),
+            }
+        }
+    }
+    assert!(full, "the tmpfs never filled");
+
+    let (status, body) = daemon
+        .put_template("small", json!({ "sql": sql.display().to_string() }))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = daemon
+        .lease(json!({ "template": "small", "wait_ms": 20000 }))
+        .await;
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["error"]["code"], "disk_full", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(says_disk_full(message), "{message}");
+    assert!(
+        message.contains("creating the template database"),
+        "names the step: {message}"
+    );
+    assert_eq!(daemon.status().await["postgres"]["restarts"], 0);
+
+    // The room comes back with the release, and the same template builds.
+    drop(client);
+    let (code, _) = daemon.release(&id_of(&filler), false).await;
+    assert_eq!(code, 204);
+    let lease = poll_until(Duration::from_secs(30), "the template to build", || async {
+        let (status, body) = daemon
+            .lease(json!({ "template": "small", "wait_ms": 5000 }))
+            .await;
+        (status == 201).then_some(body)
+    })
+    .await;
+    let client = connect(&lease).await.expect("connects");
+    let row = client
+        .query_one("SELECT count(*) FROM small", &[])
+        .await
+        .expect("the template's table");
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert!(daemon.stop().await.success());
+}
+
 /// Issue 41 row 7: without `--lease-max-bytes`, as root on tmpfs, one lease may grow to a
 /// share of the databases' own tmpfs (a quarter, at least 256M or half, whichever is less:
 /// half of these 204 MB); a holder filling the whole tmpfs is cut off there, told why, and

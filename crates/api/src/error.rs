@@ -1,5 +1,7 @@
-//! `ApiError`: every error the API answers, the conversions from pool errors, and the one
+//! `ApiError`: every error the HTTP API answers, the conversions from pool errors, and its
 //! `IntoResponse` impl that renders `{"error": {"code", "message"}}` with the right status.
+//! The IntegreSQL routes answer in IntegreSQL's shape instead, through `CompatError`'s
+//! own impl (`integresql.rs`); those two are the only ones.
 //! 4xx are not logged; each 5xx is logged once with its cause, and internal ones reach the
 //! client only as a generic message.
 

@@ -108,6 +108,16 @@ impl SqlError {
         }
     }
 
+    /// The same failure, its message preceded by `what` the pool was doing ("settling the
+    /// template: …"): the kind and the SQLSTATE stay, so a full disk met in any step of a
+    /// build is still a full disk where the API decides the answer.
+    pub fn context(self, what: impl std::fmt::Display) -> SqlError {
+        SqlError {
+            message: format!("{what}: {}", self.message),
+            ..self
+        }
+    }
+
     /// An operation that overran its bound.
     pub fn timeout(message: impl Into<String>) -> SqlError {
         SqlError {
@@ -115,20 +125,6 @@ impl SqlError {
             sqlstate: None,
             message: message.into(),
         }
-    }
-}
-
-/// Callers that report in words still can: `?` turns the error into its message.
-impl From<SqlError> for String {
-    fn from(error: SqlError) -> String {
-        error.message
-    }
-}
-
-/// A failure described in words is of no particular kind.
-impl From<String> for SqlError {
-    fn from(message: String) -> SqlError {
-        SqlError::other(message)
     }
 }
 

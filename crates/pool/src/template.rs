@@ -64,10 +64,12 @@ pub async fn build(
     let major = session.pg_major;
     // Blocking I/O on paths a caller may have named: with the child user's rights.
     let user = &session.child_user;
+    // What the sources' files say is no SQL's: no SQLSTATE to keep.
     let fingerprint = user
         .read(move || fingerprint(&source_for_hash, major))
-        .await?
-        .map_err(|e| user.explain(e))?;
+        .await
+        .map_err(SqlError::other)?
+        .map_err(|e| SqlError::other(user.explain(e)))?;
     let db = DbName::template(name, &fingerprint);
     let started = std::time::Instant::now();
     let finished = |fingerprint: String, db: DbName, size_bytes: i64| Built {
@@ -142,14 +144,17 @@ pub(super) async fn create_template_database(
     session: &Session,
     db: &DbName,
     comment: &str,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     session.drop_database(db).await?;
+    // A full storage fails here first (copying template0): its SQLSTATE must reach the
+    // API, which answers 507 for the room and not 422 for the user's sources.
     session
         .execute(&format!(
             "CREATE DATABASE {} TEMPLATE template0",
             db.quoted()
         ))
-        .await?;
+        .await
+        .map_err(|e| e.context(format!("creating the template database {db}")))?;
     session
         .execute(&format!(
             "COMMENT ON DATABASE {} IS {}",
@@ -167,12 +172,12 @@ pub(super) async fn create_template_database(
         ),
     )
     .await
-    .map_err(|e| format!("preparing the template database: {e}"))
+    .map_err(|e| e.context("preparing the template database"))
 }
 
 /// Runs `sql` in database `db` as the superuser, on a connection of its own, with
 /// `search_path` pinned to `pg_catalog`: a build role may have created anything in `public`.
-pub(super) async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), String> {
+pub(super) async fn run_in(session: &Session, db: &DbName, sql: &str) -> Result<(), SqlError> {
     run_each_in(session, db, &[sql]).await
 }
 
@@ -182,18 +187,22 @@ pub(super) async fn run_each_in(
     session: &Session,
     db: &DbName,
     statements: &[&str],
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     let mut config = session.admin_config.clone();
     crate::session::add_options(&mut config, crate::session::PINNED_SEARCH_PATH);
     config.dbname(db.as_str());
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("cannot connect to {db}: {}", pg_message(&e)))?;
+    let (client, connection) = config.connect(NoTls).await.map_err(|e| {
+        SqlError::described(&e, format!("cannot connect to {db}: {}", pg_message(&e)))
+    })?;
     let connection = tokio::spawn(connection);
     let mut result = Ok(());
     for sql in statements {
-        result = client.batch_execute(sql).await.map_err(|e| pg_message(&e));
+        // Each statement's SQLSTATE travels: a VACUUM (FREEZE) that meets a full disk is
+        // the room's failure, not the template's.
+        result = client
+            .batch_execute(sql)
+            .await
+            .map_err(|e| SqlError::from_pg(&e));
         if result.is_err() {
             break;
         }

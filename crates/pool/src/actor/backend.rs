@@ -89,11 +89,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &'a self,
         db: &'a DbName,
         grace: Duration,
-    ) -> Work<'a, Result<i64, String>>;
+    ) -> Work<'a, Result<i64, SqlError>>;
     /// The sizes in bytes of those of `dbs` that exist.
-    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>>;
+    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, SqlError>>;
     /// Every database's size in bytes.
-    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>>;
+    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>>;
     /// A second look at the server: `Ok` is a new watch on it.
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>>;
     /// Whether the server refuses a new connection as it shuts down (SQLSTATE 57P03, as a
@@ -107,17 +107,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         template: &'a TemplateName,
         fingerprint: &'a str,
         clone: &'a DbName,
-    ) -> Work<'a, Result<(), String>>;
+    ) -> Work<'a, Result<(), SqlError>>;
     /// The complete templates of the `current` versions: what a snapshot would hold.
     fn snapshot_templates<'a>(
         &'a self,
         current: &'a [(TemplateName, String)],
-    ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>>;
+    ) -> Work<'a, Result<Vec<SnapshotTemplate>, SqlError>>;
     /// Drops everything but the `current` versions' templates, for a snapshot.
     fn clear_for_snapshot(
         &self,
         current: Vec<(TemplateName, String)>,
-    ) -> Work<'_, Result<(), String>>;
+    ) -> Work<'_, Result<(), SqlError>>;
 }
 
 /// A connection kept open only to notice when the server goes away.
@@ -228,13 +228,13 @@ impl Backend for Session {
         &'a self,
         db: &'a DbName,
         grace: Duration,
-    ) -> Work<'a, Result<i64, String>> {
+    ) -> Work<'a, Result<i64, SqlError>> {
         Box::pin(Session::sessions_after(self, db, grace))
     }
-    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>> {
+    fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(Session::sizes_of(self, dbs))
     }
-    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>> {
+    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(Session::database_sizes(self))
     }
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
@@ -282,13 +282,13 @@ impl Backend for Session {
         template: &'a TemplateName,
         fingerprint: &'a str,
         clone: &'a DbName,
-    ) -> Work<'a, Result<(), String>> {
+    ) -> Work<'a, Result<(), SqlError>> {
         Box::pin(mark_ready(self, template, fingerprint, clone))
     }
     fn snapshot_templates<'a>(
         &'a self,
         current: &'a [(TemplateName, String)],
-    ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>> {
+    ) -> Work<'a, Result<Vec<SnapshotTemplate>, SqlError>> {
         Box::pin(async move {
             let templates = Session::snapshot_templates(self, current).await?;
             Ok(templates
@@ -304,7 +304,7 @@ impl Backend for Session {
     fn clear_for_snapshot(
         &self,
         current: Vec<(TemplateName, String)>,
-    ) -> Work<'_, Result<(), String>> {
+    ) -> Work<'_, Result<(), SqlError>> {
         // The sweep notes what it finds in the session it runs on; this one is done with.
         let mut session = self.clone();
         Box::pin(async move { Session::clear_for_snapshot(&mut session, current).await })

@@ -380,7 +380,7 @@ impl Backend for FakeBackend {
                 Ok(world.new_password(clone))
             })
             .await
-            .map_err(|error| NotReused::Failed(error.message))
+            .map_err(NotReused::Failed)
         })
     }
     fn drop_database<'a>(&'a self, db: &'a DbName) -> Work<'a, Result<(), SqlError>> {
@@ -425,17 +425,16 @@ impl Backend for FakeBackend {
         &'a self,
         db: &'a DbName,
         _grace: Duration,
-    ) -> Work<'a, Result<i64, String>> {
-        Box::pin(async move {
-            self.run(Op::Sessions { db: db.clone() }, |_| Ok(0))
-                .await
-                .map_err(|error| error.message)
-        })
+    ) -> Work<'a, Result<i64, SqlError>> {
+        Box::pin(self.run(Op::Sessions { db: db.clone() }, |_| Ok(0)))
     }
-    fn sizes_of<'a>(&'a self, _dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, String>> {
+    fn sizes_of<'a>(
+        &'a self,
+        _dbs: &'a [DbName],
+    ) -> Work<'a, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, String>> {
+    fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
@@ -458,19 +457,19 @@ impl Backend for FakeBackend {
         _template: &'a TemplateName,
         _fingerprint: &'a str,
         _clone: &'a DbName,
-    ) -> Work<'a, Result<(), String>> {
+    ) -> Work<'a, Result<(), SqlError>> {
         Box::pin(async { Ok(()) })
     }
     fn snapshot_templates<'a>(
         &'a self,
         _current: &'a [(TemplateName, String)],
-    ) -> Work<'a, Result<Vec<SnapshotTemplate>, String>> {
+    ) -> Work<'a, Result<Vec<SnapshotTemplate>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
     fn clear_for_snapshot(
         &self,
         _current: Vec<(TemplateName, String)>,
-    ) -> Work<'_, Result<(), String>> {
+    ) -> Work<'_, Result<(), SqlError>> {
         Box::pin(async { Ok(()) })
     }
 }

@@ -29,12 +29,12 @@ pub(super) struct Report {
 pub(super) enum JobResult {
     /// The databases' tmpfs filled: every database's size, to name the biggest.
     SpaceFilled {
-        sizes: Result<Vec<(String, i64)>, String>,
+        sizes: Result<Vec<(String, i64)>, SqlError>,
     },
     /// The leased databases were measured for `--lease-max-bytes`: each lease, the
     /// database it held and its size (a database gone meanwhile is left out).
     LeaseSizes {
-        sizes: Result<Vec<(LeaseId, DbName, u64)>, String>,
+        sizes: Result<Vec<(LeaseId, DbName, u64)>, SqlError>,
     },
     Built {
         template: TemplateName,
@@ -441,7 +441,7 @@ impl Actor {
         let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session| async move {
             let outcome = match (session.as_ref(), verify, proof.as_ref()) {
-                (None, _, _) => Err(NotReused::Failed(NOT_RUNNING.into())),
+                (None, _, _) => Err(NotReused::Failed(not_running())),
                 (Some(_), true, None) => Err(NotReused::Changed(
                     "nothing recorded what it was when handed out".into(),
                 )),
@@ -456,7 +456,9 @@ impl Actor {
             let (outcome, proven) = match outcome {
                 Ok(password) => (Ok(Made { password, stamp }), verify.then_some(true)),
                 Err(NotReused::Changed(why)) => (Err(SqlError::other(why)), Some(false)),
-                Err(NotReused::Failed(message)) => (Err(SqlError::other(message)), None),
+                // The recycle's own failure keeps its kind: a server lost meanwhile is
+                // not the clone's fault.
+                Err(NotReused::Failed(error)) => (Err(error), None),
             };
             JobResult::Cloned {
                 template,

@@ -62,11 +62,18 @@ impl Actor {
         let outcome = async {
             // Without them every template would look stale and be cleared.
             let current = self.current_versions(session.pg_major()).await?;
-            let templates = session.snapshot_templates(&current).await?;
+            // Only logged: nothing decides by the kind of a failure here.
+            let templates = session
+                .snapshot_templates(&current)
+                .await
+                .map_err(|e| e.to_string())?;
             let Some(manifest) = embedded.snapshot_plan(templates) else {
                 return Ok(None);
             };
-            session.clear_for_snapshot(current).await?;
+            session
+                .clear_for_snapshot(current)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok::<_, String>(Some(manifest))
         };
         outcome.await.unwrap_or_else(|message| {

@@ -7,8 +7,9 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::{Actor, JobResult, NOT_RUNNING};
+use super::{not_running, Actor, JobResult};
 use crate::names::{DbName, LeaseId};
+use crate::sql_error::SqlError;
 
 impl Actor {
     /// Measures the databases' tmpfs (a `statvfs` in RAM); on the step to full, asks
@@ -27,7 +28,7 @@ impl Actor {
                 JobResult::SpaceFilled {
                     sizes: match session {
                         Some(session) => session.database_sizes().await,
-                        None => Err(NOT_RUNNING.into()),
+                        None => Err(not_running()),
                     },
                 }
             });
@@ -59,7 +60,7 @@ impl Actor {
         self.spawn_job(|session| async move {
             let Some(session) = session else {
                 return JobResult::LeaseSizes {
-                    sizes: Err(NOT_RUNNING.into()),
+                    sizes: Err(not_running()),
                 };
             };
             let databases: Vec<DbName> = leases.iter().map(|(_, db)| db.clone()).collect();
@@ -88,7 +89,7 @@ impl Actor {
     /// The leased databases' sizes came back: the state ends the leases past the limit.
     pub(super) fn lease_sizes_measured(
         &mut self,
-        sizes: Result<Vec<(LeaseId, DbName, u64)>, String>,
+        sizes: Result<Vec<(LeaseId, DbName, u64)>, SqlError>,
         now: Instant,
     ) {
         match sizes {

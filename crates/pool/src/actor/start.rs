@@ -426,7 +426,11 @@ async fn sweep_earlier_runs(session: &mut Session, templates: &[TemplateConfig])
         .await;
     // Without the current versions every template would look stale: no sweep then.
     let swept = match current {
-        Ok(current) => session.sweep(current, Sweep::Start).await,
+        // Only logged: nothing decides by the kind of a failure here.
+        Ok(current) => session
+            .sweep(current, Sweep::Start)
+            .await
+            .map_err(|e| e.to_string()),
         Err(message) => Err(message),
     };
     if let Err(message) = swept {

@@ -21,6 +21,26 @@ const FIRST_NORMAL_OID: u32 = 16384;
 /// How long [`open_up`] waits for the postmaster to load the new rules.
 const RELOAD_LIMIT: Duration = Duration::from_secs(10);
 
+/// Why an adopted cluster is not opened up: its catalog holds what pglease does not make,
+/// or the check could not be carried out (postgres' own error kept as the source).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CatalogError {
+    /// Its catalog holds roles, grants or settings pglease does not make.
+    #[error("its catalog {0}")]
+    Refused(String),
+    /// Connecting over the socket, or one of the check's statements, failed.
+    #[error("{action}: {}", crate::sql_error::pg_message(.source))]
+    Sql {
+        /// What was being done.
+        action: &'static str,
+        /// The driver's error.
+        source: tokio_postgres::Error,
+    },
+    /// The postmaster did not load the usual `pg_hba.conf` in time.
+    #[error("postgres did not reload its configuration within {0:?}")]
+    NotReloaded(Duration),
+}
+
 /// The `pg_hba.conf` of an adopted cluster until its catalog is checked.
 pub(super) fn superuser_only_hba() -> String {
     format!(
@@ -33,9 +53,12 @@ pub(super) fn superuser_only_hba() -> String {
 pub(super) async fn check(
     running: &RunningPostgres,
     integresql_role: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), CatalogError> {
     let client = connect(running).await?;
-    let query = |e: tokio_postgres::Error| format!("cannot read the role catalog: {e}");
+    let query = |source| CatalogError::Sql {
+        action: "cannot read the role catalog",
+        source,
+    };
     let roles = client
         .query(
             "SELECT rolname::text FROM pg_authid \
@@ -49,10 +72,10 @@ pub(super) async fn check(
         .map_err(query)?;
     if !roles.is_empty() {
         let names: Vec<String> = roles.iter().map(|r| r.get(0)).collect();
-        return Err(format!(
-            "its catalog has roles pglease does not make that can log in or hold \
+        return Err(CatalogError::Refused(format!(
+            "has roles pglease does not make that can log in or hold \
              superuser, replication, bypass-RLS or create-role rights: {names:?}"
-        ));
+        )));
     }
     let members = client
         .query(
@@ -65,7 +88,9 @@ pub(super) async fn check(
         .map_err(query)?;
     if !members.is_empty() {
         let grants: Vec<String> = members.iter().map(|r| r.get(0)).collect();
-        return Err(format!("its catalog grants predefined roles: {grants:?}"));
+        return Err(CatalogError::Refused(format!(
+            "grants predefined roles: {grants:?}"
+        )));
     }
     let settings = client
         .query(
@@ -79,9 +104,9 @@ pub(super) async fn check(
         .map_err(query)?;
     if !settings.is_empty() {
         let names: Vec<String> = settings.iter().map(|r| r.get(0)).collect();
-        return Err(format!(
-            "its catalog sets, per role or database, settings only a superuser may: {names:?}"
-        ));
+        return Err(CatalogError::Refused(format!(
+            "sets, per role or database, settings only a superuser may: {names:?}"
+        )));
     }
     Ok(())
 }
@@ -89,41 +114,48 @@ pub(super) async fn check(
 /// Reloads the configuration once `pg_hba.conf` holds the usual rules again, and waits
 /// until a new connection sees it loaded (the postmaster reloads asynchronously; a backend
 /// inherits its load time).
-pub(super) async fn open_up(running: &RunningPostgres) -> Result<(), String> {
+pub(super) async fn open_up(running: &RunningPostgres) -> Result<(), CatalogError> {
+    let reload = |source| CatalogError::Sql {
+        action: "cannot reload the configuration",
+        source,
+    };
     let client = connect(running).await?;
     let before: std::time::SystemTime = client
         .query_one("SELECT pg_conf_load_time()", &[])
         .await
-        .map_err(|e| format!("cannot reload the configuration: {e}"))?
+        .map_err(reload)?
         .get(0);
     client
         .execute("SELECT pg_reload_conf()", &[])
         .await
-        .map_err(|e| format!("cannot reload the configuration: {e}"))?;
+        .map_err(reload)?;
     let started = Instant::now();
     loop {
         let client = connect(running).await?;
         let now: std::time::SystemTime = client
             .query_one("SELECT pg_conf_load_time()", &[])
             .await
-            .map_err(|e| format!("cannot reload the configuration: {e}"))?
+            .map_err(reload)?
             .get(0);
         if now > before {
             return Ok(());
         }
         if started.elapsed() > RELOAD_LIMIT {
-            return Err("postgres did not reload its configuration".into());
+            return Err(CatalogError::NotReloaded(RELOAD_LIMIT));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
-async fn connect(running: &RunningPostgres) -> Result<tokio_postgres::Client, String> {
+async fn connect(running: &RunningPostgres) -> Result<tokio_postgres::Client, CatalogError> {
     let (client, connection) = running
         .admin_config()
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| format!("cannot connect over the socket: {e}"))?;
+        .map_err(|source| CatalogError::Sql {
+            action: "cannot connect over the socket",
+            source,
+        })?;
     tokio::spawn(connection);
     Ok(client)
 }

@@ -337,8 +337,12 @@ impl Embedded {
     async fn check_adopted(&self, running: &RunningPostgres) -> Result<(), StartError> {
         let started = Instant::now();
         let integresql = self.config.integresql_role.as_deref();
-        if let Err(reason) = adopted_catalog::check(running, integresql).await {
-            return Err(StartError::SnapshotCatalog { reason });
+        // The start's error names the reason in words: the snapshot is refused either way,
+        // and nothing decides by how.
+        if let Err(error) = adopted_catalog::check(running, integresql).await {
+            return Err(StartError::SnapshotCatalog {
+                reason: error.to_string(),
+            });
         }
         util::write_anew(
             &running.data_dir.join("pg_hba.conf"),
@@ -347,7 +351,9 @@ impl Embedded {
         )?;
         adopted_catalog::open_up(running)
             .await
-            .map_err(|reason| StartError::SnapshotCatalog { reason })?;
+            .map_err(|error| StartError::SnapshotCatalog {
+                reason: error.to_string(),
+            })?;
         info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checked the role catalog of the snapshot's cluster; TCP clients may log in"

@@ -60,15 +60,15 @@ pub(super) async fn query_one_prepared(
     client: &Object,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<tokio_postgres::Row, String> {
+) -> Result<tokio_postgres::Row, SqlError> {
     let statement = client
         .prepare_cached(sql)
         .await
-        .map_err(|e| pg_message(&e))?;
+        .map_err(|e| SqlError::from_pg(&e))?;
     client
         .query_one(&statement, params)
         .await
-        .map_err(|e| pg_message(&e))
+        .map_err(|e| SqlError::from_pg(&e))
 }
 
 /// The daemon's own `search_path` (see [`pool_config`]).

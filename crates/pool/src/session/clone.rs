@@ -90,10 +90,9 @@ impl Session {
             }
         }
         // CREATE DATABASE does not copy database-level grants or settings.
-        let settings = self
-            .template_settings(client, template_db)
-            .await
-            .map_err(SqlError::other)?;
+        // Reading and re-applying the settings keep their SQLSTATE too: a clone that meets
+        // a full disk here is the room's failure (507), like its CREATE DATABASE.
+        let settings = self.template_settings(client, template_db).await?;
         let sql = format!(
             "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC;{}",
             clone.quoted(),
@@ -103,10 +102,7 @@ impl Session {
             .batch_execute(&sql)
             .await
             .map_err(|e| SqlError::from_pg(&e))?;
-        settings
-            .verify(self, client, template_db, clone)
-            .await
-            .map_err(SqlError::other)?;
+        settings.verify(self, client, template_db, clone).await?;
         Ok(password)
     }
 

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::Session;
 use crate::names::DbName;
-use crate::sql_error::pg_message;
 use crate::sql_error::SqlError;
 
 impl Session {
@@ -51,7 +50,7 @@ impl Session {
     /// `--lease-max-bytes` is judged by, a few times a second while leases are open. One
     /// query for all of them; a database dropped meanwhile is left out (its directory
     /// gone, postgres sizes it 0; the superuser's size check does not look it up).
-    pub async fn sizes_of(&self, dbs: &[DbName]) -> Result<Vec<(String, i64)>, String> {
+    pub async fn sizes_of(&self, dbs: &[DbName]) -> Result<Vec<(String, i64)>, SqlError> {
         let names: Vec<&str> = dbs.iter().map(DbName::as_str).collect();
         self.bounded(
             || "sizing the leased databases".to_string(),
@@ -63,7 +62,7 @@ impl Session {
                         &[&names],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
             },
         )
@@ -71,7 +70,7 @@ impl Session {
     }
 
     /// Every database's name and `pg_database_size`, in bytes.
-    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, String> {
+    pub async fn database_sizes(&self) -> Result<Vec<(String, i64)>, SqlError> {
         self.bounded(
             || "sizing the databases".to_string(),
             async |client| {
@@ -81,7 +80,7 @@ impl Session {
                         &[],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
             },
         )
@@ -108,7 +107,7 @@ impl Session {
 
     /// Waits until no session is connected to `db` (a build's connection may take a moment
     /// to go), terminating stragglers after half the time.
-    pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), String> {
+    pub async fn wait_until_unused(&self, db: &DbName, limit: Duration) -> Result<(), SqlError> {
         let started = tokio::time::Instant::now();
         loop {
             if self.sessions_on(db).await? == 0 {
@@ -118,7 +117,9 @@ impl Session {
                 self.terminate_sessions(db).await?;
             }
             if started.elapsed() > limit {
-                return Err(format!("sessions still connected to {db} after {limit:?}"));
+                return Err(SqlError::timeout(format!(
+                    "sessions still connected to {db} after {limit:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -127,7 +128,7 @@ impl Session {
     /// Sessions still connected to `db` after up to `grace`: a client that has just closed
     /// its connection leaves a backend that takes a few milliseconds to exit, so an
     /// immediate count would call a finished test "in use".
-    pub async fn sessions_after(&self, db: &DbName, grace: Duration) -> Result<i64, String> {
+    pub async fn sessions_after(&self, db: &DbName, grace: Duration) -> Result<i64, SqlError> {
         let started = tokio::time::Instant::now();
         loop {
             let sessions = self.sessions_on(db).await?;
@@ -139,7 +140,7 @@ impl Session {
     }
 
     /// Sessions connected to `db` (other than this one).
-    pub async fn sessions_on(&self, db: &DbName) -> Result<i64, String> {
+    pub async fn sessions_on(&self, db: &DbName) -> Result<i64, SqlError> {
         self.bounded(
             || format!("counting the sessions on {db}"),
             async |client| {
@@ -149,7 +150,7 @@ impl Session {
                         &[&db.as_str()],
                     )
                     .await
-                    .map_err(|e| pg_message(&e))?;
+                    .map_err(|e| SqlError::from_pg(&e))?;
                 Ok(row.get(0))
             },
         )

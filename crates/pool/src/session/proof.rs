@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use super::bounded::query_one_prepared;
 use super::Session;
 use crate::names::DbName;
-use crate::sql_error::pg_message;
+use crate::sql_error::SqlError;
 
 /// The relation cache's init file: rebuilt from the catalogs, not data.
 const RELCACHE_INIT: &str = "pg_internal.init";
@@ -148,10 +148,13 @@ impl Session {
                 async |client| {
                     let row = query_one_prepared(client, STAMP_SQL, &[&clone.as_str()]).await?;
                     let (oid, catalog) = oid_and_catalog(&row, clone)?;
-                    Ok::<_, String>((oid, catalog, row.get::<_, i64>(2)))
+                    Ok::<_, SqlError>((oid, catalog, row.get::<_, i64>(2)))
                 },
             )
-            .await?;
+            .await
+            // A stamp that cannot be taken only means the clone is not proven later: its
+            // callers log the words and nothing decides by the kind.
+            .map_err(|error| error.to_string())?;
         // Watched before the listing: a change between the two is not missed.
         let watch = self
             .watches
@@ -174,7 +177,7 @@ impl Session {
         client: &Object,
         clone: &DbName,
         stamp: &Stamp,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, SqlError> {
         let Some(data_dir) = self.proof_dir.clone() else {
             return Ok(Some("this server's files are not pglease's".into()));
         };
@@ -206,7 +209,7 @@ impl Session {
             client
                 .batch_execute("CHECKPOINT")
                 .await
-                .map_err(|e| pg_message(&e))?;
+                .map_err(|e| SqlError::from_pg(&e))?;
         } else {
             let dirty: i64 = query_one_prepared(client, DIRTY_SQL, &[&clone.as_str()])
                 .await?
@@ -218,7 +221,7 @@ impl Session {
         if let (Some(watch), Some(watches)) = (watched, &self.watches) {
             return Ok(watches.changed(&watch));
         }
-        let files = files_of(data_dir, oid).await?;
+        let files = files_of(data_dir, oid).await.map_err(SqlError::other)?;
         if files != stamp.files {
             return Ok(Some(describe_file_change(&stamp.files, &files)));
         }
@@ -274,7 +277,7 @@ pub(super) async fn written_once_left(
     client: &Object,
     clone: &DbName,
     stamp: &Stamp,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, SqlError> {
     let started = Instant::now();
     loop {
         let row = query_one_prepared(client, LEAVING_SQL, &[&clone.as_str()]).await?;
@@ -292,11 +295,11 @@ pub(super) async fn written_once_left(
 
 /// The first two columns of [`STAMP_SQL`] and [`CHECK_SQL`]: the clone's OID and its
 /// catalog rows.
-fn oid_and_catalog(row: &tokio_postgres::Row, clone: &DbName) -> Result<(u32, String), String> {
+fn oid_and_catalog(row: &tokio_postgres::Row, clone: &DbName) -> Result<(u32, String), SqlError> {
     let oid: Option<i64> = row.get(0);
     let oid = oid
         .and_then(|oid| u32::try_from(oid).ok())
-        .ok_or_else(|| format!("{clone} does not exist"))?;
+        .ok_or_else(|| SqlError::other(format!("{clone} does not exist")))?;
     Ok((oid, row.get(1)))
 }
 

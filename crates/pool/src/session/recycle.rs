@@ -33,7 +33,7 @@ use super::bounded::query_one_prepared;
 use super::Session;
 use crate::names::{quote_ident, quote_literal, DbName};
 use crate::scram;
-use crate::sql_error::pg_message;
+use crate::sql_error::SqlError;
 
 /// How often sessions are looked for (and terminated) while waiting.
 const POLL: Duration = Duration::from_millis(2);
@@ -120,15 +120,16 @@ const LAST_LOOK_SQL: &str =
 pub enum NotReused {
     /// Its stamp does not hold: it was changed (or nothing proves it was not).
     Changed(String),
-    /// The recycle failed.
-    Failed(String),
+    /// The recycle failed, with postgres' words and the kind of failure (a lost server is
+    /// not a clone's fault).
+    Failed(SqlError),
 }
 
 impl std::fmt::Display for NotReused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NotReused::Changed(why) => write!(f, "changed: {why}"),
-            NotReused::Failed(message) => f.write_str(message),
+            NotReused::Failed(error) => write!(f, "{error}"),
         }
     }
 }
@@ -160,7 +161,7 @@ impl Session {
         match outcome {
             Ok((password, None)) => Ok(password),
             Ok((_, Some(why))) => Err(NotReused::Changed(why)),
-            Err(message) => Err(NotReused::Failed(message)),
+            Err(error) => Err(NotReused::Failed(error)),
         }
     }
 
@@ -181,7 +182,7 @@ impl Session {
         clone: &DbName,
         standard_scram: bool,
         proof: Option<&super::Stamp>,
-    ) -> Result<(String, Option<String>), String> {
+    ) -> Result<(String, Option<String>), SqlError> {
         let role = quote_ident(clone.as_str());
         let password = scram::random_password();
         if let Some(stamp) = proof {
@@ -209,7 +210,7 @@ impl Session {
                 db = clone.quoted(),
             ))
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         end_sessions(client, clone, self.exits()).await?;
         let login = format!(
             "UPDATE pg_catalog.pg_authid SET rolcanlogin = true, rolconnlimit = {} \
@@ -244,7 +245,7 @@ impl Session {
         client
             .batch_execute(&sql)
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         Ok((password, None))
     }
 }
@@ -265,7 +266,7 @@ pub(super) enum Exits {
 /// that was starting when NOLOGIN committed has shown up (and was terminated if it is the
 /// holder's) or gone, giving up after [`END_LIMIT`], or after [`STARTING_GRACE`] while one
 /// is still starting.
-async fn end_sessions(client: &Object, clone: &DbName, exits: Exits) -> Result<(), String> {
+async fn end_sessions(client: &Object, clone: &DbName, exits: Exits) -> Result<(), SqlError> {
     let started = Instant::now();
     // Taken after NOLOGIN committed (any later backend fails its role check), in the same
     // round trip as the first pass: the usual recycle takes no other.
@@ -304,7 +305,7 @@ async fn wait_seen(
     started: Instant,
     mut ending: Vec<i32>,
     mut starting: Vec<i32>,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     loop {
         ending.retain(|pid| still_there(*pid));
         if ending.is_empty() && starting.is_empty() {
@@ -330,7 +331,7 @@ async fn wait_asked(
     started: Instant,
     mut found: bool,
     mut waiting_for: Vec<i32>,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     loop {
         if !found && waiting_for.is_empty() {
             return Ok(());
@@ -352,19 +353,19 @@ async fn wait_asked(
 
 /// The recycle's bounds: [`END_LIMIT`] in all, [`STARTING_GRACE`] while a backend that was
 /// starting at NOLOGIN's commit (`starting`) has not shown up.
-fn check_limits(clone: &DbName, started: Instant, starting: &[i32]) -> Result<(), String> {
+fn check_limits(clone: &DbName, started: Instant, starting: &[i32]) -> Result<(), SqlError> {
     let elapsed = started.elapsed();
     if elapsed > END_LIMIT {
-        return Err(format!(
+        return Err(SqlError::other(format!(
             "sessions of the previous holder of {clone} were still running {END_LIMIT:?} after they were terminated"
-        ));
+        )));
     }
     if let Some(pid) = starting.first().filter(|_| elapsed > STARTING_GRACE) {
-        return Err(format!(
+        return Err(SqlError::other(format!(
             "a login to the server (backend pid {pid}) has been stuck in authentication \
              for over {STARTING_GRACE:?}; it may be the previous holder's, so {clone} \
              is replaced instead of reused"
-        ));
+        )));
     }
     Ok(())
 }

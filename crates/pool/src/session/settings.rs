@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::Session;
 use crate::names::{quote_ident, quote_literal, DbName};
-use crate::sql_error::pg_message;
+use crate::sql_error::SqlError;
 
 /// The settings postgres itself declares GUC_LIST_QUOTE (guc_tables.c); none of them
 /// changes flags between versions.
@@ -52,7 +52,7 @@ impl Session {
         &self,
         client: &tokio_postgres::Client,
         template_db: &DbName,
-    ) -> Result<TemplateSettings, String> {
+    ) -> Result<TemplateSettings, SqlError> {
         let cached = self
             .template_settings
             .lock()
@@ -89,16 +89,16 @@ impl TemplateSettings {
         client: &tokio_postgres::Client,
         template_db: &DbName,
         clone: &DbName,
-    ) -> Result<(), String> {
+    ) -> Result<(), SqlError> {
         let Some(expected) = self.unverified else {
             return Ok(());
         };
         let got = stored_settings(client, clone).await?;
         if got != expected {
-            return Err(format!(
+            return Err(SqlError::other(format!(
                 "the database-level settings of {template_db} cannot be re-applied exactly: \
                  the template has {expected:?}, its clone got {got:?}"
-            ));
+            )));
         }
         if let Ok(mut cache) = session.template_settings.lock() {
             cache.insert(template_db.clone(), self.clauses);
@@ -111,7 +111,7 @@ impl TemplateSettings {
 async fn stored_settings(
     client: &tokio_postgres::Client,
     db: &DbName,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SqlError> {
     let row = client
         .query_opt(
             "SELECT s.setconfig FROM pg_db_role_setting s \
@@ -119,7 +119,7 @@ async fn stored_settings(
             &[&db.as_str()],
         )
         .await
-        .map_err(|e| pg_message(&e))?;
+        .map_err(|e| SqlError::from_pg(&e))?;
     Ok(row
         .and_then(|row| row.get::<_, Option<Vec<String>>>(0))
         .unwrap_or_default())

@@ -4,6 +4,7 @@
 
 use super::{Session, Sweep};
 use crate::names::{DbName, TemplateName};
+use crate::sql_error::SqlError;
 
 impl Session {
     /// The complete template databases of the `current` versions, with their sizes in
@@ -11,7 +12,7 @@ impl Session {
     pub async fn snapshot_templates(
         &self,
         current: &[(TemplateName, String)],
-    ) -> Result<Vec<(TemplateName, String, i64)>, String> {
+    ) -> Result<Vec<(TemplateName, String, i64)>, SqlError> {
         let mut kept = Vec::new();
         for (name, fingerprint) in current {
             let db = DbName::template(name, fingerprint);
@@ -29,7 +30,7 @@ impl Session {
     pub async fn clear_for_snapshot(
         &mut self,
         current: Vec<(TemplateName, String)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SqlError> {
         self.sweep(current, Sweep::Snapshot).await
     }
 }

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use super::{Session, OWNER_ROLE};
 use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
-use crate::sql_error::pg_message;
+use crate::sql_error::{pg_message, SqlError};
 
 /// What a sweep keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +37,7 @@ impl Session {
         &mut self,
         current: Vec<(TemplateName, String)>,
         mode: Sweep,
-    ) -> Result<(), String> {
+    ) -> Result<(), SqlError> {
         let keep: HashSet<String> = current
             .iter()
             .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())
@@ -56,7 +56,7 @@ impl Session {
                 &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
             )
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         drop(client);
         // Complete client-built templates stay; their names count as current versions
         // (a client template's fingerprint is its name), so their ready clones are adopted.
@@ -137,7 +137,7 @@ impl Session {
                 &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
             )
             .await
-            .map_err(|e| pg_message(&e))?;
+            .map_err(|e| SqlError::from_pg(&e))?;
         for row in roles {
             let name: String = row.get(0);
             if adopted.contains(&name) {
@@ -194,7 +194,7 @@ pub(crate) async fn mark_ready(
     template: &TemplateName,
     fingerprint: &str,
     clone: &DbName,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     session
         .execute(&format!(
             "COMMENT ON DATABASE {} IS {}",

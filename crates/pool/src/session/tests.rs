@@ -13,6 +13,7 @@ use super::*;
 use crate::config::PoolLimits;
 use crate::error::StartError;
 use crate::postgres::{Embedded, RunningPostgres};
+use crate::sql_error::SqlErrorKind;
 use crate::EmbeddedConfig;
 
 /// A private embedded server for one test, stopped by [`Server::stop`] (or, after a
@@ -429,11 +430,7 @@ async fn a_hung_clone_times_out_and_is_counted() {
         Err(error) => error,
         Ok(_) => panic!("the clone succeeded while pg_database was locked"),
     };
-    assert_eq!(
-        error.kind,
-        crate::sql_error::SqlErrorKind::Timeout,
-        "{error}"
-    );
+    assert_eq!(error.kind, SqlErrorKind::Timeout, "{error}");
     assert!(
         error.message.contains(&format!(
             "cloning {template} into {clone} timed out after 2s"
@@ -706,5 +703,45 @@ async fn under_trust_lease_roles_store_no_verifier() {
         .expect("recycle under trust");
     assert_eq!(stored(&clone).await, None, "recycled under trust");
     drop(admin);
+    server.stop().await;
+}
+
+/// Issue 43: a build's own statements (its `CREATE DATABASE`, the settle's `VACUUM
+/// (FREEZE)`, the grants) keep postgres' SQLSTATE through every step's context, so that the
+/// API can answer a full disk 507 (`LeaseError::BuildFailed`'s cause, `ApiError`) instead of
+/// blaming the template's sources. The statement fails as a full disk does, with SQLSTATE
+/// 53100 from the server itself.
+#[tokio::test]
+async fn a_build_step_keeps_the_sqlstate_of_its_failing_statement() {
+    let server = Server::start().await;
+    let session = server.open().await;
+    let db = DbName::from_server("pglease_tpl_sqlstate".into());
+    crate::template::create_template_database(&session, &db, "a test's template")
+        .await
+        .expect("create the template database");
+    let full = "DO $$ BEGIN RAISE EXCEPTION 'could not extend file: No space left on device' \
+                USING ERRCODE = 'disk_full'; END $$";
+    let error = crate::template::run_each_in(&session, &db, &["ANALYZE", full])
+        .await
+        .expect_err("the statement fails")
+        .context("settling the template");
+    assert_eq!(error.sqlstate.as_deref(), Some("53100"), "{error:?}");
+    assert_eq!(error.kind, SqlErrorKind::DiskFull, "{error:?}");
+    assert!(
+        error
+            .message
+            .starts_with("settling the template: ERROR: could not extend file"),
+        "{error:?}"
+    );
+    // Any other SQLSTATE travels as well, as the template's (or the server's) failure.
+    let error = crate::template::run_in(&session, &db, "SELECT 1/0")
+        .await
+        .expect_err("division by zero");
+    assert_eq!(error.sqlstate.as_deref(), Some("22012"), "{error:?}");
+    assert_eq!(error.kind, SqlErrorKind::Other, "{error:?}");
+    // The session's own statements keep it too.
+    let error = session.execute(full).await.expect_err("fails");
+    assert_eq!(error.kind, SqlErrorKind::DiskFull, "{error:?}");
+    session.drop_database(&db).await.expect("drop");
     server.stop().await;
 }

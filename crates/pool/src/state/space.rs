@@ -93,7 +93,7 @@ impl PoolState {
     /// ended at once (`state/lease_bytes.rs`): the actions carry that out.
     pub fn space_filled(
         &mut self,
-        sizes: Result<Vec<(String, i64)>, String>,
+        sizes: Result<Vec<(String, i64)>, crate::sql_error::SqlError>,
         at: SystemTime,
         now: Instant,
     ) -> Vec<Action> {

@@ -42,15 +42,18 @@ pub(super) async fn apply_source(
             let dir = dir.clone();
             let user = &session.child_user;
             user.read(move || migration_files(&dir))
-                .await?
-                .map_err(|e| user.explain(e))?
+                .await
+                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(user.explain(e)))?
         }
         TemplateSource::Command(command) => {
             run_command(session, command, db, superuser).await?;
-            return Ok(retire_build_role(session, db, superuser).await?);
+            return retire_build_role(session, db, superuser).await;
         }
         TemplateSource::Dump(dump) => {
-            let restore = dump::restore_command(dump, &session.child_user).await?;
+            let restore = dump::restore_command(dump, &session.child_user)
+                .await
+                .map_err(SqlError::other)?;
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {
@@ -62,9 +65,11 @@ pub(super) async fn apply_source(
             let restored =
                 run_command_with(session, &restore.command, db, superuser, Some(progress))
                     .await
-                    .map_err(|e| format!("restoring {} with {tool}: {e}", dump.path.display()));
+                    .map_err(|e| {
+                        e.context(format!("restoring {} with {tool}", dump.path.display()))
+                    });
             let retired = retire_build_role(session, db, superuser).await;
-            return Ok(restored.and(retired)?);
+            return restored.and(retired);
         }
         // Built by its client, never here; a superuser source wraps one plain source.
         TemplateSource::Client | TemplateSource::Superuser(_) => return Ok(()),
@@ -79,7 +84,7 @@ pub(super) async fn apply_source(
         .dbname(db.as_str());
     let applied = apply_files(config, &files, db, &session.child_user).await;
     let retired = retire_build_role(session, db, superuser).await;
-    applied.and(retired.map_err(SqlError::from))
+    applied.and(retired)
 }
 
 /// Runs each file in its own transaction on one connection made with `config`.
@@ -102,8 +107,9 @@ async fn apply_files(
             let file = path.clone();
             let sql = child_user
                 .read(move || sources::read_sql(&file))
-                .await?
-                .map_err(|e| child_user.explain(e))?;
+                .await
+                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(child_user.explain(e)))?;
             // Postgres' words, naming the file (and line), with the kind of the error.
             let transaction = client.transaction().await.map_err(|e| {
                 SqlError::described(&e, format!("{}: {}", path.display(), pg_message(&e)))
@@ -136,7 +142,7 @@ pub(super) async fn create_build_role(
     session: &Session,
     db: &DbName,
     superuser: bool,
-) -> Result<String, String> {
+) -> Result<String, SqlError> {
     let role = quote_ident(db.as_str());
     let password = crate::scram::random_password();
     // Either way its sessions start acting as the owner role (`RESET ROLE` returns to that
@@ -179,7 +185,7 @@ pub(super) async fn retire_build_role(
     session: &Session,
     db: &DbName,
     superuser: bool,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     let role = quote_ident(db.as_str());
     let (heir, whose) = if superuser {
         ("CURRENT_USER".to_owned(), "the superuser")
@@ -192,7 +198,7 @@ pub(super) async fn retire_build_role(
         &format!("REASSIGN OWNED BY {role} TO {heir}; DROP OWNED BY {role};"),
     )
     .await
-    .map_err(|e| format!("handing the objects of {db} to {whose}: {e}"))?;
+    .map_err(|e| e.context(format!("handing the objects of {db} to {whose}")))?;
     session
         .execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await?;

@@ -101,7 +101,9 @@ async fn finalize_client_template_steps(
         )
         .await
         .map_err(|e| {
-            format!("handing what the IntegreSQL clients' role made in {db} to {OWNER_ROLE}: {e}")
+            e.context(format!(
+                "handing what the IntegreSQL clients' role made in {db} to {OWNER_ROLE}"
+            ))
         })?;
     }
     retire_build_role(session, db, false).await?;

@@ -11,6 +11,7 @@ use crate::config::CommandSource;
 use crate::names::{DbName, TemplateName};
 use crate::progress;
 use crate::session::Session;
+use crate::sql_error::SqlError;
 use crate::types::ConnectInfo;
 
 /// Lines of a command's output kept for its error message.
@@ -24,7 +25,7 @@ pub(super) async fn run_command(
     source: &CommandSource,
     db: &DbName,
     superuser: bool,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     run_command_with(session, source, db, superuser, None).await
 }
 
@@ -47,7 +48,7 @@ pub(super) async fn run_command_with(
     db: &DbName,
     superuser: bool,
     progress: Option<Progress>,
-) -> Result<(), String> {
+) -> Result<(), SqlError> {
     let password = create_build_role(session, db, superuser).await?;
     let host = session.lease_host.clone();
     let port = session.lease_port.to_string();
@@ -65,7 +66,9 @@ pub(super) async fn run_command_with(
     let url = connect.url();
     // As the child user, or as the owner who controls an operator's checkout alone; with
     // none of the daemon's environment but PATH and the locale either way.
-    let runner = runner::choose(&session.child_user, source).await?;
+    let runner = runner::choose(&session.child_user, source)
+        .await
+        .map_err(SqlError::other)?;
     let user = &runner.user;
     let mut command = user.command("sh");
     command
@@ -97,10 +100,10 @@ pub(super) async fn run_command_with(
             source.workdir.display(),
             user.describe()
         );
-        match runner.recipe(None, std::slice::from_ref(&message)) {
+        SqlError::other(match runner.recipe(None, std::slice::from_ref(&message)) {
             Some(recipe) => format!("{message}; {recipe}"),
             None => message,
-        }
+        })
     })?);
     let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -190,10 +193,12 @@ pub(super) async fn run_command_with(
                 .and_then(|code| runner.recipe(code, &lines))
                 .map(|recipe| format!("\n{recipe}"))
                 .unwrap_or_default();
-            Err(format!(
+            // The command's own failure: its words, of no SQL kind (its output may say
+            // the disk is full, but only postgres' answers to the daemon carry a SQLSTATE).
+            Err(SqlError::other(format!(
                 "{message}; last lines of its output:\n{}{recipe}",
                 lines.join("\n")
-            ))
+            )))
         }
     }
 }

@@ -8,9 +8,10 @@ use std::time::Duration;
 use super::{run_each_in, run_in};
 use crate::names::DbName;
 use crate::session::Session;
+use crate::sql_error::SqlError;
 
 /// Marks a migrated database a template nobody may connect to, once its sessions are gone.
-pub(super) async fn seal_template(session: &Session, db: &DbName) -> Result<(), String> {
+pub(super) async fn seal_template(session: &Session, db: &DbName) -> Result<(), SqlError> {
     session
         .wait_until_unused(db, Duration::from_secs(5))
         .await?;
@@ -42,7 +43,7 @@ pub(crate) async fn write_relcache_init(session: &Session, db: &DbName) {
             "ALTER DATABASE {} WITH ALLOW_CONNECTIONS {allowed}",
             db.quoted()
         );
-        session.execute(&sql).await.map_err(String::from)
+        session.execute(&sql).await
     };
     let written = match allow(true).await {
         Ok(()) => {
@@ -86,13 +87,11 @@ pub(crate) async fn write_relcache_init(session: &Session, db: &DbName) {
 /// reads dirty no buffer at all (measured with pg_buffercache), which is what lets the
 /// server prove a released read-only clone unchanged (`session/proof.rs`). For a template of
 /// migrations it costs tens of milliseconds.
-pub(super) async fn settle(session: &Session, db: &DbName) -> Result<(), String> {
+pub(super) async fn settle(session: &Session, db: &DbName) -> Result<(), SqlError> {
     let started = std::time::Instant::now();
     run_each_in(session, db, &["ANALYZE", "CHECKPOINT", "VACUUM (FREEZE)"])
         .await
-        .map_err(|e| {
-            format!("settling the template (ANALYZE, CHECKPOINT, VACUUM (FREEZE)): {e}")
-        })?;
+        .map_err(|e| e.context("settling the template (ANALYZE, CHECKPOINT, VACUUM (FREEZE))"))?;
     tracing::info!(
         database = %db,
         elapsed_ms = started.elapsed().as_millis() as u64,
