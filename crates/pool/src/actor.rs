@@ -290,8 +290,8 @@ impl Actor {
                     template_db,
                     clone,
                     verify,
-                    proof,
-                } => self.spawn_recycle(template, template_db, clone, verify, proof),
+                    stamp,
+                } => self.spawn_recycle(template, template_db, clone, verify, stamp),
                 Action::Drop { db } => self.spawn_drop(db),
                 Action::OpenTemplate { template, db } => self.spawn_open(template, db),
                 Action::FinalizeTemplate {

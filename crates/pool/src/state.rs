@@ -107,9 +107,10 @@ pub(crate) enum Action {
         /// Released without `reuse`: back to the ready queue only if the server proves it
         /// unchanged since it was made ready (else it is dropped and replaced).
         verify: bool,
-        /// What it was when made ready, for that proof (None: nothing recorded it, so it
-        /// cannot be proven unchanged).
-        proof: Option<Stamp>,
+        /// What it was when last made ready (None: nothing recorded it): with `verify`, what
+        /// the proof compares against (none: it cannot be proven unchanged); otherwise where
+        /// its next stamp may start from (`Session::restamp`).
+        stamp: Option<Stamp>,
     },
     /// `DROP DATABASE db WITH (FORCE)`; reported with [`PoolState::drop_finished`].
     Drop { db: DbName },

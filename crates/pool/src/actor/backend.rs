@@ -59,6 +59,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
         standard_scram: bool,
     ) -> Work<'a, Result<String, SqlError>>;
     fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>>;
+    /// Stamps `clone` again after a recycle, from `previous` (what it was when last made
+    /// ready) where nothing shows its files changed since; a fresh stamp otherwise.
+    fn restamp<'a>(
+        &'a self,
+        clone: &'a DbName,
+        previous: Stamp,
+    ) -> Work<'a, Result<Stamp, String>> {
+        let _ = previous;
+        self.stamp(clone)
+    }
     /// Readies a released clone for its next holder; `Ok` is its role's new password.
     fn recycle<'a>(
         &'a self,
@@ -188,6 +198,13 @@ impl Backend for Session {
     }
     fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
         Box::pin(Session::stamp(self, clone))
+    }
+    fn restamp<'a>(
+        &'a self,
+        clone: &'a DbName,
+        previous: Stamp,
+    ) -> Work<'a, Result<Stamp, String>> {
+        Box::pin(Session::restamp(self, clone, previous))
     }
     fn recycle<'a>(
         &'a self,

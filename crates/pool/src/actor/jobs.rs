@@ -125,6 +125,25 @@ pub(super) async fn stamp_of(session: &dyn Backend, clone: &DbName) -> Option<St
     }
 }
 
+/// `clone`'s stamp after a recycle without a proof, from `previous` (what it was when last
+/// made ready) where the session can carry that forward cheaply (`Session::restamp`).
+async fn restamp_of(
+    session: &dyn Backend,
+    clone: &DbName,
+    previous: Option<Stamp>,
+) -> Option<Stamp> {
+    let Some(previous) = previous.filter(|_| session.proves_unchanged()) else {
+        return stamp_of(session, clone).await;
+    };
+    match session.restamp(clone, previous).await {
+        Ok(stamp) => Some(stamp),
+        Err(error) => {
+            tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
+            None
+        }
+    }
+}
+
 impl Actor {
     pub(super) fn handle_job(&mut self, report: Report) {
         let now = Instant::now();
@@ -429,18 +448,20 @@ impl Actor {
 
     /// Readies a clone for its next holder: after a `reuse` release or an adoption, or —
     /// `verify` — after a release the server must prove changed nothing, with the stamp
-    /// taken when it was made ready (none: unsure, so changed).
+    /// taken when it was made ready (none: unsure, so changed). Without `verify`, that
+    /// stamp is where the next one starts from.
     pub(super) fn spawn_recycle(
         &mut self,
         template: TemplateName,
         template_db: DbName,
         clone: DbName,
         verify: bool,
-        proof: Option<Stamp>,
+        stamp: Option<Stamp>,
     ) {
         let standard_scram = self.is_client_built(&template);
         self.spawn_job(move |session| async move {
-            let outcome = match (session.as_ref(), verify, proof.as_ref()) {
+            let proof = stamp.as_ref().filter(|_| verify);
+            let outcome = match (session.as_ref(), verify, proof) {
                 (None, _, _) => Err(NotReused::Failed(not_running())),
                 (Some(_), true, None) => Err(NotReused::Changed(
                     "nothing recorded what it was when handed out".into(),
@@ -449,8 +470,8 @@ impl Actor {
             };
             let stamp = match (&outcome, session.as_ref()) {
                 // Proven unchanged: what it was is what it is.
-                (Ok(_), Some(_)) if verify => proof,
-                (Ok(_), Some(session)) => stamp_of(&**session, &clone).await,
+                (Ok(_), Some(_)) if verify => stamp,
+                (Ok(_), Some(session)) => restamp_of(&**session, &clone, stamp).await,
                 _ => None,
             };
             let (outcome, proven) = match outcome {

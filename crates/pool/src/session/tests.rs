@@ -745,3 +745,57 @@ async fn a_build_step_keeps_the_sqlstate_of_its_failing_statement() {
     session.drop_database(&db).await.expect("drop");
     server.stop().await;
 }
+
+/// After a recycle that proves nothing (a `reuse` release), the next stamp carries the
+/// files forward from the previous one while the kernel saw no change in the clone's
+/// directory — it equals a fresh stamp — and is a fresh one once a write reached the files;
+/// either proves the clone unchanged afterwards.
+#[tokio::test]
+async fn a_restamp_carries_the_files_forward_only_while_nothing_changed() {
+    let server = Server::start().await;
+    let mut params = server.params();
+    params.proof_dir = Some(server.running.data_dir.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let template = make_template(&session, "restamp").await;
+    let admin = server.superuser().await;
+    let mut in_template = server.running.admin_config();
+    in_template.dbname(template.as_str());
+    connect(&in_template)
+        .await
+        .expect("connect to the template")
+        .batch_execute("CREATE SEQUENCE s; GRANT USAGE ON SEQUENCE s TO PUBLIC")
+        .await
+        .expect("sequence");
+    let (clone, stamp, _) = stamped_clone(&session, &template, "restamp").await;
+
+    // A `reuse` release of an untouched clone: the files are carried forward.
+    let password = session.recycle(&clone, false, None).await.expect("recycle");
+    let carried = session
+        .restamp(&clone, stamp.clone())
+        .await
+        .expect("restamp");
+    let fresh = session.stamp(&clone).await.expect("stamp");
+    assert_eq!(
+        carried, fresh,
+        "a carried stamp is not what a fresh one says"
+    );
+
+    // The holder writes (a checkpoint puts it in the files) and vouches for it anyway.
+    nextval_as_holder(&server, &clone, &password).await;
+    admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    session.recycle(&clone, false, None).await.expect("recycle");
+    let after_write = session
+        .restamp(&clone, fresh.clone())
+        .await
+        .expect("restamp");
+    assert_ne!(
+        after_write, fresh,
+        "the files changed, yet the old stamp was carried forward"
+    );
+    session
+        .recycle(&clone, false, Some(&after_write))
+        .await
+        .expect("unchanged since the new stamp");
+    drop(admin);
+    server.stop().await;
+}

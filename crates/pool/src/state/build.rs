@@ -479,7 +479,7 @@ impl PoolState {
                     template_db: built.db.clone(),
                     clone,
                     verify: false,
-                    proof: None,
+                    stamp: None,
                 });
             } else {
                 self.dbs.queue_drop(clone, template, 0);

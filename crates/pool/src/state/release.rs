@@ -59,8 +59,9 @@ impl PoolState {
                 // then it is being made. An IntegreSQL test database keeps its id (and goes
                 // to the front of the queue: it is the next one handed out, caches warm).
                 let test_id = record.reclaimable.then_some(record.number);
-                // Its holder's password goes; what it was when made ready is the proof.
-                let proof = self.dbs.get_mut(&database).and_then(|db| {
+                // Its holder's password goes; what it was when made ready is the proof (or,
+                // after a `reuse` release, where its next stamp starts from).
+                let stamp = self.dbs.get_mut(&database).and_then(|db| {
                     db.test_id = test_id;
                     db.phase = Phase::Making { started: None };
                     db.made.take().and_then(|made| made.stamp)
@@ -70,7 +71,7 @@ impl PoolState {
                     template_db,
                     clone: database,
                     verify,
-                    proof: proof.filter(|_| verify),
+                    stamp,
                 });
             }
             _ => {

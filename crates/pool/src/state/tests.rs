@@ -157,11 +157,11 @@ impl Driver {
                     template_db,
                     clone,
                     verify,
-                    proof,
+                    stamp,
                 } => {
                     if verify {
                         assert!(
-                            proof.is_some(),
+                            stamp.is_some(),
                             "{clone} was put to the proof without a stamp"
                         );
                         self.proofs += 1;
