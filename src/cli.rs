@@ -1,11 +1,13 @@
 //! The command line (clap): the subcommands and their options. `serve`'s options are in
 //! `serve.rs`; the config file is found and read in `file.rs` and merged with the flags in
 //! `config.rs`, one function per section (`templates.rs` and `server.rs` hold the two
-//! biggest), into validated `pglease_pool::PoolConfig` / `pglease_api::ApiConfig` values.
+//! biggest; `merge.rs` the rules they share), into validated `pglease_pool::PoolConfig` /
+//! `pglease_api::ApiConfig` values.
 //! No clap or TOML type leaves this module.
 
 mod config;
 mod file;
+mod merge;
 mod paths;
 mod serve;
 mod server;

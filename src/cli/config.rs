@@ -3,6 +3,7 @@
 //! `http`, `integresql`, `front_listen`, `front_tls`): each takes the flags and the file's
 //! table, applies the flags over the file and the file over the defaults, and checks the
 //! result; `into_config` only calls them in turn and assembles the validated `ServeConfig`.
+//! How a flag and the file's value combine, shared with `server.rs`, is `merge.rs`'s.
 //!
 //! The sections read `ServeArgs` whole rather than a struct of their own flags: clap lists
 //! the options in `--help` in the order `ServeArgs` declares them, which is not by section.
@@ -19,6 +20,7 @@ use pglease_pool::{
 };
 
 use super::file::{self, ConfigFile, ConfigFrom, Loaded};
+use super::merge::{flag_or_file, parse_size, switch};
 use super::serve::{FrontAddress, FrontTlsArg, LeaseAuthArg, ServeArgs, StrategyArg};
 use super::server::server;
 use super::templates::{command_timeout, templates};
@@ -463,53 +465,12 @@ fn integresql_role(
     }
 }
 
-/// The flag if given, else the config file's value.
-pub(super) fn flag_or_file<T: Clone>(flag: &Option<T>, file: &Option<T>) -> Option<T> {
-    flag.as_ref().or(file.as_ref()).cloned()
-}
-
-/// An on/off option: `--x` or `--no-x` if given (clap keeps only the last of the two, so
-/// `on` and `off` are never both set), else the config file's value, else off.
-pub(super) fn switch(on: bool, off: bool, file: Option<bool>) -> bool {
-    if on || off {
-        on
-    } else {
-        file.unwrap_or(false)
-    }
-}
 /// `--lease-max-bytes`: `0` or `off` for no limit, else a size as [`parse_size`] reads it.
 fn lease_max_bytes(text: &str) -> Result<LeaseMaxBytes, String> {
     match text.trim() {
         "0" | "off" => Ok(LeaseMaxBytes::Off),
         size => parse_size(size).map(LeaseMaxBytes::Bytes),
     }
-}
-
-/// `512M`, `2G`, `64MB`, `1GiB`, or bytes.
-pub(super) fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("size {text:?}: expected e.g. 512M or 2G"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "size {text:?}: unknown unit {unit:?} (use K, M or G)"
-            ))
-        }
-    };
-    number
-        .checked_mul(multiplier)
-        .filter(|&bytes| bytes >= 16 << 20)
-        .ok_or_else(|| format!("size {text:?}: must be at least 16M"))
 }
 
 /// The token in `path`: its content without surrounding white space (a trailing newline,

@@ -5,8 +5,8 @@
 
 use pglease_pool::{EmbeddedConfig, ExternalConfig, PoolLimits, ServerConfig, Storage};
 
-use super::config::{flag_or_file, parse_size, switch};
 use super::file::{file_version, PostgresFile};
+use super::merge::{flag_or_file, parse_size, switch};
 use super::serve::{ServeArgs, StorageArg};
 
 /// The server: external with `--postgres-url` (or `url` in `[postgres]`), which refuses

@@ -5,8 +5,9 @@ use clap::Parser;
 use pglease_pool::config::DumpSource;
 use pglease_pool::{CloneStrategy, EmbeddedConfig, ServerConfig, Storage, TemplateSource};
 
-use super::config::{parse_size, FrontListen};
+use super::config::FrontListen;
 use super::file::{found_file_is_ours, ConfigFrom};
+use super::merge::parse_size;
 use super::*;
 
 fn serve_args(args: &[&str]) -> ServeArgs {

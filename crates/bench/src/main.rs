@@ -35,11 +35,13 @@ mod cpu;
 mod daemon;
 mod error;
 mod machine;
+mod outcome;
 mod plan;
 mod report;
 mod scenarios;
 mod shim;
 mod stats;
+mod table;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -50,8 +52,9 @@ use clap::Parser;
 use crate::daemon::{Daemon, Launcher, ServerInfo};
 use crate::error::{BenchError, Result};
 use crate::machine::MachineInfo;
+use crate::outcome::Outcome;
 use crate::plan::Plan;
-use crate::report::{FixtureInfo, Fraction, Outcome, Report, Scenarios};
+use crate::report::{FixtureInfo, Fraction, Report, Scenarios};
 use crate::scenarios::{
     ceiling, connect, cow, dumps, front, integresql, latency, majors, reuse, scale, seeds,
     snapshots, startup, throughput, Ctx, FIXTURE,

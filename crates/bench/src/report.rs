@@ -4,17 +4,19 @@
 //!
 //! Here: the report's types and the header; the tables of scenarios 1–8 are in
 //! `lease` (1–3), `daemon` (4, 5, 7), `seeds` (6) and `integresql` (8), those of 9 and
-//! later with their scenarios; `table` is the text they are made of.
+//! later with their scenarios. How a scenario ended (`Outcome`) and the text tables are
+//! made of (`table`) are modules of their own below both this and the scenarios, so that
+//! a scenario printing its table does not import the report that lists it.
 
 mod daemon;
 mod integresql;
 mod lease;
 mod seeds;
-mod table;
 
 use serde::Serialize;
 
 use crate::machine::MachineInfo;
+use crate::outcome::{not_done, Outcome};
 use crate::plan::Plan;
 use crate::scenarios::ceiling::CeilingResult;
 use crate::scenarios::connect::ConnectResult;
@@ -30,43 +32,7 @@ use crate::scenarios::seeds::SeedsResult;
 use crate::scenarios::snapshots::{self, SnapshotsResult};
 use crate::scenarios::startup::StartupResult;
 use crate::scenarios::throughput::ThroughputResult;
-use table::mib;
-pub(crate) use table::{num, Table};
-
-/// How a scenario ended.
-#[derive(Debug, Serialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub enum Outcome<T> {
-    /// Ran; here are its figures.
-    Done(T),
-    /// The harness failed (not a figure): the error.
-    Failed {
-        /// What went wrong.
-        error: String,
-    },
-    /// Not run.
-    Skipped {
-        /// Why.
-        reason: String,
-    },
-}
-
-impl<T> Outcome<T> {
-    /// The figures, if the scenario ran.
-    pub fn done(&self) -> Option<&T> {
-        match self {
-            Outcome::Done(value) => Some(value),
-            _ => None,
-        }
-    }
-
-    /// A skipped scenario.
-    pub fn skipped(reason: impl Into<String>) -> Self {
-        Outcome::Skipped {
-            reason: reason.into(),
-        }
-    }
-}
+use crate::table::mib;
 
 /// What the fixture template is, read from one lease of it.
 #[derive(Debug, Serialize)]
@@ -154,21 +120,6 @@ pub struct Report {
     pub isolation_ok: bool,
     /// Wall time of the whole run, seconds.
     pub total_secs: f64,
-}
-
-/// A line for a scenario that did not produce figures.
-pub(crate) fn not_done<T>(outcome: &Outcome<T>, out: &mut String) -> bool {
-    match outcome {
-        Outcome::Done(_) => false,
-        Outcome::Failed { error } => {
-            out.push_str(&format!("  FAILED (harness): {error}\n"));
-            true
-        }
-        Outcome::Skipped { reason } => {
-            out.push_str(&format!("  not run: {reason}\n"));
-            true
-        }
-    }
 }
 
 impl Report {

@@ -8,9 +8,10 @@
 //! I/O handles (the server, its session, the job channel) and the reply senders of callers
 //! waiting for an answer, keyed by ids. This file is the loop and the carrying out of the
 //! state's actions; the rest is split by concern: [`start`](mod@start) (bringing a server up),
-//! [`server`] (watching it, taking it back), [`jobs`] (the worker jobs and their reports),
-//! [`leases`] (requests, grants, status), [`client`] (templates IntegreSQL clients build),
-//! [`space`] (the databases' tmpfs), [`shutdown`].
+//! [`server`] (watching it, taking it back), [`jobs`] (the worker jobs and what they
+//! report), [`reports`] (applying those reports), [`leases`] (requests, grants, status),
+//! [`client`] (templates IntegreSQL clients build), [`space`] (the databases' tmpfs),
+//! [`shutdown`].
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime};
@@ -35,6 +36,7 @@ mod fake;
 mod interleavings;
 mod jobs;
 mod leases;
+mod reports;
 mod server;
 mod shutdown;
 mod space;

@@ -8,10 +8,11 @@
 //!
 //! This file holds the build's outline (`build`: create, apply, settle, seal) and the
 //! superuser's own connections to a template database (`run_in`). The steps live beside
-//! it: `apply` applies SQL files and owns the temporary build role, `command` runs a
-//! migration command or a dump's restore, `seal` settles and seals a template and writes
-//! its relation cache init file, `client` opens and finalizes client-built templates;
-//! `sources` reads and fingerprints the sources, `dump` tells a dump's format. How far a
+//! it: `apply` applies SQL files, `build_role` creates and retires the temporary role a
+//! source runs as, `command` runs a migration command or a dump's restore, `seal` settles
+//! and seals a template and writes its relation cache init file, `client` opens and
+//! finalizes client-built templates; `sources` reads and fingerprints the sources, `dump`
+//! tells a dump's format, `open` is the one way either opens a source file. How far a
 //! long build is shows on the session's board (`crate::progress`).
 
 use std::path::Path;
@@ -26,9 +27,11 @@ use crate::sql_error::pg_message;
 use crate::sql_error::{SqlError, SqlErrorKind};
 
 mod apply;
+mod build_role;
 mod client;
 mod command;
 mod dump;
+mod open;
 mod seal;
 mod sources;
 

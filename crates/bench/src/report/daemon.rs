@@ -1,9 +1,10 @@
 //! The tables of scenarios 4, 5 and 7: a daemon's start-up, the cost of a connection,
 //! and the scale of the pool.
 
-use super::table::{first_errors, mib, num, without_template, Table};
-use super::{not_done, Report};
+use super::Report;
+use crate::outcome::not_done;
 use crate::stats::round3;
+use crate::table::{first_errors, mib, num, without_template, Table};
 
 impl Report {
     pub(super) fn render_startup(&self, out: &mut String) {

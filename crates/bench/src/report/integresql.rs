@@ -1,7 +1,8 @@
 //! The table of scenario 8: an IntegreSQL client's suite against pglease and IntegreSQL.
 
-use super::table::{num, Table};
-use super::{not_done, Report};
+use super::Report;
+use crate::outcome::not_done;
+use crate::table::{num, Table};
 
 impl Report {
     pub(super) fn render_integresql(&self, out: &mut String) {

@@ -1,10 +1,11 @@
 //! The tables of scenarios 1 to 3: warm lease latency, end-to-end tests, and the
 //! physical limit (raw CREATE/DROP DATABASE) with what bound it.
 
-use super::table::{busy_cores, first_errors, mib, num, Table};
-use super::{not_done, Report};
+use super::Report;
 use crate::cpu::{ByProcess, CpuUse};
+use crate::outcome::not_done;
 use crate::scenarios::ceiling::CeilingResult;
+use crate::table::{busy_cores, first_errors, mib, num, Table};
 
 impl Report {
     pub(super) fn render_latency(&self, out: &mut String) {

@@ -1,8 +1,9 @@
 //! The tables of scenario 6: the seeds' workloads on the stock, hand-tuned and pglease
 //! targets, their set-ups and the shim's checks.
 
-use super::table::{num, Table};
-use super::{not_done, Report};
+use super::Report;
+use crate::outcome::not_done;
+use crate::table::{num, Table};
 
 impl Report {
     pub(super) fn render_seeds(&self, out: &mut String) {

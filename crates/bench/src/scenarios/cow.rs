@@ -23,8 +23,9 @@ use super::{strings, Ctx, FIXTURE, IDLE_LIMIT};
 use crate::admin;
 use crate::daemon::{Daemon, ServerInfo};
 use crate::error::{BenchError, Result};
-use crate::report::{not_done, num, Outcome, Table};
+use crate::outcome::{not_done, Outcome};
 use crate::stats::{round3, Summary};
+use crate::table::{num, Table};
 
 /// The stores compared, in order: the baseline first.
 const STORES: [&str; 2] = ["tmpfs", "cow"];

@@ -22,8 +22,9 @@ use super::{strings, Ctx, IDLE_LIMIT};
 use crate::admin::{self, SUPERUSER};
 use crate::daemon::ServerInfo;
 use crate::error::{BenchError, Result};
-use crate::report::{not_done, num, Outcome, Table};
+use crate::outcome::{not_done, Outcome};
 use crate::stats::round3;
+use crate::table::{num, Table};
 
 /// Scenario 10's figures.
 #[derive(Debug, Serialize)]

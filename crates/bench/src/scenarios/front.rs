@@ -30,7 +30,7 @@ use super::{strings, Ctx, FIXTURE, IDLE_LIMIT, WAIT_MS};
 use crate::admin::{self, Conn};
 use crate::api::Api;
 use crate::error::{BenchError, Result};
-use crate::report::Outcome;
+use crate::outcome::Outcome;
 use crate::stats::{round3, Summary};
 
 pub(crate) use render::render;

@@ -18,8 +18,9 @@ use super::throughput::{self, ThroughputLevel};
 use super::{strings, Ctx, FIXTURE, IDLE_LIMIT};
 use crate::admin;
 use crate::error::{BenchError, Result};
-use crate::report::{not_done, num, Outcome, Table};
+use crate::outcome::{not_done, Outcome};
 use crate::stats::round3;
+use crate::table::{num, Table};
 
 /// Workers of the end-to-end loop: one per core of the 2-core machines this runs on.
 const END_TO_END_WORKERS: usize = 2;

@@ -20,8 +20,9 @@ use crate::admin;
 use crate::api::Api;
 use crate::cpu::{CpuClock, CpuUse};
 use crate::error::{BenchError, Result};
-use crate::report::{not_done, num, Outcome, Table};
+use crate::outcome::{not_done, Outcome};
 use crate::stats::{per_second, round3, Summary};
+use crate::table::{num, Table};
 
 /// Each level: workers, and the share of tests that only read.
 const LEVELS: [(usize, f64); 4] = [(1, 0.5), (8, 0.5), (32, 0.5), (8, 0.0)];

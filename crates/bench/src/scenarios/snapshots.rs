@@ -20,8 +20,9 @@ use serde::Serialize;
 use super::startup::first_lease;
 use super::{Ctx, FIXTURE};
 use crate::error::{BenchError, Result};
-use crate::report::{not_done, num, Outcome, Table};
+use crate::outcome::{not_done, Outcome};
 use crate::stats::{round3, Summary};
+use crate::table::{num, Table};
 
 /// Scenario 11's figures.
 #[derive(Debug, Serialize)]

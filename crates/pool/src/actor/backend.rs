@@ -3,12 +3,17 @@
 //! look at the server) and the facts it reports about it. The real one is a
 //! [`Session`]; the in-process tests put a fake server behind it (`actor/fake.rs`), so
 //! that generated event sequences drive the actor itself.
+//!
+//! The [`Monitor`] connection that tells when the server goes away is opened here too
+//! (`connect_monitor`), since a second look at the server (`probe`) opens one; `start.rs`
+//! opens the first with it. This file uses neither `start.rs` nor `server.rs`.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use super::start::connect_monitor;
+use tokio_postgres::NoTls;
+
 use crate::config::TemplateSource;
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
@@ -129,6 +134,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         current: Vec<(TemplateName, String)>,
     ) -> Work<'_, Result<(), SqlError>>;
 }
+
+/// How long a second look at a server whose monitor connection closed may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection kept open only to notice when the server goes away.
 pub(crate) trait Monitor: Send + Sync {
@@ -256,12 +264,7 @@ impl Backend for Session {
     }
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
         Box::pin(async move {
-            match tokio::time::timeout(
-                super::server::PROBE_TIMEOUT,
-                connect_monitor(&self.admin_config),
-            )
-            .await
-            {
+            match tokio::time::timeout(PROBE_TIMEOUT, connect_monitor(&self.admin_config)).await {
                 Ok(Ok(monitor)) => Ok(Box::new(monitor) as Box<dyn Monitor>),
                 Ok(Err(error)) => Err(crate::sql_error::pg_message(&error)),
                 Err(_) => Err("the server did not answer".into()),
@@ -272,11 +275,8 @@ impl Backend for Session {
         Box::pin(async move {
             let mut config = self.admin_config.clone();
             config.application_name("pglease shutdown check");
-            let connected = tokio::time::timeout(
-                super::server::PROBE_TIMEOUT,
-                config.connect(tokio_postgres::NoTls),
-            )
-            .await;
+            let connected =
+                tokio::time::timeout(PROBE_TIMEOUT, config.connect(tokio_postgres::NoTls)).await;
             match connected {
                 Ok(Ok((client, connection))) => {
                     // Dropping the client makes the connection say goodbye and end.
@@ -326,4 +326,27 @@ impl Backend for Session {
         let mut session = self.clone();
         Box::pin(async move { Session::clear_for_snapshot(&mut session, current).await })
     }
+}
+
+/// A connection kept open only to notice when the server goes away (the actor polls
+/// `is_closed`). It opts out of idle timeouts the server may set for everyone.
+pub(super) async fn connect_monitor(
+    admin_config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = admin_config.clone();
+    config.application_name("pglease monitor");
+    let (monitor, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        // Ends when the server goes; the actor sees `is_closed`.
+        let _ = connection.await;
+    });
+    // Set after connecting, not as startup options, which servers before 14 (without
+    // idle_session_timeout) would refuse.
+    monitor
+        .batch_execute(
+            "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
+             WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')",
+        )
+        .await?;
+    Ok(monitor)
 }

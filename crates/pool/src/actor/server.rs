@@ -13,8 +13,6 @@ use super::start::{bring_up, Up};
 use super::{Actor, NOT_RUNNING, POSTGRES_STOP_TIMEOUT};
 use crate::state::Built;
 
-/// How long a second look at a server whose monitor connection closed may take.
-pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the postmaster's status line is read. A server in smart shutdown keeps its
 /// sessions (the monitor's too) and refuses every new connection, so leases granted on it
 /// fail: half a second bounds how many, for the price of reading 100 bytes from tmpfs.

@@ -1,6 +1,6 @@
 //! Bringing the server up: the actor's start (the embedded server prepared, or the
 //! external one's URL checked), each (re)start of postgres and the session opened on it,
-//! and the monitor connection that tells when it goes away.
+//! and the monitor connection (opened by `backend.rs`) that tells when it goes away.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_postgres::NoTls;
 use tokio_util::task::TaskTracker;
 
-use super::backend::{Backend, Monitor};
+use super::backend::{connect_monitor, Backend, Monitor};
 use super::{Actor, COMMAND_CAPACITY, POSTGRES_STOP_TIMEOUT};
 use crate::child_user::ChildUser;
 use crate::config::{
@@ -455,27 +454,4 @@ pub(super) fn is_transient(error: &tokio_postgres::Error) -> bool {
         error.code(),
         Some(&SqlState::CANNOT_CONNECT_NOW | &SqlState::TOO_MANY_CONNECTIONS)
     )
-}
-
-/// A connection kept open only to notice when the server goes away (the actor polls
-/// `is_closed`). It opts out of idle timeouts the server may set for everyone.
-pub(super) async fn connect_monitor(
-    admin_config: &tokio_postgres::Config,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let mut config = admin_config.clone();
-    config.application_name("pglease monitor");
-    let (monitor, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        // Ends when the server goes; the actor sees `is_closed`.
-        let _ = connection.await;
-    });
-    // Set after connecting, not as startup options, which servers before 14 (without
-    // idle_session_timeout) would refuse.
-    monitor
-        .batch_execute(
-            "SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings \
-             WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')",
-        )
-        .await?;
-    Ok(monitor)
 }

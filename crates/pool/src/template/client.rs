@@ -4,7 +4,7 @@
 //! database; the marker on such a database lets a later start keep it. What to open,
 //! finalize or discard is the state's decision, not this file's.
 
-use super::apply::{create_build_role, retire_build_role};
+use super::build_role::{create_build_role, retire_build_role};
 use super::seal::{seal_template, write_relcache_init};
 use super::{blame_a_lost_server, create_template_database, run_in, Built};
 use crate::names::{quote_ident, DbName, TemplateName};

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::apply::create_build_role;
+use super::build_role::create_build_role;
 use crate::config::CommandSource;
 use crate::names::{DbName, TemplateName};
 use crate::progress;

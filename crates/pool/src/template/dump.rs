@@ -47,7 +47,7 @@ impl Format {
         }
         let mut head = [0u8; 512];
         // A device or FIFO is refused before a byte is read.
-        let (mut file, _) = super::sources::open_regular(path).map_err(|e| format!("dump {e}"))?;
+        let (mut file, _) = super::open::open_regular(path).map_err(|e| format!("dump {e}"))?;
         let mut read = 0;
         while read < head.len() {
             match file.read(&mut head[read..]) {

@@ -1,6 +1,7 @@
 //! A template's sources on disk: their stamp (sizes and mtimes, the cheap change check),
-//! their fingerprint (SHA-256 of names and contents), the files of a migrations directory,
-//! and the one way a source file is opened.
+//! their fingerprint (SHA-256 of names and contents), the files of a migrations directory.
+//! The one way a source file is opened is `open.rs`'s (a dump's format is read through it
+//! too).
 //!
 //! Every function here does blocking file I/O on paths a caller may have named: run it
 //! through [`ChildUser::read`](crate::child_user::ChildUser::read), so that it has that
@@ -10,57 +11,18 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
+use super::open::{kind_of, open_regular};
 use crate::config::{TemplateConfig, TemplateSource};
 use crate::names::TemplateName;
 
 /// The largest SQL file (`sql`, or one of `migrations`) that is read: it is held in memory
 /// and sent to postgres whole. A bigger schema is a dump (`pg_dump`), which streams.
 pub const MAX_SQL_FILE_BYTES: u64 = 256 << 20;
-
-/// Opens a source file for reading, refusing anything but a regular file before a byte is
-/// read. `O_NONBLOCK` keeps the open of a FIFO from waiting for a writer.
-pub fn open_regular(path: &Path) -> Result<(std::fs::File, u64), String> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!(
-            "{} is not a regular file ({}): a template source must be one",
-            path.display(),
-            kind_of(&meta.file_type())
-        ));
-    }
-    Ok((file, meta.len()))
-}
-
-/// What a non-regular file is, for errors.
-fn kind_of(file_type: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_char_device() {
-        "a character device"
-    } else if file_type.is_block_device() {
-        "a block device"
-    } else if file_type.is_fifo() {
-        "a FIFO"
-    } else if file_type.is_socket() {
-        "a socket"
-    } else {
-        "not a file"
-    }
-}
 
 /// Reads a SQL file whole: a regular file of at most [`MAX_SQL_FILE_BYTES`], in UTF-8.
 pub fn read_sql(path: &Path) -> Result<String, String> {

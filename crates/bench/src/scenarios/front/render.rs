@@ -6,9 +6,10 @@ use super::suite::SuiteResult;
 use super::{
     ConnectCost, FrontResult, RoundTrips, CONNECT_TARGET, ROUND_TRIP_TARGET, SUITE_TARGET,
 };
+use crate::outcome::{not_done, Outcome};
 use crate::plan::Plan;
-use crate::report::{not_done, num, Outcome, Table};
 use crate::stats::Summary;
+use crate::table::{num, Table};
 
 /// Renders scenario 14.
 pub(crate) fn render(outcome: &Outcome<FrontResult>, plan: &Plan, out: &mut String) {

@@ -1,4 +1,5 @@
-//! The text the tables are made of: the table itself and the way figures are written.
+//! The text the report's and the scenarios' tables are made of: the table itself and the
+//! way figures are written.
 
 use crate::cpu::CpuUse;
 
@@ -61,16 +62,16 @@ pub(crate) fn num(value: f64) -> String {
 }
 
 /// Busy cores of the machine's, e.g. "1.93/2".
-pub(super) fn busy_cores(cpu: Option<CpuUse>) -> String {
+pub(crate) fn busy_cores(cpu: Option<CpuUse>) -> String {
     cpu.map_or("-".into(), |c| format!("{:.2}/{}", c.busy_cores, c.cores))
 }
 
-pub(super) fn mib(bytes: i64) -> String {
+pub(crate) fn mib(bytes: i64) -> String {
     format!("{:.1} MB", bytes as f64 / 1_048_576.0)
 }
 
 /// Daemon flags without `--template NAME=…` (long paths), for the tables.
-pub(super) fn without_template(args: &[String]) -> String {
+pub(crate) fn without_template(args: &[String]) -> String {
     let mut kept = Vec::new();
     let mut skip = false;
     for arg in args {
@@ -86,7 +87,7 @@ pub(super) fn without_template(args: &[String]) -> String {
 }
 
 /// Prints the distinct first errors of a scenario's parts.
-pub(super) fn first_errors<'a>(errors: impl Iterator<Item = &'a Option<String>>, out: &mut String) {
+pub(crate) fn first_errors<'a>(errors: impl Iterator<Item = &'a Option<String>>, out: &mut String) {
     let mut seen: Vec<&str> = Vec::new();
     for error in errors.flatten() {
         if !seen.contains(&error.as_str()) {
