@@ -7,6 +7,40 @@ use crate::outcome::not_done;
 use crate::scenarios::ceiling::CeilingResult;
 use crate::table::{busy_cores, first_errors, mib, num, Table};
 
+/// Scenario 1's targets (issue 45), by workers: the most a lease's p50 may take (ms), and
+/// the fewest leases a second; those at 8 and 32 workers are 2026-11-22's run
+/// (`bench/results/2026-11-22T00-57-30Z.json`), before the security work.
+const LATENCY_TARGETS: &[(usize, Option<f64>, f64)] = &[
+    (1, Some(0.3), 1500.0),
+    (8, None, 1954.0),
+    (32, None, 1838.0),
+];
+
+/// One line per level with a target: what it asks, what was measured, and whether it is
+/// met, so that a run shows at once when the warm lease got slower again.
+fn latency_targets(levels: &[crate::scenarios::latency::LatencyLevel]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (workers, p50_ms, per_sec) in LATENCY_TARGETS {
+        let Some(level) = levels.iter().find(|l| l.workers == *workers) else {
+            continue;
+        };
+        let mut asked = vec![format!("≥ {per_sec:.0} leases/s")];
+        let mut met = level.leases_per_sec >= *per_sec;
+        if let Some(p50_ms) = p50_ms {
+            asked.insert(0, format!("p50 ≤ {p50_ms} ms"));
+            met &= level.lease.p50_ms <= *p50_ms;
+        }
+        lines.push(format!(
+            "  target at {workers} worker(s): {} — {} (p50 {} ms, {} leases/s)\n",
+            asked.join(", "),
+            if met { "met" } else { "NOT met" },
+            num(level.lease.p50_ms),
+            num(level.leases_per_sec),
+        ));
+    }
+    lines
+}
+
 impl Report {
     pub(super) fn render_latency(&self, out: &mut String) {
         out.push_str(
@@ -43,6 +77,9 @@ impl Report {
         }
         t.render(out);
         first_errors(r.levels.iter().map(|l| &l.first_error), out);
+        for line in latency_targets(&r.levels) {
+            out.push_str(&line);
+        }
     }
 
     pub(super) fn render_throughput(&self, out: &mut String) {
@@ -295,5 +332,52 @@ impl Report {
                 per_cycle / per_test
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenarios::latency::LatencyLevel;
+    use crate::stats::Summary;
+
+    fn level(workers: usize, p50_ms: f64, leases_per_sec: f64) -> LatencyLevel {
+        LatencyLevel {
+            workers,
+            elapsed_secs: 10.0,
+            leases: 0,
+            leases_per_sec,
+            errors: 0,
+            first_error: None,
+            lease: Summary {
+                p50_ms,
+                ..Summary::default()
+            },
+            release: Summary::default(),
+        }
+    }
+
+    /// Issue 45: scenario 1 says whether each level meets its target; seen red with the
+    /// p50 left out of the verdict.
+    #[test]
+    fn each_level_says_whether_its_target_is_met() {
+        let lines = latency_targets(&[
+            level(1, 0.66, 492.0),
+            level(8, 10.4, 2000.0),
+            level(32, 56.5, 541.0),
+        ]);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[0].contains("p50 ≤ 0.3 ms, ≥ 1500 leases/s — NOT met"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].contains("≥ 1954 leases/s — met"), "{}", lines[1]);
+        assert!(lines[2].contains("NOT met"), "{}", lines[2]);
+        // Fast enough but slower than the median allows is not met either.
+        let lines = latency_targets(&[level(1, 0.31, 1600.0)]);
+        assert!(lines[0].contains("NOT met"), "{}", lines[0]);
+        let lines = latency_targets(&[level(1, 0.2, 1600.0)]);
+        assert!(lines[0].contains("— met"), "{}", lines[0]);
     }
 }
