@@ -1,13 +1,16 @@
 //! The databases' room an operator gives (`--databases-dir`, issue 41 row 8): a daemon that
 //! cannot mount (a container's; here root without CAP_SYS_ADMIN) keeps every database on a
 //! second tmpfs, apart from WAL and the shared catalogs, so that a lease that fills it gets
-//! SQLSTATE 53100 and the server stays up; a directory that would give no room of its own is
-//! refused before anything starts (exit 64). The test makes both tmpfs mounts (root).
+//! SQLSTATE 53100 and the server stays up; `LISTEN`/`NOTIFY`'s queue lives there too, so
+//! that a queue nobody reads fills the room, not WAL's file system; a directory that would
+//! give no room of its own is refused before anything starts (exit 64). The tests make the
+//! tmpfs mounts (root).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::full_tmpfs::says_disk_full;
+use crate::support::notify_queue::{assert_the_queue_found_no_room, fill_the_notify_queue};
 use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
 /// A tmpfs the test mounts (root), unmounted and removed when dropped.
@@ -276,9 +279,11 @@ async fn built_token(daemon: &TestDaemon) -> String {
     row.get(0)
 }
 
-/// A snapshot (`--snapshot-dir`) of a cluster whose databases are in the room is written
-/// from what the room holds and started from again into a fresh room: the template built in
-/// the first run is leased in the second without a build (same token), from the room.
+/// A snapshot (`--snapshot-dir`) of a cluster whose databases and notification queue are in
+/// the room is written from what the room holds (the queue as an empty directory) and
+/// started from again: by a daemon without a room (the links are not in the snapshot), and
+/// into a fresh room. The template built in the first run is leased in the others without a
+/// build (same token).
 #[tokio::test]
 async fn a_snapshot_round_trips_through_the_databases_room() {
     if !nix::unistd::geteuid().is_root() {
@@ -295,39 +300,232 @@ async fn a_snapshot_round_trips_through_the_databases_room() {
     )
     .expect("write");
     let snapshots = scratch.join("snapshots");
-    let start = || {
-        TestDaemon::builder()
-            .args([
-                "--databases-dir",
-                databases.point.to_str().expect("utf-8"),
-                "--snapshot-dir",
-                snapshots.to_str().expect("utf-8"),
-                "--template",
-                &format!("app=migrations:{}", migrations.display()),
-            ])
-            .start()
+    let start = |room: bool| {
+        let mut args = vec![
+            "--snapshot-dir".to_owned(),
+            snapshots.to_str().expect("utf-8").to_owned(),
+            "--template".to_owned(),
+            format!("app=migrations:{}", migrations.display()),
+        ];
+        if room {
+            args.extend([
+                "--databases-dir".to_owned(),
+                databases.point.to_str().expect("utf-8").to_owned(),
+            ]);
+        }
+        TestDaemon::builder().args(args).start()
     };
-    let first = start().await;
+    let first = start(true).await;
     let built = built_token(&first).await;
     let (status, log) = first.stop_with_log().await;
     assert!(status.success(), "{log}");
     assert!(log.contains("wrote the snapshot"), "{log}");
 
-    let second = start().await;
+    for room in [false, true] {
+        let daemon = start(room).await;
+        assert_eq!(
+            built_token(&daemon).await,
+            built,
+            "the template was built again (room: {room})"
+        );
+        let status = daemon.status().await;
+        assert!(
+            status["postgres"]["databases_space"].is_object(),
+            "{status}"
+        );
+        let (code, log) = daemon.stop_with_log().await;
+        assert!(code.success(), "{log}");
+        assert!(log.contains("started from the snapshot"), "{log}");
+        assert!(log.contains("template already built template=app"), "{log}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&databases.point)
+        .expect("read the room")
+        .collect();
+    assert!(left.is_empty(), "left in the databases' room: {left:?}");
+}
+
+/// The lines of a daemon's log that tell of a crash of postgres, for a failure's message
+/// (postgres' own PANIC may not reach its log: the file system it is on is the full one).
+fn crashes_in(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|line| line.contains("crash") || line.contains("PANIC"))
+        .collect()
+}
+
+/// The bytes of the notification queue's files in the room `databases` (every cluster's
+/// `pg_notify/` there).
+fn queue_bytes_in(databases: &Path) -> u64 {
+    let mut bytes = 0;
+    for room in std::fs::read_dir(databases).into_iter().flatten().flatten() {
+        for cluster in std::fs::read_dir(room.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let queue = cluster.path().join("pg_notify");
+            for file in std::fs::read_dir(queue).into_iter().flatten().flatten() {
+                bytes += file.metadata().map_or(0, |meta| meta.len());
+            }
+        }
+    }
+    bytes
+}
+
+/// docs/security.md, "a notification queue nobody reads", for a daemon that cannot mount:
+/// with `--databases-dir`, each cluster's `pg_notify/` is a link into the room, so a holder
+/// that listens, reads nothing and notifies fills the room, not the file system WAL
+/// shares: the notifier gets SQLSTATE 53100, postgres is not restarted and another lease
+/// keeps its session and data (though, the room being full, it cannot grow until the
+/// queue shrinks). Once the listener's session has ended and a drop makes room, the next
+/// notifying transaction that commits lets postgres remove the queue's files, and the room
+/// is back. Without the link (the queue beside WAL) postgres PANICs on its next WAL write
+/// and restarts, ending every lease.
+#[tokio::test]
+async fn a_notify_queue_nobody_reads_fills_the_databases_dir_not_wals() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test mounts its two tmpfs (root)");
+        return;
+    }
+    let scratch = scratch_dir("databases-dir-notify");
+    let instance = Tmpfs::mount(&scratch.join("instance"), "size=300m,mode=0755");
+    let databases = Tmpfs::mount(&scratch.join("databases"), "size=150m,mode=0755");
+    let data_dir = instance.point.join("data");
+    let daemon = TestDaemon::builder()
+        // As a container's root: it cannot mount the queue a tmpfs of its own.
+        .wrapped_in(
+            "setpriv",
+            ["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"],
+        )
+        .args([
+            "--data-dir",
+            data_dir.to_str().expect("utf-8"),
+            "--databases-dir",
+            databases.point.to_str().expect("utf-8"),
+            "--min-ready",
+            "1",
+        ])
+        .start()
+        .await;
+    let bystander = daemon.lease_ok("default").await;
+    let other = connect(&bystander).await.expect("the bystander connects");
+    // `pad` (about 15 MB) is what the bystander drops later to make room.
+    other
+        .batch_execute(
+            "CREATE TABLE mine (n int); INSERT INTO mine VALUES (1); \
+             CREATE TABLE pad AS SELECT g, md5(g::text) AS m FROM generate_series(1, 200000) g",
+        )
+        .await
+        .expect("the bystander writes");
+
+    let notifying = daemon.lease_ok("default").await;
+    let (listener, error, batches) = fill_the_notify_queue(&notifying).await;
+    assert_the_queue_found_no_room(&error, batches);
+
+    // The server stayed up: the bystander's session and data are there and it writes what
+    // fits its page; the listener's session (which a PANIC would end) answers.
+    let rows = other
+        .query("SELECT count(*) FROM mine", &[])
+        .await
+        .expect("the bystander's connection survived");
+    assert_eq!(rows[0].get::<_, i64>(0), 1);
+    other
+        .batch_execute("INSERT INTO mine VALUES (2)")
+        .await
+        .expect("a row that fits its page");
+    // A lease takes the ready clone and the pool makes another: CREATE DATABASE
+    // checkpoints, writing files beside WAL. In the full room the copy fails (logged, tried
+    // again later); with the queue beside WAL the checkpoint PANICs and postgres restarts.
+    let _third = daemon.lease_ok("default").await;
+    poll_until(
+        Duration::from_secs(30),
+        "the pool to try a clone",
+        || async {
+            let restarts = daemon.status().await["postgres"]["restarts"].as_u64();
+            (daemon.log().contains("clone failed") || restarts > Some(0)).then_some(())
+        },
+    )
+    .await;
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+    // The room is the databases' too: while the queue fills it, a write that needs new
+    // pages fails with the same SQLSTATE.
+    let big = "INSERT INTO mine SELECT generate_series(1, 300000)";
+    let full = other
+        .batch_execute(big)
+        .await
+        .expect_err("room in a full room");
     assert_eq!(
-        built_token(&second).await,
-        built,
-        "the template was built again"
+        full.code(),
+        Some(&tokio_postgres::error::SqlState::DISK_FULL),
+        "{full:?}; {:?}",
+        crashes_in(&daemon.log())
     );
-    let status = second.status().await;
+    listener
+        .batch_execute("SELECT 1")
+        .await
+        .expect("the listener's session survived");
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+    // It was the room that filled: the queue's files are there, behind the link.
+    let queue = data_dir.join("pgdata-1").join("pg_notify");
     assert!(
-        status["postgres"]["databases_space"].is_object(),
-        "{status}"
+        std::fs::symlink_metadata(&queue).is_ok_and(|meta| meta.is_symlink()),
+        "{queue:?} is not a link into the room"
     );
-    let (code, log) = second.stop_with_log().await;
-    assert!(code.success(), "{log}");
-    assert!(log.contains("started from the snapshot"), "{log}");
-    assert!(log.contains("template already built template=app"), "{log}");
+    let queued = queue_bytes_in(&databases.point);
+    assert!(queued > 64 << 20, "{queued} bytes of queue in the room");
+
+    // The listener's session ends and the bystander makes room: the next notifications
+    // that commit let postgres advance the queue's tail and remove its files.
+    drop(listener);
+    let database = notifying["database"].as_str().expect("database").to_owned();
+    poll_until(
+        Duration::from_secs(20),
+        "the listener's session ended",
+        || {
+            let other = &other;
+            let database = database.clone();
+            async move {
+                let rows = other
+                    .query(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                        &[&database],
+                    )
+                    .await
+                    .ok()?;
+                // The notifier's session is still there.
+                (rows[0].get::<_, i64>(0) <= 1).then_some(())
+            }
+        },
+    )
+    .await;
+    other
+        .batch_execute("DROP TABLE pad")
+        .await
+        .expect("a drop in the full room");
+    let notifier = connect(&notifying).await.expect("the notifier connects");
+    poll_until(
+        Duration::from_secs(30),
+        "the queue's files removed",
+        || async {
+            // Ten pages: the tail is advanced at a commit that filled a few.
+            let _ = notifier
+                .batch_execute(
+                    "SELECT pg_notify('c', g::text || repeat('x', 7000)) \
+                 FROM generate_series(1, 10) g",
+                )
+                .await;
+            (queue_bytes_in(&databases.point) < 1 << 20).then_some(())
+        },
+    )
+    .await;
+    other
+        .batch_execute(big)
+        .await
+        .expect("the bystander writes again");
+    let status = daemon.status().await;
+    assert_eq!(status["postgres"]["restarts"], 0, "{status}");
+    assert!(daemon.stop().await.success());
     let left: Vec<_> = std::fs::read_dir(&databases.point)
         .expect("read the room")
         .collect();

@@ -2,47 +2,17 @@
 //! listens, stays idle in a transaction (so it reads nothing), and notifies from a second
 //! session of its lease. Before the queue was bounded it filled the room WAL lives in and
 //! postgres PANICked on its next WAL or checkpoint write, restarting and ending every lease.
-//! Now the queue has a tmpfs of its own where the databases have one (as root), and on
+//! Now the queue has a tmpfs of its own where the databases have one (as root; in the
+//! databases' room of `--databases-dir` it lives in that room, `databases_dir.rs`), and on
 //! PostgreSQL 17+ `max_notify_queue_pages` keeps it well inside that: the notifier gets an
 //! error, the server stays up.
 
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio_postgres::error::SqlState;
 
+use crate::support::notify_queue::{assert_the_queue_found_no_room, fill_the_notify_queue};
 use crate::support::{connect, poll_until, TestDaemon};
-
-/// One statement's notifications: 1000 of 7000 bytes, each distinct (postgres keeps one of
-/// identical notifications in a transaction), a page of the queue each, so 8 MB.
-const NOTIFY_BATCH: &str = "SELECT pg_notify('c', g::text || repeat('x', 7000)) \
-                            FROM generate_series(1, 1000) g";
-
-/// Statements of [`NOTIFY_BATCH`] before the test gives up: 800 MB, far more than the room
-/// the rest of a 300M tmpfs has (96 MB).
-const MAX_BATCHES: usize = 100;
-
-/// A holder's listener, idle in a transaction so that it reads nothing, and a notifier that
-/// sends until an error; the error, after how many batches.
-async fn fill_the_notify_queue(
-    lease: &Value,
-) -> (tokio_postgres::Client, tokio_postgres::Error, usize) {
-    let listener = connect(lease).await.expect("the listener connects");
-    // LISTEN commits first: in one query string with BEGIN it would belong to the open
-    // transaction, and listen only once that ends.
-    listener.batch_execute("LISTEN c").await.expect("LISTEN");
-    listener
-        .batch_execute("BEGIN; SELECT 1")
-        .await
-        .expect("the listener stays in an open transaction");
-    let notifier = connect(lease).await.expect("the notifier connects");
-    for batch in 0..MAX_BATCHES {
-        if let Err(error) = notifier.batch_execute(NOTIFY_BATCH).await {
-            return (listener, error, batch);
-        }
-    }
-    panic!("{MAX_BATCHES} batches of notifications went into the queue without an error");
-}
 
 /// The server did not restart: `/status` says so, the listener's session (which a PANIC
 /// would end) still answers, and a new lease (which makes a clone, a checkpoint) works and
@@ -88,24 +58,7 @@ async fn a_notify_queue_nobody_reads_fails_its_notifier_not_the_server() {
         .await;
     let lease = daemon.lease_ok("default").await;
     let (listener, error, batches) = fill_the_notify_queue(&lease).await;
-    let db_error = error
-        .as_db_error()
-        .unwrap_or_else(|| panic!("not an error of the notifier's statement: {error:?}"));
-    assert_eq!(
-        db_error.code(),
-        &SqlState::DISK_FULL,
-        "after {batches} batches: {db_error:?}"
-    );
-    assert!(
-        db_error
-            .message()
-            .contains("could not access status of transaction")
-            && db_error
-                .detail()
-                .is_some_and(|detail| detail.contains("pg_notify")
-                    && detail.contains("No space left on device")),
-        "after {batches} batches: {db_error:?}"
-    );
+    assert_the_queue_found_no_room(&error, batches);
     the_server_stayed_up(&daemon, &listener).await;
 
     assert!(daemon.stop().await.success());

@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::binaries::Binaries;
+use super::room::IN_THE_ROOM;
 use super::run_as::RunAs;
 use super::spawn::{self, CommandSpec, Output};
 use super::util::{io_error, random_hex};
@@ -158,8 +159,9 @@ pub(crate) fn run_initdb(
 }
 
 /// Copies the tree at `src` to `dst` (which must not exist), keeping permission bits and
-/// symlinks, and giving everything to `owner` when set. `room`: the databases' room in
-/// `--databases-dir` that `dst/base` links to (`room.rs`), which the copy fills.
+/// symlinks, and giving everything to `owner` when set. `room`: the cluster's room in
+/// `--databases-dir` whose `base/` and `pg_notify/` `dst/base` and `dst/pg_notify` link to
+/// (`room.rs`), which the copy fills.
 pub(crate) fn copy_tree(
     src: &Path,
     dst: &Path,
@@ -169,11 +171,12 @@ pub(crate) fn copy_tree(
     let meta = std::fs::symlink_metadata(src).map_err(|e| io_error("cannot stat", src, e))?;
     match std::fs::create_dir(dst) {
         // Made already, empty: a cluster directory whose databases have a tmpfs of their
-        // own (`space.rs`) and that tmpfs' mount point, or a link to their fresh room in
-        // `--databases-dir` (`room.rs`), `room`: the only link a copy goes through.
+        // own (`space.rs`) and that tmpfs' mount point, or a link to a fresh part of the
+        // cluster's room in `--databases-dir` (`room.rs`): the only links a copy goes
+        // through.
         Err(e)
             if e.kind() == std::io::ErrorKind::AlreadyExists
-                && (is_real_dir(dst) || room.is_some_and(|room| links_to(dst, room))) => {}
+                && (is_real_dir(dst) || room.is_some_and(|room| links_into(dst, room))) => {}
         result => result.map_err(|e| io_error("cannot create", dst, e))?,
     }
     let entries = std::fs::read_dir(src).map_err(|e| io_error("cannot read", src, e))?;
@@ -227,9 +230,10 @@ pub(crate) fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<(), StartE
     }
 }
 
-/// `path` is a link to `target`.
-fn links_to(path: &Path, target: &Path) -> bool {
-    std::fs::read_link(path).is_ok_and(|link| link == target)
+/// `path` is a link to one of the parts of the cluster room `room` (`room::IN_THE_ROOM`).
+fn links_into(path: &Path, room: &Path) -> bool {
+    std::fs::read_link(path)
+        .is_ok_and(|link| IN_THE_ROOM.iter().any(|part| link == room.join(part)))
 }
 
 /// `path` is a directory, not a link to one.

@@ -166,8 +166,8 @@ impl Launch {
 
     /// Removes whatever the data directory holds (its databases' tmpfs first) and, when
     /// the databases get a tmpfs of their own, makes it anew, empty, with that tmpfs and
-    /// the notification queue's, or with `base` a link to their fresh room in
-    /// `--databases-dir`; else the fill makes the directory.
+    /// the notification queue's, or with `base` and `pg_notify` links to their fresh room
+    /// in `--databases-dir`; else the fill makes the directory.
     fn fresh_data_dir(&self) -> Result<(), StartError> {
         space::unmount_inside(&self.data_dir);
         match std::fs::remove_dir_all(&self.data_dir) {
@@ -189,7 +189,8 @@ impl Launch {
         }
     }
 
-    /// The room in `--databases-dir` that this cluster's `base` links to, if any.
+    /// This cluster's room in `--databases-dir`, whose `base/` and `pg_notify/` its `base`
+    /// and `pg_notify` link to (`room.rs`), if any.
     fn cluster_room(&self) -> Option<PathBuf> {
         let room_root = self.databases_room.as_ref()?;
         Some(room::cluster_room(room_root, &self.data_dir))

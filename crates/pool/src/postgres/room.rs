@@ -1,19 +1,28 @@
 //! The databases' room an operator gives (`--databases-dir`): a directory on a file system
 //! of its own (a second tmpfs: docker's `--tmpfs`, compose's `tmpfs:`, a Kubernetes
 //! `emptyDir` of medium `Memory`), where each cluster's `base/` — every database's files and
-//! their temporary files — lives, while WAL, the shared catalogs and the log keep the
-//! instance directory's file system. It is what `space.rs` does by mounting, for a daemon
-//! that cannot mount (not root, or a container's root without CAP_SYS_ADMIN): a lease that
-//! fills the room gets "could not extend file" (SQLSTATE 53100) and the server stays up.
+//! their temporary files — and `pg_notify/` — `LISTEN`/`NOTIFY`'s queue — live, while WAL,
+//! the shared catalogs and the log keep the instance directory's file system. It is what
+//! `space.rs` does by mounting, for a daemon that cannot mount (not root, or a container's
+//! root without CAP_SYS_ADMIN): a lease that fills the room gets "could not extend file"
+//! (SQLSTATE 53100), a notifier whose queue nobody reads "could not access status of
+//! transaction 0" (53100), and the server stays up. The queue goes there because before
+//! PostgreSQL 17 nothing bounds it short of 8 GB: beside WAL it would fill WAL's file system
+//! and postgres would PANIC.
 //!
 //! Layout: `<databases dir>/pglease-<pid>-<hex>/` is this instance's room root (private to
 //! the server's user, with the marker of `marker.rs`, so that the sweep removes it once its
-//! daemon is gone); each cluster gets `<room root>/pgdata-<generation>/`, and the cluster's
-//! `base` is a symbolic link to it, made before the cluster is filled (a copy or an unpack
-//! goes into the room, `initdb.rs`, `snapshot/unpack.rs`; a snapshot packs what it
-//! points at, `snapshot.rs`). A link rather than a tablespace: postgres opens `base/…`
+//! daemon is gone); each cluster gets `<room root>/pgdata-<generation>/` (its cluster room)
+//! holding `base/` and `pg_notify/`, and the cluster's `base` and `pg_notify` are symbolic
+//! links to them ([`IN_THE_ROOM`]), made before the cluster is filled (a copy or an unpack
+//! goes into the room, `initdb.rs`, `snapshot/unpack.rs`; a snapshot packs what `base`
+//! points at and `pg_notify` as an empty directory, `snapshot.rs`). One directory per
+//! cluster, named as the cluster, so that removing a cluster's room, and the sweep of the
+//! rooms of earlier generations (`instance::remove_stale_clusters`), take both parts at
+//! once. A link rather than a tablespace: postgres opens `base/…` and `pg_notify/…`
 //! relative to its data directory and follows the link like any path, so no SQL changes
-//! (every `CREATE DATABASE` would otherwise name the tablespace, and temporary files theirs).
+//! (every `CREATE DATABASE` would otherwise name the tablespace, and temporary files theirs;
+//! the queue has no tablespace at all).
 //!
 //! It checks the directory (a directory, writable, on a file system other than the
 //! instance's: on the same one it would split nothing) and makes and removes the rooms;
@@ -60,8 +69,10 @@ pub(crate) fn check(dir: &Path, instance: Option<&Path>) -> Result<(), Databases
     Ok(())
 }
 
-/// The cluster's directory of per-database files, the link into the room (`space::DIR`).
-const BASE: &str = "base";
+/// The parts of a cluster that live in its room, by their name in the data directory
+/// (`space::DIR`, `space::NOTIFY_QUEUE_DIR`) and in the cluster room: each is a link from
+/// the one to the other.
+pub(crate) const IN_THE_ROOM: [&str; 2] = [super::space::DIR, super::space::NOTIFY_QUEUE_DIR];
 
 /// This instance's room in the databases' directory.
 #[derive(Debug)]
@@ -98,15 +109,16 @@ impl Room {
     }
 }
 
-/// The room of the cluster at `data_dir`: `<room root>/<its directory name>`.
+/// The room of the cluster at `data_dir`: `<room root>/<its directory name>`, which holds
+/// the parts [`IN_THE_ROOM`] under their own names.
 pub(crate) fn cluster_room(room_root: &Path, data_dir: &Path) -> PathBuf {
     room_root.join(data_dir.file_name().unwrap_or_default())
 }
 
-/// Makes `data_dir` (private to the server's user) with its `base` a link to a fresh,
-/// empty, private directory in the room, before the cluster is put there (by a copy or an
-/// unpack, which fill the existing directories). A room left by an earlier attempt at the
-/// same generation is removed first.
+/// Makes `data_dir` (private to the server's user) with its `base` and `pg_notify` links to
+/// fresh, empty, private directories in the cluster's room, before the cluster is put there
+/// (by a copy or an unpack, which fill the existing directories). A room left by an earlier
+/// attempt at the same generation is removed first.
 pub(crate) fn make_cluster_dir(
     data_dir: &Path,
     room_root: &Path,
@@ -118,11 +130,17 @@ pub(crate) fn make_cluster_dir(
     remove_cluster_room(room_root, data_dir)?;
     std::fs::create_dir(&room).map_err(|e| io_error("cannot create", &room, e))?;
     make_private_dir(&room, run_as)?;
-    let base = data_dir.join(BASE);
-    std::os::unix::fs::symlink(&room, &base).map_err(|e| io_error("cannot create", &base, e))?;
-    if let Some((uid, gid)) = run_as.owner() {
-        std::os::unix::fs::lchown(&base, Some(uid), Some(gid))
-            .map_err(|e| io_error("cannot chown", &base, e))?;
+    for part in IN_THE_ROOM {
+        let target = room.join(part);
+        std::fs::create_dir(&target).map_err(|e| io_error("cannot create", &target, e))?;
+        make_private_dir(&target, run_as)?;
+        let link = data_dir.join(part);
+        std::os::unix::fs::symlink(&target, &link)
+            .map_err(|e| io_error("cannot create", &link, e))?;
+        if let Some((uid, gid)) = run_as.owner() {
+            std::os::unix::fs::lchown(&link, Some(uid), Some(gid))
+                .map_err(|e| io_error("cannot chown", &link, e))?;
+        }
     }
     Ok(())
 }

@@ -33,6 +33,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::space;
+
 mod key;
 mod seal;
 mod unpack;
@@ -349,8 +351,9 @@ fn archive(
 }
 
 /// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist, or be empty
-/// but for `base`: a tmpfs, or a link to `room`, the databases' room in `--databases-dir`,
-/// where `base/` then goes), owned by `owner` when set, mode 0700 as postgres requires. Returns the bytes unpacked. An entry
+/// but for `base` and `pg_notify`: tmpfs mounts, or links into `room`, the cluster's room in
+/// `--databases-dir`, where `base/` then goes), owned by `owner` when set, mode 0700 as
+/// postgres requires. Returns the bytes unpacked. An entry
 /// that is not a plain file or directory inside the cluster fails it, naming the entry and
 /// the reason (`unpack.rs`). On error the caller removes `data_dir`.
 ///
@@ -375,13 +378,20 @@ pub fn extract(
     }
     // Everything below happens through this handle, never by a path someone could swap.
     let root = unpack::open_directory(data_dir)?;
-    // With the databases' room in `--databases-dir`, `base` is a link to it (`room.rs`):
-    // the room is opened here, once, by its own path (never through the link), and what
-    // the archive puts under `base/` goes through this handle.
-    let base = room.map(unpack::open_directory).transpose()?;
+    // With the cluster's room in `--databases-dir`, `base` and `pg_notify` are links into
+    // it (`room.rs`): their directories there are opened here, once, by their own paths
+    // (never through the links), and what the archive puts under `base/` goes through that
+    // handle (nothing goes under `pg_notify/`, `unpack.rs`).
+    let open_part = |name: &str| {
+        room.map(|room| unpack::open_directory(&room.join(name)))
+            .transpose()
+    };
+    let base = open_part(space::DIR)?;
+    let notify_queue = open_part(space::NOTIFY_QUEUE_DIR)?;
     let into = unpack::Into {
         root: &root,
         base: base.as_ref(),
+        notify_queue: notify_queue.as_ref(),
         data_dir,
     };
     let entries = archive
@@ -502,6 +512,12 @@ fn write_archive(
             .map_err(|e| format!("cannot stat {}: {e}", from.display()))?;
         let written = if name == "pg_wal" && kind.is_dir() {
             append_wal(&mut builder, cluster, &from)
+        } else if name == space::NOTIFY_QUEUE_DIR {
+            // LISTEN/NOTIFY's queue, which postgres empties at its start: only the
+            // directory goes in, whatever it holds (up to gigabytes of notifications nobody
+            // read) and whatever it is here (a directory, a tmpfs, a link into the
+            // databases' room, `room.rs`), so that any daemon can unpack it.
+            append_empty_dir(&mut builder, &name, manifest.created_unix)
         } else if name == "base" && kind.is_symlink() {
             // The databases' room in `--databases-dir` (`room.rs`): what it holds goes in,
             // as a directory `base`, never the link (which no unpacking would take).
@@ -527,6 +543,21 @@ fn write_archive(
         .get_ref()
         .sync_all()
         .map_err(|e| format!("cannot write {}: {e}", tmp.display()))
+}
+
+/// Appends an empty directory `name` (mode 0700, as postgres makes its directories).
+fn append_empty_dir<W: Write>(
+    builder: &mut tar::Builder<W>,
+    name: &std::ffi::OsStr,
+    mtime: u64,
+) -> std::io::Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_size(0);
+    header.set_mode(0o700);
+    header.set_mtime(mtime);
+    header.set_cksum();
+    builder.append_data(&mut header, name, std::io::empty())
 }
 
 /// Appends `pg_wal` with only the segments a start needs: those from the last checkpoint's

@@ -65,7 +65,8 @@ pub(crate) struct Split {
     /// What the rest of the cluster has.
     pub rest: u64,
     /// The size of each cluster's `pg_notify/` tmpfs, taken from the rest's share; `None`
-    /// where none is mounted (an operator's `--databases-dir`: the queue stays with WAL).
+    /// where none is mounted (an operator's `--databases-dir`: the queue goes in that
+    /// room, with the databases, `room.rs`).
     pub notify_queue: Option<u64>,
 }
 

@@ -65,84 +65,161 @@ fn a_written_snapshot_reads_back_and_unpacks_the_cluster() {
     assert_eq!(mode, 0o700);
 }
 
-/// With the databases' room in `--databases-dir` (`room.rs`), a cluster's `base` is a link
-/// to it: a snapshot packs what the room holds as the directory `base` (not the link, which
-/// no unpacking would take), and unpacking into a data directory whose `base` links to a
-/// fresh room fills the room.
+/// A cluster room as `room.rs` makes it for the data directory `data_dir`: `room/base` and
+/// `room/pg_notify`, and the data directory's `base` and `pg_notify` links to them. What
+/// `data_dir` held under those names moves into the room.
+fn into_a_room(data_dir: &Path, room: &Path) {
+    std::fs::create_dir_all(data_dir).expect("mkdir");
+    std::fs::create_dir(room).expect("mkdir");
+    for part in ["base", "pg_notify"] {
+        let inside = data_dir.join(part);
+        if inside.exists() {
+            std::fs::rename(&inside, room.join(part)).expect("move into the room");
+        } else {
+            std::fs::create_dir(room.join(part)).expect("mkdir");
+        }
+        std::os::unix::fs::symlink(room.join(part), inside).expect("symlink");
+    }
+}
+
+/// With the databases' room in `--databases-dir` (`room.rs`), a cluster's `base` and
+/// `pg_notify` are links into it: a snapshot packs what the room's `base` holds as the
+/// directory `base` and `pg_notify` as an empty directory (not the links, which no
+/// unpacking would take), and unpacking into a data directory with links into a fresh room
+/// fills the room.
 #[test]
 fn a_cluster_whose_databases_are_in_a_room_packs_and_unpacks_through_it() {
     let root = tempdir();
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
     let room = root.join("room");
-    std::fs::rename(cluster.join("base"), &room).expect("move base");
-    std::os::unix::fs::symlink(&room, cluster.join("base")).expect("symlink");
+    into_a_room(&cluster, &room);
+    // A queue page nobody read when the cluster stopped.
+    std::fs::write(room.join("pg_notify/0000"), [1u8; 8192]).expect("write");
     let path = path_for(&root.join("snaps"), 15);
     write(&cluster, &manifest(), &path, &key()).expect("write");
 
-    // Into a plain data directory: `base` comes out a directory.
+    // Into a plain data directory: `base` and `pg_notify` come out directories, the queue
+    // empty (postgres empties it at its start anyway).
     let plain = root.join("plain");
     extract_file(&path, &plain, None).expect("a plain unpack");
-    assert!(std::fs::symlink_metadata(plain.join("base"))
-        .expect("base")
-        .is_dir());
+    for part in ["base", "pg_notify"] {
+        assert!(std::fs::symlink_metadata(plain.join(part))
+            .expect(part)
+            .is_dir());
+    }
     assert_eq!(
         std::fs::read(plain.join("base/1/1259"))
             .expect("read")
             .len(),
         100_000
     );
+    assert_eq!(
+        std::fs::read_dir(plain.join("pg_notify"))
+            .expect("read")
+            .count(),
+        0
+    );
 
-    // Into a data directory with its own room: the files land in the room.
+    // Into a data directory with its own room: the files land in the room, the links stay.
     let out = root.join("out");
     let out_room = root.join("out-room");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::create_dir(&out_room).expect("mkdir");
-    std::os::unix::fs::symlink(&out_room, out.join("base")).expect("symlink");
+    into_a_room(&out, &out_room);
     let found = open(&path, &key()).expect("open");
     extract(&found, &key(), &out, None, Some(&out_room)).expect("unpack into the room");
     assert_eq!(
-        std::fs::read(out_room.join("1/1259")).expect("read").len(),
+        std::fs::read(out_room.join("base/1/1259"))
+            .expect("read")
+            .len(),
         100_000
     );
-    assert!(std::fs::symlink_metadata(out.join("base"))
-        .expect("base")
+    for part in ["base", "pg_notify"] {
+        assert!(std::fs::symlink_metadata(out.join(part))
+            .expect(part)
+            .is_symlink());
+        let mode = std::fs::metadata(out_room.join(part))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{part}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A snapshot of a cluster without a room (here one packed by an older pglease, with the
+/// queue's files in it) unpacks into a data directory whose `pg_notify` links into the room:
+/// the queue's files are not written (postgres would remove them), the link is not
+/// followed, nothing is refused.
+#[test]
+fn a_snapshot_with_queue_files_unpacks_into_a_room() {
+    let root = tempdir();
+    let out = root.join("out");
+    let room = root.join("room");
+    into_a_room(&out, &room);
+    let path = root.join("older.pgsnap");
+    hostile_snapshot(
+        &path,
+        vec![
+            file("PG_VERSION", b"15\n"),
+            dir("global"),
+            file("global/pg_control", &[7u8; 8192]),
+            dir("base"),
+            dir("base/1"),
+            file("base/1/1259", b"a table"),
+            dir("pg_notify"),
+            file("pg_notify/0000", &[1u8; 8192]),
+        ],
+    );
+    let found = open(&path, &key()).expect("open");
+    extract(&found, &key(), &out, None, Some(&room)).expect("unpack into the room");
+    assert_eq!(
+        std::fs::read(room.join("base/1/1259")).expect("read"),
+        b"a table"
+    );
+    assert_eq!(
+        std::fs::read_dir(room.join("pg_notify"))
+            .expect("read")
+            .count(),
+        0
+    );
+    assert!(std::fs::symlink_metadata(out.join("pg_notify"))
+        .expect("pg_notify")
         .is_symlink());
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// The room changes nothing for a hostile entry: below `base/` it is refused as anywhere
-/// else, and nothing is written through a link the archive brings.
+/// The room changes nothing for a hostile entry: below `base/` or `pg_notify/` it is
+/// refused as anywhere else, and nothing is written through a link the archive brings.
 #[test]
 fn a_hostile_entry_under_base_is_refused_in_the_room_too() {
     let root = tempdir();
     let outside = root.join("outside");
     std::fs::create_dir(&outside).expect("mkdir");
-    let out = root.join("out");
-    let room = root.join("room");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::create_dir(&room).expect("mkdir");
-    std::os::unix::fs::symlink(&room, out.join("base")).expect("symlink");
-    let path = root.join("hostile.pgsnap");
-    hostile_snapshot(
-        &path,
-        vec![
-            dir("base"),
-            link(
-                "base/1",
-                tar::EntryType::Symlink,
-                outside.to_str().expect("utf-8"),
-            ),
-            file("base/1/1259", b"overwritten"),
-        ],
-    );
-    let found = open(&path, &key()).expect("open");
-    let error = extract(&found, &key(), &out, None, Some(&room)).expect_err("a link in base");
-    assert!(
-        error.contains("\"base/1\"") && error.contains("symbolic link"),
-        "{error}"
-    );
-    assert_eq!(std::fs::read_dir(&outside).expect("read").count(), 0);
+    for top in ["base", "pg_notify"] {
+        let out = root.join(format!("out-{top}"));
+        let room = root.join(format!("room-{top}"));
+        into_a_room(&out, &room);
+        let path = root.join(format!("hostile-{top}.pgsnap"));
+        hostile_snapshot(
+            &path,
+            vec![
+                dir(top),
+                link(
+                    &format!("{top}/1"),
+                    tar::EntryType::Symlink,
+                    outside.to_str().expect("utf-8"),
+                ),
+                file(&format!("{top}/1/1259"), b"overwritten"),
+            ],
+        );
+        let found = open(&path, &key()).expect("open");
+        let error = extract(&found, &key(), &out, None, Some(&room)).expect_err("a link");
+        assert!(
+            error.contains(&format!("\"{top}/1\"")) && error.contains("symbolic link"),
+            "{error}"
+        );
+        assert_eq!(std::fs::read_dir(&outside).expect("read").count(), 0);
+    }
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -509,6 +586,7 @@ fn a_link_already_in_the_data_directory_is_not_followed() {
     let into = unpack::Into {
         root: &handle,
         base: None,
+        notify_queue: None,
         data_dir: &out,
     };
     let result = unpack::unpack(

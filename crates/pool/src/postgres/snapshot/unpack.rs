@@ -19,7 +19,11 @@
 //! `*.signal` file (recovery, which runs `restore_command`), `postmaster.*`, `backup_label`
 //! or `tablespace_map`, or any other name fails the unpacking. The configuration files
 //! postgres would read (`postgresql.conf`, `postgresql.auto.conf`, `pg_hba.conf`,
-//! `pg_ident.conf`) are skipped: the start writes its own (`launch.rs`).
+//! `pg_ident.conf`) are skipped: the start writes its own (`launch.rs`). So is anything
+//! under `pg_notify/` (`LISTEN`/`NOTIFY`'s queue, which postgres empties at its start; an
+//! older pglease packed what it held): only the directory is made, or with the databases'
+//! room only its mode and owner set, as the data directory's `pg_notify` is then a link
+//! into the room.
 //!
 //! Entry names are shown quoted and escaped (`{:?}`) in errors: they come from the archive
 //! and end up in the log. This file does not read the manifest or decide whether a
@@ -70,6 +74,8 @@ const TOP_LEVEL: &[(&str, bool)] = &[
 
 /// The data directory's databases, which may be a link to their room (`Into::base`).
 const BASE: &str = "base";
+/// LISTEN/NOTIFY's queue, which may be a link to its room (`Into::notify_queue`).
+const NOTIFY_QUEUE: &str = "pg_notify";
 
 /// The configuration files postgres reads from its data directory: never taken from a
 /// snapshot, the start writes them.
@@ -84,8 +90,8 @@ pub(super) const CONFIG_FILES: &[&str] = &[
 enum Place {
     /// Part of the cluster: unpack it.
     Cluster,
-    /// A configuration file: skip it.
-    Config,
+    /// A configuration file, or content of the notification queue: skip it.
+    Skip,
 }
 
 /// Where the entry `name` (of `kind`, its first component `top`) belongs, or why it cannot
@@ -98,7 +104,11 @@ fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, String> {
         .count()
         == 1;
     if is_top && kind == EntryType::Regular && CONFIG_FILES.contains(&top_text.as_ref()) {
-        return Ok(Place::Config);
+        return Ok(Place::Skip);
+    }
+    // postgres removes the queue's files at its start: nothing of them is worth writing.
+    if !is_top && top_text == NOTIFY_QUEUE {
+        return Ok(Place::Skip);
     }
     let why = if top_text.ends_with(".signal") {
         "a signal file would start recovery (which runs restore_command)"
@@ -145,6 +155,10 @@ pub(super) struct Into<'a> {
     /// (`room.rs`): the archive's `base/` goes there, through this handle, instead of
     /// through the link (which [`open_parent`] refuses like any other).
     pub base: Option<&'a OwnedFd>,
+    /// The notification queue's directory in that room, which the data directory's
+    /// `pg_notify` links to: the archive's `pg_notify` sets its mode and owner, nothing
+    /// goes into it.
+    pub notify_queue: Option<&'a OwnedFd>,
     /// The data directory's path, for errors.
     pub data_dir: &'a Path,
 }
@@ -181,8 +195,22 @@ pub(super) fn unpack<R: Read>(
         }
         let (parent, last) = plain_path(&name)?;
         let top = parent.components().next().map_or(last, |c| c.as_os_str());
-        if let Place::Config = place(&name, top, kind)? {
+        if let Place::Skip = place(&name, top, kind)? {
             continue;
+        }
+        if kind == EntryType::Directory && parent.as_os_str().is_empty() {
+            let room = match last.to_str() {
+                Some(BASE) => into.base,
+                Some(NOTIFY_QUEUE) => into.notify_queue,
+                _ => None,
+            };
+            if let Some(room) = room {
+                // A part of the cluster's room: made already, empty; only its mode and
+                // owner are set.
+                set_mode_and_owner(room.as_fd(), DIR_MODE, owner)
+                    .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+                continue;
+            }
         }
         let parent_dir = match last_parent.take() {
             Some((path, fd)) if path == parent => fd,
@@ -191,14 +219,6 @@ pub(super) fn unpack<R: Read>(
         let failed = |action: &str, e: Errno| {
             format!("cannot {action} {name:?}: {}", std::io::Error::from(e))
         };
-        if kind == EntryType::Directory && parent.as_os_str().is_empty() && last == BASE {
-            if let Some(base) = into.base {
-                // The room: made already, empty; only its mode and owner are set.
-                set_mode_and_owner(base.as_fd(), DIR_MODE, owner)
-                    .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
-                continue;
-            }
-        }
         if kind == EntryType::Directory {
             // mkdirat makes the directory or fails: it never follows a link at `last`. One
             // there already (`base/`, the databases' tmpfs) is opened below, never a link.
