@@ -850,6 +850,68 @@ async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_els
     assert!(daemon.stop().await.success());
 }
 
+/// Issue 42: on its own server pglease names the databases of the IntegreSQL API as
+/// IntegreSQL does, `integresql_template_<hash>` and `integresql_test_<hash>_<n>`
+/// (go-starter tells templates apart by the hash in a test database's name), and keeps
+/// its own names where IntegreSQL's would not fit in a postgres identifier.
+#[tokio::test]
+async fn integresql_databases_are_named_as_integresql_names_them() {
+    let daemon = TestDaemon::builder().start().await;
+    let compat = Compat::new(&daemon);
+    let hash = "0123456789abcdef0123456789abcdef";
+    let (status, template) = compat.initialize(hash).await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(
+        template["database"]["config"]["database"],
+        format!("integresql_template_{hash}")
+    );
+    connect(&template)
+        .await
+        .expect("the initialize answer")
+        .batch_execute("CREATE TABLE items (id int)")
+        .await
+        .expect("migrate");
+    assert_eq!(compat.finalize(hash).await, 204);
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let (status, test_db) = compat.test_database(hash).await;
+        assert_eq!(status, 200, "{test_db}");
+        let name = test_db["database"]["config"]["database"]
+            .as_str()
+            .expect("database")
+            .to_owned();
+        let number = name
+            .strip_prefix(&format!("integresql_test_{hash}_"))
+            .unwrap_or_else(|| panic!("IntegreSQL's name: {name}"));
+        assert!(number.parse::<u64>().is_ok(), "{name}");
+        let current: String = connect(&test_db)
+            .await
+            .expect("the test database")
+            .query_one("SELECT current_database()", &[])
+            .await
+            .expect("its name")
+            .get(0);
+        assert_eq!(current, name);
+        names.push(name);
+    }
+    assert_ne!(names[0], names[1]);
+    // Too long for IntegreSQL's name (postgres would cut it): ours, and it works.
+    let long = "f".repeat(64);
+    build(&compat, &long).await;
+    let (status, test_db) = compat.test_database(&long).await;
+    assert_eq!(status, 200, "{test_db}");
+    let name = test_db["database"]["config"]["database"]
+        .as_str()
+        .expect("database");
+    assert!(name.starts_with("pglease_"), "{name}");
+    assert!(name.len() <= 63, "{name}");
+    assert_eq!(
+        count_items(&connect(&test_db).await.expect("connect")).await,
+        1
+    );
+    assert!(daemon.stop().await.success());
+}
+
 /// A role of the server's named like `--integresql-pg-user` is not the daemon's to take
 /// over (its password, its rights): the start is refused with the reason.
 #[tokio::test]

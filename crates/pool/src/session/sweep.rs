@@ -9,7 +9,9 @@
 use std::collections::HashSet;
 
 use super::{Session, OWNER_ROLE};
-use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
+use crate::names::{
+    quote_ident, quote_literal, DbName, TemplateName, INTEGRESQL_PREFIX, MARKER, PREFIX,
+};
 use crate::sql_error::pg_message;
 
 /// What a sweep keeps.
@@ -44,16 +46,19 @@ impl Session {
             .collect();
         let client = self.client().await?;
         let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        // Client-built templates' databases and roles on our own server carry IntegreSQL's
+        // names; the marker and the owner role tell ours from anyone else's here too.
+        let integresql_pattern = format!("{}%", INTEGRESQL_PREFIX.replace('_', "\\_"));
         let rows = client
             .query(
                 "SELECT datname, datistemplate AND NOT datallowconn, \
                         coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
-                 WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
-                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE r.rolname LIKE $1 AND r.rolname <> $3 \
+                 WHERE (datname LIKE $1 OR datname LIKE $4) AND (shobj_description(oid, 'pg_database') LIKE $2 \
+                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE (r.rolname LIKE $1 OR r.rolname LIKE $4) AND r.rolname <> $3 \
                                  AND (shobj_description(r.oid, 'pg_authid') LIKE $2 \
                                       OR r.oid IN (SELECT m.member FROM pg_auth_members m \
                                                    JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $3))))",
-                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
+                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE, &integresql_pattern],
             )
             .await
             .map_err(|e| pg_message(&e))?;
@@ -130,11 +135,11 @@ impl Session {
         let client = self.client().await?;
         let roles = client
             .query(
-                "SELECT rolname FROM pg_roles r WHERE rolname LIKE $1 AND rolname <> $2 \
+                "SELECT rolname FROM pg_roles r WHERE (rolname LIKE $1 OR rolname LIKE $4) AND rolname <> $2 \
                  AND (shobj_description(oid, 'pg_authid') LIKE $3 \
                       OR oid IN (SELECT m.member FROM pg_auth_members m \
                                  JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
-                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
+                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%"), &integresql_pattern],
             )
             .await
             .map_err(|e| pg_message(&e))?;
