@@ -107,6 +107,7 @@ impl Session {
                     || self.client_templates.iter().any(|(t, _, _)| *t == template);
                 if current_version && template_db_kept {
                     tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
+                    self.admit_shared_role(&template, &name).await;
                     self.adoptable
                         .push((template, fingerprint, DbName::from_server(name.clone())));
                     adopted.insert(name);
@@ -159,6 +160,31 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+impl Session {
+    /// Makes the IntegreSQL clients' role a member of an adopted clone's role again when
+    /// the clone is of a client-built template, as `clone_database` does for a new one
+    /// (the start took back every membership an earlier run left). A failure is logged:
+    /// the clone is still a test database, which the shared role then cannot reach.
+    async fn admit_shared_role(&self, template: &TemplateName, clone: &str) {
+        let Some(shared) = self.integresql_role() else {
+            return;
+        };
+        if !self.client_templates.iter().any(|(t, _, _)| t == template) {
+            return;
+        }
+        let granted = self
+            .execute(&format!(
+                "GRANT {} TO {}",
+                quote_ident(clone),
+                quote_ident(shared)
+            ))
+            .await;
+        if let Err(error) = granted {
+            tracing::warn!(database = %clone, %error, "could not let the IntegreSQL clients' role into an adopted test database");
+        }
     }
 }
 
