@@ -367,9 +367,11 @@ pub struct ServeArgs {
     #[arg(help_heading = "IntegreSQL API", long)]
     pub integresql_allow_remote: bool,
     /// A login role for suites that name one user in the PG* variables of their run, as
-    /// IntegreSQL's shared user (e.g. dbuser), and load a dump into the template they are
-    /// initializing with `psql`: from initialize to finalize it reaches that template's
-    /// database, with a lease's connection limit; nothing else, and it is no superuser.
+    /// IntegreSQL's shared user (e.g. dbuser), and load a dump with `psql` into the template
+    /// they are initializing or a test database: it reaches a client-built template from
+    /// initialize to finalize and the test databases of client-built templates, with a
+    /// lease's connection limit in all, and the initialize answer carries its credentials;
+    /// nothing else, and it is no superuser.
     /// Needs --integresql-pg-password; PGHOST and PGPORT are postgres' own (--pg-port fixes
     /// the port). See docs/integresql.md.
     #[arg(

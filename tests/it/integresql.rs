@@ -736,13 +736,15 @@ async fn connect_as_dbuser(
     Ok(client)
 }
 
-/// Issue 26 (docs/security.md): the role `--integresql-pg-user` makes for suites' PG*
-/// variables reaches a template's database from its initialize to its finalize and nothing
-/// else — not the `postgres` database, not a finalized template, not a test database — is
-/// no superuser, cannot create databases, and holds a lease's connection limit; a finalize
-/// ends its sessions there. A role of that name the daemon did not make is not taken over.
+/// Issues 26 and 42 (docs/security.md): the role `--integresql-pg-user` makes for suites'
+/// PG* variables reaches a client-built template's database from its initialize to its
+/// finalize, and the test databases of client-built templates, and nothing else — not the
+/// `postgres` database, not a finalized template, not a lease of a configured template —
+/// is no superuser, cannot create databases, and holds a lease's connection limit; a
+/// finalize ends its sessions in the template. The initialize answer carries its
+/// credentials. A role of that name the daemon did not make is not taken over.
 #[tokio::test]
-async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_else() {
+async fn the_integresql_role_reaches_client_templates_and_their_test_databases_and_nothing_else() {
     let daemon = TestDaemon::builder()
         .args(["--lease-connections", "3"])
         .args(INTEGRESQL_ROLE_ARGS)
@@ -763,10 +765,20 @@ async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_els
     };
     refused("postgres", "the postgres database").await;
     refused("template1", "template1").await;
+    let lease = daemon.lease_ok("default").await;
+    refused(
+        lease["database"].as_str().expect("database"),
+        "a lease of a configured template",
+    )
+    .await;
 
     let compat = Compat::new(&daemon);
     let (status, template) = compat.initialize("beef01").await;
     assert_eq!(status, 200, "{template}");
+    assert_eq!(
+        template["database"]["config"]["username"], "dbuser",
+        "the initialize answer carries the shared role's credentials: {template}"
+    );
     let database = template["database"]["config"]["database"]
         .as_str()
         .expect("database")
@@ -836,7 +848,19 @@ async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_els
         .as_str()
         .expect("database")
         .to_owned();
-    refused(&test_database, "a test database").await;
+    // A dump loaded with psql and the run's PG* variables into a test database (go-starter's
+    // TestWithTestDatabaseEmpty): the shared role gets in, creates and changes.
+    let shared = connect_as_dbuser(&postgres, &test_database)
+        .await
+        .expect("a test database of a client-built template");
+    shared
+        .batch_execute(
+            "CREATE TABLE public.users (id int); ALTER TABLE public.users OWNER TO dbuser; \
+             ALTER TABLE public.t RENAME TO t2; ALTER TABLE public.t2 RENAME TO t",
+        )
+        .await
+        .expect("it loads a dump and changes the template's tables there");
+    drop(shared);
     let owner = connect(&test_db)
         .await
         .expect("the test's own role")
@@ -847,6 +871,112 @@ async fn the_integresql_role_reaches_templates_being_initialized_and_nothing_els
         .await
         .expect("the table");
     assert_eq!(owner.get::<_, String>(0), "pglease_owner");
+    assert!(daemon.stop().await.success());
+}
+
+/// Issue 42, go-starter's TestWithTestDatabaseFromDumpGorp: a dump loaded with psql and
+/// the run's PG* variables makes tables owned by the shared role, which the client's
+/// migrations (through the initialize answer) then rename; the test databases get them
+/// owned by the owner role, so each test's own role changes them too.
+#[tokio::test]
+async fn what_the_integresql_role_makes_in_a_template_the_initialize_answer_changes() {
+    let daemon = TestDaemon::builder()
+        .args(INTEGRESQL_ROLE_ARGS)
+        .start()
+        .await;
+    let postgres = daemon.status().await["servers"][0]["postgres"].clone();
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize("0ddba11").await;
+    assert_eq!(status, 200, "{template}");
+    let database = template["database"]["config"]["database"]
+        .as_str()
+        .expect("database");
+    connect_as_dbuser(&postgres, database)
+        .await
+        .expect("psql with the run's PG* variables")
+        .batch_execute(
+            "CREATE TABLE public.gorp_migrations (id text PRIMARY KEY); \
+             ALTER TABLE public.gorp_migrations OWNER TO dbuser;",
+        )
+        .await
+        .expect("the dump loads");
+    connect(&template)
+        .await
+        .expect("the initialize answer")
+        .batch_execute("ALTER TABLE IF EXISTS gorp_migrations RENAME TO migrations")
+        .await
+        .expect("the migrations rename the dump's table");
+    assert_eq!(compat.finalize("0ddba11").await, 204);
+    let (status, test_db) = compat.test_database("0ddba11").await;
+    assert_eq!(status, 200, "{test_db}");
+    connect(&test_db)
+        .await
+        .expect("the test's own role")
+        .batch_execute("ALTER TABLE migrations ADD COLUMN applied_at timestamptz")
+        .await
+        .expect("a test changes it");
+    assert!(daemon.stop().await.success());
+}
+
+/// Issue 42: on its own server pglease names the databases of the IntegreSQL API as
+/// IntegreSQL does, `integresql_template_<hash>` and `integresql_test_<hash>_<n>`
+/// (go-starter tells templates apart by the hash in a test database's name), and keeps
+/// its own names where IntegreSQL's would not fit in a postgres identifier.
+#[tokio::test]
+async fn integresql_databases_are_named_as_integresql_names_them() {
+    let daemon = TestDaemon::builder().start().await;
+    let compat = Compat::new(&daemon);
+    let hash = "0123456789abcdef0123456789abcdef";
+    let (status, template) = compat.initialize(hash).await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(
+        template["database"]["config"]["database"],
+        format!("integresql_template_{hash}")
+    );
+    connect(&template)
+        .await
+        .expect("the initialize answer")
+        .batch_execute("CREATE TABLE items (id int)")
+        .await
+        .expect("migrate");
+    assert_eq!(compat.finalize(hash).await, 204);
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let (status, test_db) = compat.test_database(hash).await;
+        assert_eq!(status, 200, "{test_db}");
+        let name = test_db["database"]["config"]["database"]
+            .as_str()
+            .expect("database")
+            .to_owned();
+        let number = name
+            .strip_prefix(&format!("integresql_test_{hash}_"))
+            .unwrap_or_else(|| panic!("IntegreSQL's name: {name}"));
+        assert!(number.parse::<u64>().is_ok(), "{name}");
+        let current: String = connect(&test_db)
+            .await
+            .expect("the test database")
+            .query_one("SELECT current_database()", &[])
+            .await
+            .expect("its name")
+            .get(0);
+        assert_eq!(current, name);
+        names.push(name);
+    }
+    assert_ne!(names[0], names[1]);
+    // Too long for IntegreSQL's name (postgres would cut it): ours, and it works.
+    let long = "f".repeat(64);
+    build(&compat, &long).await;
+    let (status, test_db) = compat.test_database(&long).await;
+    assert_eq!(status, 200, "{test_db}");
+    let name = test_db["database"]["config"]["database"]
+        .as_str()
+        .expect("database");
+    assert!(name.starts_with("pglease_"), "{name}");
+    assert!(name.len() <= 63, "{name}");
+    assert_eq!(
+        count_items(&connect(&test_db).await.expect("connect")).await,
+        1
+    );
     assert!(daemon.stop().await.success());
 }
 

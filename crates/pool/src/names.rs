@@ -15,6 +15,17 @@ pub const PREFIX: &str = "pglease_";
 /// Prefix of template databases.
 const TEMPLATE_PREFIX: &str = "pglease_tpl_";
 
+/// Prefix of the databases (and their roles) of client-built templates on the server
+/// pglease runs itself: IntegreSQL's own names, which suites parse (allaboutapps'
+/// go-starter tells templates apart by the hash in `integresql_test_<hash>_<n>`).
+pub const INTEGRESQL_PREFIX: &str = "integresql_";
+
+/// Prefix of a client-built template's database under IntegreSQL's names.
+const INTEGRESQL_TEMPLATE_PREFIX: &str = "integresql_template_";
+
+/// Prefix of a test database of a client-built template under IntegreSQL's names.
+const INTEGRESQL_TEST_PREFIX: &str = "integresql_test_";
+
 /// Database comment that marks what pglease created (with [`PREFIX`] on the name).
 pub const MARKER: &str = "created by pglease";
 
@@ -32,8 +43,9 @@ pub struct InvalidName {
 
 /// Checks the name of a role the operator names (`--integresql-pg-user`): 1 to 63 bytes of
 /// `[a-z0-9_]` starting with a letter or `_`, so that it needs no quoting in `pg_hba.conf`,
-/// and none that postgres reserves (`pg_…`, `public`, `none`, …), pglease's own (`pglease_…`,
-/// which the sweep manages) or the embedded server's superuser (`postgres`).
+/// and none that postgres reserves (`pg_…`, `public`, `none`, …), pglease's own (`pglease_…`
+/// and `integresql_…`, which the sweep manages) or the embedded server's superuser
+/// (`postgres`).
 pub fn check_role_name(name: &str) -> Result<(), String> {
     let shaped = (1..=MAX_IDENT_BYTES).contains(&name.len())
         && name
@@ -57,7 +69,11 @@ pub fn check_role_name(name: &str) -> Result<(), String> {
         "sameuser",
         "replication",
     ];
-    if name.starts_with("pg_") || name.starts_with(PREFIX) || reserved.contains(&name) {
+    if name.starts_with("pg_")
+        || name.starts_with(PREFIX)
+        || name.starts_with(INTEGRESQL_PREFIX)
+        || reserved.contains(&name)
+    {
         return Err(format!(
             "role name {name:?} is reserved (by postgres, pglease, or the embedded server's superuser); choose another, e.g. dbuser"
         ));
@@ -142,7 +158,8 @@ impl fmt::Display for LeaseId {
     }
 }
 
-/// The name of a database pglease created: always [`PREFIX`] + ASCII, at most 63 bytes.
+/// The name of a database pglease created: [`PREFIX`] (or [`INTEGRESQL_PREFIX`]) + ASCII,
+/// at most 63 bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DbName(String);
 
@@ -165,6 +182,25 @@ impl DbName {
         DbName(format!("{PREFIX}{instance}_{seq}"))
     }
 
+    /// A client-built template's database as IntegreSQL names it,
+    /// `integresql_template_<hash>`; None when that is longer than postgres keeps
+    /// (a hash over 43 characters), since a truncated name could be another's.
+    pub fn integresql_template(hash: &TemplateName) -> Option<Self> {
+        Self::fitting(format!("{INTEGRESQL_TEMPLATE_PREFIX}{hash}"))
+    }
+
+    /// A test database of a client-built template as IntegreSQL names it,
+    /// `integresql_test_<hash>_<n>`, with `n` the clone's own sequence number (not its
+    /// test id, which is given when it is handed out); None when that is longer than
+    /// postgres keeps.
+    pub fn integresql_test(hash: &TemplateName, seq: u64) -> Option<Self> {
+        Self::fitting(format!("{INTEGRESQL_TEST_PREFIX}{hash}_{seq}"))
+    }
+
+    fn fitting(name: String) -> Option<Self> {
+        (name.len() <= MAX_IDENT_BYTES).then_some(DbName(name))
+    }
+
     /// Wraps a name read back from the server (already one of ours).
     pub fn from_server(name: String) -> Self {
         DbName(name)
@@ -175,9 +211,10 @@ impl DbName {
         &self.0
     }
 
-    /// True for a template database's name (see [`DbName::template`]).
+    /// True for a template database's name (see [`DbName::template`] and
+    /// [`DbName::integresql_template`]).
     pub fn is_template(&self) -> bool {
-        self.0.starts_with(TEMPLATE_PREFIX)
+        self.0.starts_with(TEMPLATE_PREFIX) || self.0.starts_with(INTEGRESQL_TEMPLATE_PREFIX)
     }
 
     /// The name quoted for SQL.

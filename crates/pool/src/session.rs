@@ -130,8 +130,10 @@ pub struct Session {
     lease_auth: LeaseAuth,
     lease_superuser: bool,
     lease_connections: u32,
-    /// The IntegreSQL clients' role's name: a member of each template being initialized.
-    integresql_role: Option<String>,
+    /// The IntegreSQL clients' role: a member of each template being initialized and of
+    /// each clone of a client-built template; the initialize answer carries its
+    /// credentials.
+    integresql_role: Option<IntegresqlRole>,
     /// The bound on each admin operation.
     admin_timeout: Duration,
     /// Admin operations that timed out (shown in `/status`).
@@ -186,7 +188,13 @@ impl Session {
 
     /// The IntegreSQL clients' role's name, when the daemon has one.
     pub(crate) fn integresql_role(&self) -> Option<&str> {
-        self.integresql_role.as_deref()
+        self.integresql_role.as_ref().map(|role| role.name.as_str())
+    }
+
+    /// The IntegreSQL clients' role's name and password, when the daemon has one: what an
+    /// initialize answers with (see `template/client.rs`).
+    pub fn integresql_credentials(&self) -> Option<&IntegresqlRole> {
+        self.integresql_role.as_ref()
     }
 }
 

@@ -233,6 +233,9 @@ pub(crate) struct PoolState {
     /// The first build of each configured template in this run starts from scratch
     /// (`--verify-templates`).
     verify_templates: bool,
+    /// Client-built templates' databases get IntegreSQL's names (`integresql_…`, see
+    /// [`PoolState::with_integresql_names`]); off, and in state tests, they get ours.
+    integresql_names: bool,
 }
 
 impl PoolState {
@@ -279,7 +282,18 @@ impl PoolState {
             exceeded_max_bytes: 0,
             last_exceeded_max_bytes: None,
             verify_templates: false,
+            integresql_names: false,
         }
+    }
+
+    /// Names client-built templates' databases as IntegreSQL does
+    /// (`integresql_template_<hash>`, `integresql_test_<hash>_<n>`) where they fit in a
+    /// postgres identifier and no database of the pool has the name yet. Only for the
+    /// server pglease runs itself: an external one may hold someone else's databases of
+    /// those names (IntegreSQL's own), which a failed open would drop.
+    pub fn with_integresql_names(mut self, on: bool) -> Self {
+        self.integresql_names = on;
+        self
     }
 
     /// `--verify-templates`: the first build of each configured template in this run
@@ -386,11 +400,32 @@ impl PoolState {
         self.dbs.connections_in_use() + self.client_connections()
     }
 
-    /// A fresh database name for a clone.
-    fn next_clone_name(&mut self) -> DbName {
-        let clone = DbName::clone_db(&self.instance, self.next_seq);
+    /// A fresh database name for a clone of `template`: IntegreSQL's for a client-built
+    /// one when it is on and the name is free (an adopted clone of an earlier run may
+    /// hold it), ours otherwise.
+    fn next_clone_name(&mut self, template: &TemplateName) -> DbName {
+        let seq = self.next_seq;
         self.next_seq += 1;
-        clone
+        let client_built = self
+            .templates
+            .get(template)
+            .is_some_and(TemplateEntry::is_client_built);
+        self.integresql_names
+            .then_some(())
+            .filter(|()| client_built)
+            .and_then(|()| DbName::integresql_test(template, seq))
+            .filter(|name| self.name_is_free(name))
+            .unwrap_or_else(|| DbName::clone_db(&self.instance, seq))
+    }
+
+    /// Whether no database the pool knows has the name `name`: no record, and no
+    /// template's own database.
+    fn name_is_free(&self, name: &DbName) -> bool {
+        self.dbs.get(name).is_none()
+            && self
+                .templates
+                .values()
+                .all(|entry| !entry.template_dbs().contains(&name))
     }
 
     fn remember_lost(&mut self, id: LeaseId) {

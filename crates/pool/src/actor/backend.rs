@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio_postgres::NoTls;
 
-use crate::config::TemplateSource;
+use crate::config::{IntegresqlRole, TemplateSource};
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
 use crate::session::{mark_ready, NotReused, Session, Stamp};
@@ -39,6 +39,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn local_socket(&self) -> Option<&std::path::Path>;
     /// Whether lease holders may use TLS.
     fn ssl(&self) -> bool;
+    /// The IntegreSQL clients' role (`--integresql-pg-user`), when there is one: an
+    /// initialize answers with its name and password instead of the template role's.
+    fn shared_login(&self) -> Option<&IntegresqlRole> {
+        None
+    }
     /// Settings read back with the server's values.
     fn settings(&self) -> &[(String, String)];
     /// Connections lease holders can have in all.
@@ -167,6 +172,9 @@ impl Backend for Session {
     }
     fn ssl(&self) -> bool {
         Session::ssl(self)
+    }
+    fn shared_login(&self) -> Option<&IntegresqlRole> {
+        self.integresql_credentials()
     }
     fn settings(&self) -> &[(String, String)] {
         &self.settings

@@ -213,12 +213,19 @@ impl Actor {
                     .backend
                     .as_ref()
                     .ok_or_else(|| TemplateOpError::PostgresDown(NOT_RUNNING.into()))?;
+                // With `--integresql-pg-user` the client migrates as the shared role that
+                // its run's PG* variables name, as under IntegreSQL: what a dump loaded with
+                // psql made, the migrations change (and vice versa), one owner for both.
+                // Otherwise as the build role, named like its database (`sameuser`).
+                let (user, password) = match session.shared_login() {
+                    Some(shared) => (shared.name.clone(), shared.password.clone()),
+                    None => (db.as_str().to_owned(), password.unwrap_or_default()),
+                };
                 Ok(ConnectInfo {
                     host: session.lease_host().to_owned(),
                     port: session.lease_port(),
-                    // The build role is named like its database (the `sameuser` rule).
-                    user: db.as_str().to_owned(),
-                    password: password.unwrap_or_default(),
+                    user,
+                    password,
                     database: db.clone(),
                     ssl: session.ssl(),
                 })

@@ -238,7 +238,9 @@ pub(super) async fn launch(
     let instance = hex::encode(rand::random::<[u8; 3]>());
     tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
     let state = PoolState::new(limits, instance.clone(), &templates, prebuild)
-        .with_verified_builds(verify_templates);
+        .with_verified_builds(verify_templates)
+        // On its own server only pglease makes databases, so IntegreSQL's names are free.
+        .with_integresql_names(!external);
     let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {

@@ -34,6 +34,30 @@ fn generated_database_names_fit_postgres_identifiers() {
 }
 
 #[test]
+fn integresql_names_are_integresqls_when_they_fit_and_none_otherwise() {
+    let md5 = TemplateName::new("0123456789abcdef0123456789abcdef").expect("valid");
+    let template = DbName::integresql_template(&md5).expect("an md5 hash fits");
+    assert_eq!(
+        template.as_str(),
+        "integresql_template_0123456789abcdef0123456789abcdef"
+    );
+    assert!(template.is_template());
+    let test = DbName::integresql_test(&md5, 12).expect("an md5 hash fits");
+    assert_eq!(
+        test.as_str(),
+        "integresql_test_0123456789abcdef0123456789abcdef_12"
+    );
+    assert!(!test.is_template());
+    // Longer than postgres keeps: no name rather than a truncated one another hash shares.
+    let sha256 = TemplateName::new(&"a".repeat(64)).expect("valid");
+    assert_eq!(DbName::integresql_template(&sha256), None);
+    assert_eq!(DbName::integresql_test(&sha256, 1), None);
+    let longest = TemplateName::new(&"b".repeat(63 - "integresql_template_".len())).expect("valid");
+    assert!(DbName::integresql_template(&longest).is_some());
+    assert_eq!(DbName::integresql_test(&md5, u64::MAX), None);
+}
+
+#[test]
 fn lease_ids_round_trip_and_reject_garbage() {
     let id = LeaseId::random(0);
     assert_eq!(LeaseId::parse(id.as_str()), Some(id));
@@ -77,6 +101,7 @@ fn role_names_need_no_quoting_and_are_nobody_elses() {
         "all",
         "pg_read_all_data",
         "pglease_owner",
+        "integresql_test_abc_1",
     ] {
         assert!(check_role_name(bad).is_err(), "{bad:?}");
     }

@@ -20,8 +20,8 @@ use crate::error::StartError;
 /// The `pg_hba.conf` written at every start (first match wins). Lease roles are named like
 /// their databases, so `sameuser` lets each one open its own database and nothing else.
 /// The IntegreSQL clients' role, if any, reaches a database only while it is a member of
-/// the role named like it: a template being initialized (`samerole`; its name needs no
-/// quoting, `names::check_role_name`).
+/// the role named like it: a client-built template being initialized, or a clone of a
+/// client-built one (`samerole`; its name needs no quoting, `names::check_role_name`).
 pub(super) fn pg_hba(lease_auth: LeaseAuth, integresql_role: Option<&str>) -> String {
     let method = match lease_auth {
         LeaseAuth::Scram { .. } => "scram-sha-256",
@@ -29,7 +29,8 @@ pub(super) fn pg_hba(lease_auth: LeaseAuth, integresql_role: Option<&str>) -> St
     };
     let integresql = match integresql_role {
         Some(role) => format!(
-            "# The IntegreSQL clients' role (--integresql-pg-user): templates being initialized.\n\
+            "# The IntegreSQL clients' role (--integresql-pg-user): client-built templates being\n\
+             # initialized and their test databases.\n\
              host    samerole   {role:<10} all       scram-sha-256\n"
         ),
         None => String::new(),

@@ -20,8 +20,10 @@ impl Session {
     /// template_db` owned by that role, CONNECT and TEMPORARY revoked from PUBLIC, the
     /// template's database-level settings re-applied, and our marker on both.
     /// Returns the role's password.
-    /// With `standard_scram` its verifier has postgres' standard iteration count (for
-    /// clients of the IntegreSQL API, whose Go drivers refuse fewer).
+    /// `standard_scram` marks a clone of a client-built template (the IntegreSQL API): its
+    /// verifier has postgres' standard iteration count (those clients' Go drivers refuse
+    /// fewer), and the IntegreSQL clients' role, if any, becomes a member of its role, so
+    /// that `samerole` lets the suites' shared PG* user into their test databases.
     pub async fn clone_database(
         &self,
         template_db: &DbName,
@@ -54,9 +56,15 @@ impl Session {
         };
         // Membership in the owner role (and the prefix) marks the role, and through it the
         // database it owns, as ours: no comment to write on the hot path.
+        let shared = match self.integresql_role() {
+            Some(shared) if standard_scram => {
+                format!(" GRANT {role} TO {};", quote_ident(shared))
+            }
+            _ => String::new(),
+        };
         client
             .batch_execute(&format!(
-                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} IN ROLE {owner}; {set}",
+                "CREATE ROLE {role} LOGIN {superuser} CONNECTION LIMIT {limit} IN ROLE {owner}; {set}{shared}",
                 limit = self.lease_connections,
                 owner = quote_ident(OWNER_ROLE),
                 set = self.set_password_sql(clone, &password, standard_scram),

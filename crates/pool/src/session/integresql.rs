@@ -1,9 +1,11 @@
 //! The IntegreSQL clients' role (`--integresql-pg-user`): one login role, as IntegreSQL's
-//! shared user, that suites name in the PG* variables of their run to load a dump into the
-//! template they are initializing with `psql`. It is made at each start;
-//! `template/client.rs` makes it a member of a client-built template's own role at
-//! initialize and takes that back at finalize, and `pg_hba.conf`'s `samerole` rule lets it
-//! into a database only while it is a member of the role named like that database.
+//! shared user, that suites name in the PG* variables of their run to load a dump with
+//! `psql` into the template they are initializing or into a test database; an initialize
+//! answers with its credentials. It is made at each start; `template/client.rs` makes it
+//! a member of a client-built template's own role at initialize and takes that back at
+//! finalize, `session/clone.rs` makes it a member of each clone's role of a client-built
+//! template (gone with the clone), and `pg_hba.conf`'s `samerole` rule lets it into a
+//! database only while it is a member of the role named like that database.
 
 use crate::config::IntegresqlRole;
 use crate::error::StartError;

@@ -151,10 +151,7 @@ impl Session {
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,
             lease_connections: params.lease_connections,
-            integresql_role: params
-                .integresql_role
-                .as_ref()
-                .map(|role| role.name.clone()),
+            integresql_role: params.integresql_role.clone(),
             admin_timeout: params.admin_timeout,
             admin_timeouts: Arc::default(),
             _lock: Arc::new(lock),

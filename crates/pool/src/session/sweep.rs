@@ -9,7 +9,9 @@
 use std::collections::HashSet;
 
 use super::{Session, OWNER_ROLE};
-use crate::names::{quote_ident, quote_literal, DbName, TemplateName, MARKER, PREFIX};
+use crate::names::{
+    quote_ident, quote_literal, DbName, TemplateName, INTEGRESQL_PREFIX, MARKER, PREFIX,
+};
 use crate::sql_error::{pg_message, SqlError};
 
 /// What a sweep keeps.
@@ -44,16 +46,19 @@ impl Session {
             .collect();
         let client = self.client().await?;
         let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        // Client-built templates' databases and roles on our own server carry IntegreSQL's
+        // names; the marker and the owner role tell ours from anyone else's here too.
+        let integresql_pattern = format!("{}%", INTEGRESQL_PREFIX.replace('_', "\\_"));
         let rows = client
             .query(
                 "SELECT datname, datistemplate AND NOT datallowconn, \
                         coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database \
-                 WHERE datname LIKE $1 AND (shobj_description(oid, 'pg_database') LIKE $2 \
-                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE r.rolname LIKE $1 AND r.rolname <> $3 \
+                 WHERE (datname LIKE $1 OR datname LIKE $4) AND (shobj_description(oid, 'pg_database') LIKE $2 \
+                   OR datdba IN (SELECT r.oid FROM pg_roles r WHERE (r.rolname LIKE $1 OR r.rolname LIKE $4) AND r.rolname <> $3 \
                                  AND (shobj_description(r.oid, 'pg_authid') LIKE $2 \
                                       OR r.oid IN (SELECT m.member FROM pg_auth_members m \
                                                    JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $3))))",
-                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE],
+                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE, &integresql_pattern],
             )
             .await
             .map_err(|e| SqlError::from_pg(&e))?;
@@ -102,6 +107,7 @@ impl Session {
                     || self.client_templates.iter().any(|(t, _, _)| *t == template);
                 if current_version && template_db_kept {
                     tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
+                    self.admit_shared_role(&template, &name).await;
                     self.adoptable
                         .push((template, fingerprint, DbName::from_server(name.clone())));
                     adopted.insert(name);
@@ -130,11 +136,11 @@ impl Session {
         let client = self.client().await?;
         let roles = client
             .query(
-                "SELECT rolname FROM pg_roles r WHERE rolname LIKE $1 AND rolname <> $2 \
+                "SELECT rolname FROM pg_roles r WHERE (rolname LIKE $1 OR rolname LIKE $4) AND rolname <> $2 \
                  AND (shobj_description(oid, 'pg_authid') LIKE $3 \
                       OR oid IN (SELECT m.member FROM pg_auth_members m \
                                  JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
-                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%")],
+                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%"), &integresql_pattern],
             )
             .await
             .map_err(|e| SqlError::from_pg(&e))?;
@@ -154,6 +160,31 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+impl Session {
+    /// Makes the IntegreSQL clients' role a member of an adopted clone's role again when
+    /// the clone is of a client-built template, as `clone_database` does for a new one
+    /// (the start took back every membership an earlier run left). A failure is logged:
+    /// the clone is still a test database, which the shared role then cannot reach.
+    async fn admit_shared_role(&self, template: &TemplateName, clone: &str) {
+        let Some(shared) = self.integresql_role() else {
+            return;
+        };
+        if !self.client_templates.iter().any(|(t, _, _)| t == template) {
+            return;
+        }
+        let granted = self
+            .execute(&format!(
+                "GRANT {} TO {}",
+                quote_ident(clone),
+                quote_ident(shared)
+            ))
+            .await;
+        if let Err(error) = granted {
+            tracing::warn!(database = %clone, %error, "could not let the IntegreSQL clients' role into an adopted test database");
+        }
     }
 }
 

@@ -81,11 +81,19 @@ impl PoolState {
             && self.reclaim_oldest(now, &mut actions)
         {}
         // A name of its own for every initialization: a discarded version's database may
-        // still be waiting to be dropped.
-        let db = DbName::template(
-            template,
-            &format!("{}{:010x}", self.instance, self.next_seq),
-        );
+        // still be waiting to be dropped (then IntegreSQL's name is not free, and this
+        // initialization gets one of ours).
+        let db = self
+            .integresql_names
+            .then(|| DbName::integresql_template(template))
+            .flatten()
+            .filter(|name| self.name_is_free(name))
+            .unwrap_or_else(|| {
+                DbName::template(
+                    template,
+                    &format!("{}{:010x}", self.instance, self.next_seq),
+                )
+            });
         self.next_seq += 1;
         let mut entry = TemplateEntry::client(ClientBuild::Opening { db: db.clone() });
         // A discarded one's leases may still be out (their records count against the

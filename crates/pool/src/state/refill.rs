@@ -76,7 +76,7 @@ impl PoolState {
                         continue;
                     }
                 }
-                let clone = self.next_clone_name();
+                let clone = self.next_clone_name(name);
                 self.dbs
                     .insert(clone.clone(), new_clone(name, &template_db, size, now));
                 counts.entry(name.clone()).or_default().making += 1;

@@ -1,5 +1,7 @@
 //! Templates their clients build (the IntegreSQL API): `open_client_template` makes the
-//! empty database and the login role the client migrates it with, and
+//! empty database and the login role the client migrates it with (or, with
+//! `--integresql-pg-user`, lets that shared role in, whose credentials the client then
+//! gets: `actor/client.rs`), and
 //! `finalize_client_template` locks that role out, hands on what it made and seals the
 //! database; the marker on such a database lets a later start keep it. What to open,
 //! finalize or discard is the state's decision, not this file's.
