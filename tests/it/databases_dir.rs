@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::full_tmpfs::says_disk_full;
+use crate::support::disk_full::{
+    assert_refused_for_room, churn_when_full, fill_until_refused, FILL_TABLE,
+};
 use crate::support::notify_queue::{assert_the_queue_found_no_room, fill_the_notify_queue};
 use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
 
@@ -42,23 +44,22 @@ impl Drop for Tmpfs {
     }
 }
 
-/// docs/security.md, "a lease holder fills the storage", for a daemon that cannot mount:
-/// with `--databases-dir` on a tmpfs of its own, the filler's writes fail with 53100, the
-/// bystander keeps writing, postgres is not restarted, `/status` shows the databases' room;
-/// at the stop the room is emptied. Without the option (the same daemon, one tmpfs) postgres
-/// PANICs on its next WAL or checkpoint write and restarts, ending every lease.
-#[tokio::test]
-async fn a_lease_that_fills_the_databases_dir_fails_alone() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the test mounts its two tmpfs (root)");
-        return;
-    }
-    let scratch = scratch_dir("databases-dir-fill");
-    let instance = Tmpfs::mount(&scratch.join("instance"), "size=300m,mode=0755");
-    let databases = Tmpfs::mount(&scratch.join("databases"), "size=150m,mode=0755");
+/// The two tmpfs a container's operator gives (the test mounts them, as root): the
+/// instance's, 300 MB, and the databases' room, 150 MB.
+fn two_tmpfs(name: &str) -> (Tmpfs, Tmpfs) {
+    let scratch = scratch_dir(name);
+    (
+        Tmpfs::mount(&scratch.join("instance"), "size=300m,mode=0755"),
+        Tmpfs::mount(&scratch.join("databases"), "size=150m,mode=0755"),
+    )
+}
+
+/// A daemon as a container's root runs it, without CAP_SYS_ADMIN (it cannot mount), its
+/// data directory on `instance` and `--databases-dir` on `databases`, one ready clone, and
+/// `extra` flags. Declared after the two tmpfs, it is dropped (stopped) before they are.
+async fn start_without_mount(instance: &Tmpfs, databases: &Tmpfs, extra: &[&str]) -> TestDaemon {
     let data_dir = instance.point.join("data");
-    let daemon = TestDaemon::builder()
-        // As a container's root: it cannot mount the databases a tmpfs of its own.
+    TestDaemon::builder()
         .wrapped_in(
             "setpriv",
             ["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"],
@@ -70,11 +71,26 @@ async fn a_lease_that_fills_the_databases_dir_fails_alone() {
             databases.point.to_str().expect("utf-8"),
             "--min-ready",
             "1",
-            "--lease-max-bytes",
-            "off",
         ])
+        .args(extra.iter().copied())
         .start()
-        .await;
+        .await
+}
+
+/// docs/security.md, "a lease holder fills the storage", for a daemon that cannot mount:
+/// with `--databases-dir` on a tmpfs of its own, the filler's writes fail with 53100, the
+/// bystander keeps writing, postgres is not restarted, `/status` shows the databases' room;
+/// at the stop the room is emptied. Without the option (the same daemon, one tmpfs) postgres
+/// PANICs on its next WAL or checkpoint write and restarts, ending every lease.
+#[tokio::test]
+async fn a_lease_that_fills_the_databases_dir_fails_alone() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test mounts its two tmpfs (root)");
+        return;
+    }
+    let (instance, databases) = two_tmpfs("databases-dir-fill");
+    let data_dir = instance.point.join("data");
+    let daemon = start_without_mount(&instance, &databases, &["--lease-max-bytes", "off"]).await;
     let status = poll_until(Duration::from_secs(10), "the room measured", || async {
         let status = daemon.status().await;
         (status["postgres"]["databases_space"]["bytes"].as_u64() > Some(0)).then_some(status)
@@ -100,56 +116,13 @@ async fn a_lease_that_fills_the_databases_dir_fails_alone() {
         .await
         .expect("the bystander writes");
     let client = connect(&filler).await.expect("the filler connects");
-    client
-        .batch_execute("CREATE TABLE fill (n int, pad text)")
-        .await
-        .expect("create");
-    let mut error = None;
-    for _ in 0..40 {
-        let insert = client
-            .batch_execute(
-                "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
-                 FROM generate_series(1, 100000) g",
-            )
-            .await;
-        if let Err(e) = insert {
-            error = Some(e);
-            break;
-        }
-    }
-    let error = error.expect("the room never filled");
-    let db_error = error
-        .as_db_error()
-        .unwrap_or_else(|| panic!("not an error of the filler's own statement: {error:?}"));
-    assert_eq!(
-        db_error.code(),
-        &tokio_postgres::error::SqlState::DISK_FULL,
-        "{db_error:?}"
-    );
-    // "No space left on device", or for a short write "wrote only N of M bytes" with the
-    // hint "Check free disk space".
-    assert!(
-        says_disk_full(db_error.message()) || db_error.hint().is_some_and(says_disk_full),
-        "{db_error:?}"
-    );
+    client.batch_execute(FILL_TABLE).await.expect("create");
+    assert_refused_for_room(&fill_until_refused(&client, 40).await);
 
-    // Churn in the full room, as a suite does: rows deleted, their room reused. The data
-    // stays the size it is, but WAL grows by every row (tens of MB: several segments, and
-    // checkpoints as `max_wal_size` is passed): it has the instance's tmpfs, which the room's filling left alone.
-    for _ in 0..3 {
-        for statement in [
-            "DELETE FROM fill WHERE n % 2 = 0",
-            "VACUUM fill",
-            "INSERT INTO fill SELECT g * 2, md5(g::text) || md5((g + 1)::text) \
-             FROM generate_series(1, 100000) g",
-        ] {
-            match client.batch_execute(statement).await {
-                Ok(()) => {}
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {}
-                Err(e) => panic!("`{statement}` in the full room: {e:?}"),
-            }
-        }
-    }
+    // Churn in the full room: WAL grows by every row (tens of MB: several segments, and
+    // checkpoints as `max_wal_size` is passed) on the instance's tmpfs, which the room's
+    // filling left alone.
+    churn_when_full(&client, "in the full room").await;
     // The server stayed up: the bystander's session and data are there and it writes on.
     let rows = other
         .query("SELECT count(*) FROM mine", &[])
@@ -386,26 +359,10 @@ async fn a_notify_queue_nobody_reads_fills_the_databases_dir_not_wals() {
         eprintln!("skipped: the test mounts its two tmpfs (root)");
         return;
     }
-    let scratch = scratch_dir("databases-dir-notify");
-    let instance = Tmpfs::mount(&scratch.join("instance"), "size=300m,mode=0755");
-    let databases = Tmpfs::mount(&scratch.join("databases"), "size=150m,mode=0755");
+    let (instance, databases) = two_tmpfs("databases-dir-notify");
     let data_dir = instance.point.join("data");
-    let daemon = TestDaemon::builder()
-        // As a container's root: it cannot mount the queue a tmpfs of its own.
-        .wrapped_in(
-            "setpriv",
-            ["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"],
-        )
-        .args([
-            "--data-dir",
-            data_dir.to_str().expect("utf-8"),
-            "--databases-dir",
-            databases.point.to_str().expect("utf-8"),
-            "--min-ready",
-            "1",
-        ])
-        .start()
-        .await;
+    // It cannot mount the queue a tmpfs of its own either.
+    let daemon = start_without_mount(&instance, &databases, &[]).await;
     let bystander = daemon.lease_ok("default").await;
     let other = connect(&bystander).await.expect("the bystander connects");
     // `pad` (about 15 MB) is what the bystander drops later to make room.

@@ -11,13 +11,11 @@ use serde_json::json;
 
 use crate::cow::write_in_a_lease_of;
 use crate::lease_bytes::{bystander, fill_until_cut_off, is_cut_off, told_why};
+use crate::support::disk_full::{
+    assert_refused_for_room, churn_when_full, fill_to_the_last_rows, fill_until_refused,
+    says_disk_full, FILL_TABLE,
+};
 use crate::support::{connect, id_of, poll_until, scratch_dir, TestDaemon};
-
-/// Postgres says "No space left on device", or for a short write "wrote only N of M bytes"
-/// with the hint "Check free disk space".
-pub fn says_disk_full(message: &str) -> bool {
-    message.contains("No space left on device") || message.contains("free disk space")
-}
 
 #[tokio::test]
 async fn a_full_tmpfs_gives_clear_errors_and_keeps_serving_what_fits() {
@@ -165,50 +163,11 @@ async fn a_lease_that_fills_the_tmpfs_fails_alone() {
 
     // INSERTs into an existing table, as tests write: every row goes through WAL too.
     let client = connect(&filler).await.expect("the filler connects");
-    client
-        .batch_execute("CREATE TABLE fill (n int, pad text)")
-        .await
-        .expect("create");
-    let mut error = None;
-    for _ in 0..400 {
-        let insert = client
-            .batch_execute(
-                "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
-                 FROM generate_series(1, 100000) g",
-            )
-            .await;
-        if let Err(e) = insert {
-            error = Some(e);
-            break;
-        }
-    }
-    let error = error.expect("the tmpfs never filled");
-    let db_error = error
-        .as_db_error()
-        .unwrap_or_else(|| panic!("not an error of the filler's own statement: {error:?}"));
-    assert_eq!(
-        db_error.code(),
-        &tokio_postgres::error::SqlState::DISK_FULL,
-        "{db_error:?}"
-    );
-    assert!(says_disk_full(db_error.message()), "{db_error:?}");
+    client.batch_execute(FILL_TABLE).await.expect("create");
+    assert_refused_for_room(&fill_until_refused(&client, 400).await);
 
-    // Churn on the full tmpfs, as a suite does: rows deleted, their room reused. The data
-    // stays the size it is, but WAL grows by every row: it needs room of its own.
-    for _ in 0..3 {
-        for statement in [
-            "DELETE FROM fill WHERE n % 2 = 0",
-            "VACUUM fill",
-            "INSERT INTO fill SELECT g * 2, md5(g::text) || md5((g + 1)::text) \
-             FROM generate_series(1, 100000) g",
-        ] {
-            match client.batch_execute(statement).await {
-                Ok(()) => {}
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {}
-                Err(e) => panic!("`{statement}` on the full tmpfs: {e:?}"),
-            }
-        }
-    }
+    // Churn on the full tmpfs: WAL grows by every row, so it needs room of its own.
+    churn_when_full(&client, "on the full tmpfs").await;
 
     // The server stayed up: the bystander's connection and data are there, it still
     // writes, and the filler's own session goes on too.
@@ -327,26 +286,7 @@ async fn a_build_that_meets_a_full_tmpfs_is_507_not_the_sources_fault() {
         .batch_execute("CREATE TABLE fill (n int, pad text) WITH (autovacuum_enabled = false)")
         .await
         .expect("create");
-    let mut full = false;
-    for rows in [100_000, 1_000, 10] {
-        for _ in 0..400 {
-            let insert = client
-                .batch_execute(&format!(
-                    "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
-                     FROM generate_series(1, {rows}) g"
-                ))
-                .await;
-            match insert {
-                Ok(()) => {}
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) => {
-                    full = true;
-                    break;
-                }
-                Err(e) => panic!("filling: {e:?}"),
-            }
-        }
-    }
-    assert!(full, "the tmpfs never filled");
+    fill_to_the_last_rows(&client).await;
 
     let (status, body) = daemon
         .put_template("small", json!({ "sql": sql.display().to_string() }))

@@ -50,9 +50,39 @@ pub(crate) fn sealed_by(path: &Path, key: &[u8]) -> bool {
 }
 
 /// The key a daemon of these tests uses by default: `snapshot.key` in the tests' cache
-/// root.
+/// root. A test that seals before any daemon of its run has made the key (one run alone,
+/// on a fresh cache) makes it as a daemon would: 32 random bytes, new, `0600`; whoever
+/// comes second (a daemon or another test) reads the same key.
 pub(crate) fn default_key() -> Vec<u8> {
-    fs::read(cache_dir().join("snapshot.key")).expect("the daemon made its key")
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = cache_dir().join("snapshot.key");
+    if !path.exists() {
+        // Whole before it appears: written aside, then linked in place (which fails if a
+        // daemon or another test made it meanwhile), so nobody reads a key half written.
+        let mut key = [0u8; 32];
+        fs::File::open("/dev/urandom")
+            .and_then(|mut random| random.read_exact(&mut key))
+            .expect("random bytes");
+        let aside = cache_dir().join(format!(
+            "snapshot.key.{}.{:02x}{:02x}{:02x}{:02x}",
+            std::process::id(),
+            key[0],
+            key[1],
+            key[2],
+            key[3]
+        ));
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&aside)
+            .and_then(|mut file| file.write_all(&key))
+            .expect("write the key aside");
+        let _ = fs::hard_link(&aside, &path);
+        let _ = fs::remove_file(&aside);
+    }
+    fs::read(&path).expect("the tests' snapshot key")
 }
 
 /// One entry of an archive: its header and content.

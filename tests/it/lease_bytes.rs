@@ -7,11 +7,8 @@
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
 
+use crate::support::disk_full::{insert_rows, FILL_TABLE};
 use crate::support::{connect, id_of, wait_until_dropped, TestDaemon};
-
-/// One batch of a filler: about 10 MB of rows.
-const FILL: &str = "INSERT INTO fill SELECT g, md5(g::text) || md5((g + 1)::text) \
-                    FROM generate_series(1, 100000) g";
 
 /// Writes batches into `filler`'s database until a statement fails, while `bystander`
 /// writes a row after each batch (each must succeed); returns the filler's error and the
@@ -22,12 +19,10 @@ pub async fn fill_until_cut_off(
     max_batches: usize,
 ) -> (tokio_postgres::Error, usize) {
     let client = connect(filler).await.expect("the filler connects");
-    client
-        .batch_execute("CREATE TABLE fill (n int, pad text)")
-        .await
-        .expect("create");
+    client.batch_execute(FILL_TABLE).await.expect("create");
     for batch in 0..max_batches {
-        if let Err(error) = client.batch_execute(FILL).await {
+        // About 10 MB of rows a batch.
+        if let Err(error) = client.batch_execute(&insert_rows(100_000)).await {
             return (error, batch);
         }
         bystander

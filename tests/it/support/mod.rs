@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod disk_full;
 pub mod notify_queue;
 mod plain_postgres;
 pub use plain_postgres::PlainPostgres;
