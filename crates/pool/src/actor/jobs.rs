@@ -108,30 +108,21 @@ pub(super) enum JobResult {
 
 /// `clone`'s stamp, when the session proves released clones unchanged; a clone that cannot
 /// be stamped is simply never proven (its release drops it).
-pub(super) async fn stamp_of(session: &dyn Backend, clone: &DbName) -> Option<Stamp> {
-    if !session.proves_unchanged() {
-        return None;
-    }
-    match session.stamp(clone).await {
-        Ok(stamp) => Some(stamp),
-        Err(error) => {
-            tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
-            None
-        }
-    }
-}
-
-/// `clone`'s stamp after a recycle without a proof, from `previous` (what it was when last
-/// made ready) where the session can carry that forward cheaply (`Session::restamp`).
-async fn restamp_of(
+pub(super) async fn stamp_of(
     session: &dyn Backend,
     clone: &DbName,
     previous: Option<Stamp>,
 ) -> Option<Stamp> {
-    let Some(previous) = previous.filter(|_| session.proves_unchanged()) else {
-        return stamp_of(session, clone).await;
+    if !session.proves_unchanged() {
+        return None;
+    }
+    // After a recycle that proved nothing, from what it was when last made ready, where
+    // the session can carry that forward (`Session::restamp`).
+    let stamped = match previous {
+        Some(previous) => session.restamp(clone, previous).await,
+        None => session.stamp(clone).await,
     };
-    match session.restamp(clone, previous).await {
+    match stamped {
         Ok(stamp) => Some(stamp),
         Err(error) => {
             tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
@@ -257,7 +248,7 @@ impl Actor {
                 Ok(password) => Ok(Made {
                     password,
                     stamp: match stamp {
-                        true => stamp_of(&*session, &clone).await,
+                        true => stamp_of(&*session, &clone, None).await,
                         false => None,
                     },
                 }),
@@ -299,7 +290,7 @@ impl Actor {
             let stamp = match (&outcome, session.as_ref()) {
                 // Proven unchanged: what it was is what it is.
                 (Ok(_), Some(_)) if verify => stamp,
-                (Ok(_), Some(session)) => restamp_of(&**session, &clone, stamp).await,
+                (Ok(_), Some(session)) => stamp_of(&**session, &clone, stamp).await,
                 _ => None,
             };
             let (outcome, proven) = match outcome {
