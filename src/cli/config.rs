@@ -88,6 +88,7 @@ impl ServeArgs {
             max_ttl: limits.max_ttl,
             allow_http_commands: self.allow_http_commands,
             token: http.token.map(pglease_pool::Token::new),
+            integresql_server_login: integresql.role.clone().filter(|role| role.server_login),
             ..ApiConfig::default()
         };
         // The front leases as POST /lease does, and asks for the same token.
@@ -317,6 +318,7 @@ fn integresql(flags: &ServeArgs, file: &ConfigFile) -> Result<Integresql, String
     let role = integresql_role(
         flag_or_file(&flags.integresql_pg_user, &file.integresql_pg_user),
         flag_or_file(&flags.integresql_pg_password, &file.integresql_pg_password),
+        server_login(flag_or_file(&flags.postgres_url, &file.postgres.url).as_deref()),
     )?;
     Ok(Integresql {
         listen: flags.integresql_listen,
@@ -444,7 +446,32 @@ fn front_tls(
 fn integresql_role(
     user: Option<String>,
     password: Option<String>,
+    server: Option<(String, Option<String>)>,
 ) -> Result<Option<IntegresqlRole>, String> {
+    // The external server's own login (compose's layout: IntegreSQL and the app share the
+    // server's user): its password is the URL's unless given, and its name may be any.
+    if let (Some(name), Some((server_user, server_password))) = (&user, server) {
+        if *name == server_user {
+            let password = match (password, server_password) {
+                (Some(given), Some(url)) if given != url => {
+                    return Err(format!(
+                        "--integresql-pg-user {name} is the --postgres-url's user, whose password the URL gives: --integresql-pg-password differs from it"
+                    ))
+                }
+                (Some(password), _) | (None, Some(password)) => password,
+                (None, None) => {
+                    return Err(format!(
+                        "--integresql-pg-user {name} is the --postgres-url's user, and the URL has no password: give --integresql-pg-password, the suites' PGPASSWORD"
+                    ))
+                }
+            };
+            return Ok(Some(IntegresqlRole {
+                name: name.clone(),
+                password,
+                server_login: true,
+            }));
+        }
+    }
     match (user, password) {
         (None, None) => Ok(None),
         (Some(name), Some(password)) => {
@@ -453,7 +480,11 @@ fn integresql_role(
             if password.is_empty() {
                 return Err("--integresql-pg-password is empty".into());
             }
-            Ok(Some(IntegresqlRole { name, password }))
+            Ok(Some(IntegresqlRole {
+                name,
+                password,
+                server_login: false,
+            }))
         }
         (Some(_), None) => Err(
             "--integresql-pg-user needs --integresql-pg-password (or PGLEASE_INTEGRESQL_PG_PASSWORD): the suites' PGPASSWORD"
@@ -463,6 +494,12 @@ fn integresql_role(
             Err("--integresql-pg-password without --integresql-pg-user: give the role's name too".into())
         }
     }
+}
+
+/// The user and password of an external server's URL, when it names a user. A URL that does
+/// not parse is the server section's error to report, not this one's.
+fn server_login(url: Option<&str>) -> Option<(String, Option<String>)> {
+    pglease_pool::ExternalConfig::login_of(url?)
 }
 
 /// `--lease-max-bytes`: `0` or `off` for no limit, else a size as [`parse_size`] reads it.

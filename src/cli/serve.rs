@@ -373,7 +373,10 @@ pub struct ServeArgs {
     /// lease's connection limit in all, and the initialize answer carries its credentials;
     /// nothing else, and it is no superuser.
     /// Needs --integresql-pg-password; PGHOST and PGPORT are postgres' own (--pg-port fixes
-    /// the port). See docs/integresql.md.
+    /// the port). With --postgres-url, naming that URL's own user instead (compose's layout:
+    /// IntegreSQL and the app share the server's user) leaves the role as it is and puts its
+    /// credentials in every IntegreSQL answer, as IntegreSQL does; the password is then the
+    /// URL's. See docs/integresql.md.
     #[arg(
         help_heading = "IntegreSQL API",
         long,

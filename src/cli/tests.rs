@@ -901,6 +901,70 @@ fn the_integresql_role_needs_its_password_and_a_name_of_its_own() {
     }
 }
 
+/// Compose's layout: `--integresql-pg-user` naming the `--postgres-url`'s own user is that
+/// login, password from the URL (or given, and then the same), any name the server has.
+#[test]
+fn the_integresql_user_may_be_the_external_servers_own() {
+    let role = |args: &[&str]| {
+        serve_args(args)
+            .into_config()
+            .map(|c| (c.pool.integresql_role, c.api.integresql_server_login))
+    };
+    let url = "postgres://dbuser:dbpass@db:5432/postgres";
+    let (pool, api) = role(&["--postgres-url", url, "--integresql-pg-user", "dbuser"])
+        .expect("the URL's password");
+    let pool = pool.expect("a role");
+    assert_eq!(
+        (
+            pool.name.as_str(),
+            pool.password.as_str(),
+            pool.server_login
+        ),
+        ("dbuser", "dbpass", true)
+    );
+    assert_eq!(api, Some(pool));
+    let (pool, _) = role(&[
+        "--postgres-url",
+        "postgres://postgres@db/postgres",
+        "--integresql-pg-user",
+        "postgres",
+        "--integresql-pg-password",
+        "secret",
+    ])
+    .expect("the server's user may be called postgres");
+    assert!(pool.expect("a role").server_login);
+    let error = role(&[
+        "--postgres-url",
+        url,
+        "--integresql-pg-user",
+        "dbuser",
+        "--integresql-pg-password",
+        "other",
+    ])
+    .expect_err("two passwords");
+    assert!(error.contains("differs"), "{error}");
+    let error = role(&[
+        "--postgres-url",
+        "postgres://postgres@db/postgres",
+        "--integresql-pg-user",
+        "postgres",
+    ])
+    .expect_err("no password anywhere");
+    assert!(error.contains("--integresql-pg-password"), "{error}");
+    // Another name on that server is a role pglease makes, as on its own server.
+    let (pool, api) = role(&[
+        "--postgres-url",
+        url,
+        "--integresql-pg-user",
+        "suites",
+        "--integresql-pg-password",
+        "x",
+    ])
+    .expect("a role of its own");
+    assert!(!pool.expect("a role").server_login);
+    assert_eq!(api, None);
+}
+
 /// The environment variable an argument of a subcommand falls back to.
 fn env_of(subcommand: &str, argument: &str) -> Option<String> {
     use clap::CommandFactory;

@@ -1001,3 +1001,90 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
         "{log}"
     );
 }
+
+/// Issue 42, compose's layout (go-starter's): IntegreSQL and the app share one server and
+/// its user, which the suite's PG* variables name. pglease attached to that server with
+/// `--integresql-pg-user` naming the `--postgres-url`'s own user takes IntegreSQL's place:
+/// the role is left as it is, every answer carries its credentials (the initialize's and
+/// each test database's), so what a dump loaded with `psql` made, the migrations and the
+/// tests change; the databases have IntegreSQL's names, save one someone else's database
+/// already has, which is left alone.
+#[tokio::test]
+async fn on_a_shared_server_its_own_user_is_the_integresql_user_and_others_databases_stay() {
+    let server = crate::support::PlainPostgres::start("integresql-server-login");
+    let admin = server.connect().await;
+    let hash = "5eed0fc0ffee";
+    // A real IntegreSQL's template of the same hash, from an earlier run on this server.
+    for sql in [
+        format!("CREATE DATABASE integresql_template_{hash}"),
+        format!("COMMENT ON DATABASE integresql_template_{hash} IS 'someone else''s'"),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .expect("someone else's database");
+    }
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-url", &server.url()])
+        .args(["--integresql-pg-user", "postgres"])
+        .args(["--integresql-pg-password", "trust-ignores-it"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    let (status, template) = compat.initialize(hash).await;
+    assert_eq!(status, 200, "{template}");
+    let config = &template["database"]["config"];
+    assert_eq!(config["username"], "postgres", "{template}");
+    assert_eq!(config["password"], "trust-ignores-it", "{template}");
+    let database = config["database"].as_str().expect("database").to_owned();
+    assert_ne!(database, format!("integresql_template_{hash}"));
+    // The dump, loaded as the run's user; the migrations rename what it made.
+    let client = connect(&template).await.expect("the initialize answer");
+    client
+        .batch_execute(
+            "CREATE TABLE gorp_migrations (id text PRIMARY KEY); \
+             ALTER TABLE gorp_migrations RENAME TO migrations; \
+             CREATE TABLE items (id int); INSERT INTO items VALUES (1);",
+        )
+        .await
+        .expect("the dump and the migrations, as one user");
+    drop(client);
+    assert_eq!(compat.finalize(hash).await, 204);
+    let (status, test_db) = compat.test_database(hash).await;
+    assert_eq!(status, 200, "{test_db}");
+    let config = &test_db["database"]["config"];
+    assert_eq!(config["username"], "postgres", "{test_db}");
+    let name = config["database"].as_str().expect("database");
+    assert!(
+        name.starts_with(&format!("integresql_test_{hash}_")),
+        "IntegreSQL's name: {name}"
+    );
+    let test_client = connect(&test_db).await.expect("the test database");
+    assert_eq!(count_items(&test_client).await, 1);
+    test_client
+        .batch_execute("ALTER TABLE migrations ADD COLUMN applied_at timestamptz")
+        .await
+        .expect("a test changes what the dump made");
+    drop(test_client);
+    // The server's user is as it was, and so is someone else's database.
+    let row = admin
+        .query_one(
+            "SELECT rolsuper, shobj_description(oid, 'pg_authid') FROM pg_roles \
+             WHERE rolname = 'postgres'",
+            &[],
+        )
+        .await
+        .expect("the server's user");
+    assert!(row.get::<_, bool>(0));
+    assert_eq!(row.get::<_, Option<String>>(1), None);
+    let theirs: Option<String> = admin
+        .query_one(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+            &[&format!("integresql_template_{hash}")],
+        )
+        .await
+        .expect("someone else's database is still there")
+        .get(0);
+    assert_eq!(theirs.as_deref(), Some("someone else's"));
+    assert!(daemon.stop().await.success());
+}

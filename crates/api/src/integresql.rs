@@ -188,7 +188,14 @@ async fn test_database(
             label: None,
         })
         .await?;
-    Ok(database(&template, Some(lease.number), lease.connect))
+    let mut connect = lease.connect;
+    if let Some(login) = &state.config.integresql_server_login {
+        // The suite's one user, as under IntegreSQL: what its dump and migrations made in
+        // the template is that user's, and each test changes it as that user.
+        connect.user.clone_from(&login.name);
+        connect.password.clone_from(&login.password);
+    }
+    Ok(database(&template, Some(lease.number), connect))
 }
 
 /// `POST /templates/{hash}/tests/{id}/unlock`, `DELETE /templates/{hash}/tests/{id}` → 204.

@@ -63,6 +63,10 @@ pub struct ApiConfig {
     /// `PUT /templates/{name}` may register `command` sources (commands run as the
     /// daemon's OS user, so this is off unless the operator trusts every API client).
     pub allow_http_commands: bool,
+    /// The external server's own login, when `--integresql-pg-user` names it: the
+    /// IntegreSQL routes answer with its credentials for test databases too, as IntegreSQL
+    /// does (see `pglease_pool::IntegresqlRole::server_login`).
+    pub integresql_server_login: Option<pglease_pool::IntegresqlRole>,
 }
 
 impl Default for ApiConfig {
@@ -73,6 +77,7 @@ impl Default for ApiConfig {
             max_ttl: Duration::from_secs(24 * 60 * 60),
             allow_http_commands: false,
             token: None,
+            integresql_server_login: None,
         }
     }
 }

@@ -71,18 +71,28 @@ impl PoolConfig {
 /// database one shared user). Between an initialize and its finalize the role is a member of
 /// that template's own role, which the server's `samerole` rule turns into a way in to that
 /// database alone; it is not a superuser and has a lease's connection limit.
+///
+/// On an external server it may instead be the login pglease connects with
+/// (`server_login`), as in a compose file where IntegreSQL and the app share the server's
+/// user: pglease then neither makes nor changes it, and the IntegreSQL answers carry its
+/// credentials, for test databases too, as IntegreSQL's do.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IntegresqlRole {
-    /// The role's name (checked by [`crate::names::check_role_name`]).
+    /// The role's name (checked by [`crate::names::check_role_name`] unless it is the
+    /// server's own login).
     pub name: String,
     /// Its password, as the suites' `PGPASSWORD` gives it.
     pub password: String,
+    /// It is the `--postgres-url`'s own login, which reaches every database already: no
+    /// role to make, no membership to grant, nothing to hand over at a finalize.
+    pub server_login: bool,
 }
 
 impl std::fmt::Debug for IntegresqlRole {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IntegresqlRole")
             .field("name", &self.name)
+            .field("server_login", &self.server_login)
             .finish_non_exhaustive()
     }
 }
@@ -430,6 +440,19 @@ pub struct ExternalConfig {
     pub url: String,
     /// Host given to lease holders instead of the URL's host.
     pub advertise_host: Option<String>,
+}
+
+impl ExternalConfig {
+    /// The user and password a server URL logs in with, when it names a user (`None` for a
+    /// URL that does not parse: connecting reports that).
+    pub fn login_of(url: &str) -> Option<(String, Option<String>)> {
+        let config: tokio_postgres::Config = url.parse().ok()?;
+        let user = config.get_user()?.to_owned();
+        let password = config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        Some((user, password))
+    }
 }
 
 /// The embedded postgres: where it runs and how it is tuned.

@@ -123,6 +123,9 @@ pub struct Session {
     /// Complete client-built templates an earlier run left: (template, its database, its
     /// size in bytes).
     pub client_templates: Vec<(TemplateName, DbName, i64)>,
+    /// Databases named like IntegreSQL's that are someone else's (a real IntegreSQL's, on an
+    /// external server), found by the start's sweep: those names are not free for ours.
+    pub others_integresql_names: Vec<DbName>,
     /// Connections lease holders can have in all: `max_connections` less what is reserved
     /// for superusers, the daemon's own connections and a small margin.
     pub connection_budget: u32,
@@ -186,9 +189,14 @@ impl Session {
         self.lease_connections
     }
 
-    /// The IntegreSQL clients' role's name, when the daemon has one.
+    /// The IntegreSQL clients' role's name, when the daemon made one: the role that is
+    /// granted each client-built database's role. The server's own login
+    /// ([`IntegresqlRole::server_login`]) reaches them all already and is left alone.
     pub(crate) fn integresql_role(&self) -> Option<&str> {
-        self.integresql_role.as_ref().map(|role| role.name.as_str())
+        self.integresql_role
+            .as_ref()
+            .filter(|role| !role.server_login)
+            .map(|role| role.name.as_str())
     }
 
     /// The IntegreSQL clients' role's name and password, when the daemon has one: what an

@@ -19,7 +19,7 @@
 //! failed test), [`lease_bytes`] (`--lease-max-bytes`), [`server`] (the server's lifecycle
 //! and generation), [`space`] (the databases' tmpfs), [`status`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,6 +28,10 @@ use crate::config::{PoolLimits, TemplateConfig};
 use crate::error::LeaseError;
 use crate::names::{DbName, LeaseId, TemplateName};
 use crate::session::Stamp;
+use crate::sql_error::SqlError;
+
+/// SQLSTATE of `CREATE DATABASE` meeting a database of that name (`duplicate_database`).
+const DUPLICATE_DATABASE: &str = "42P04";
 pub(crate) use crate::template::Built;
 
 mod budget;
@@ -236,6 +240,13 @@ pub(crate) struct PoolState {
     /// Client-built templates' databases get IntegreSQL's names (`integresql_…`, see
     /// [`PoolState::with_integresql_names`]); off, and in state tests, they get ours.
     integresql_names: bool,
+    /// Names someone else's databases have on the server (IntegreSQL's own, on an external
+    /// one): never given to ours, and never dropped (`PoolState::names_taken`).
+    taken: HashSet<DbName>,
+    /// Databases of discarded client-built templates that a job still holds (being opened
+    /// or finalized): gone from their entry, they are not free until the job reports and
+    /// they are queued to drop.
+    discarded_in_flight: HashSet<DbName>,
 }
 
 impl PoolState {
@@ -283,14 +294,17 @@ impl PoolState {
             last_exceeded_max_bytes: None,
             verify_templates: false,
             integresql_names: false,
+            taken: HashSet::new(),
+            discarded_in_flight: HashSet::new(),
         }
     }
 
     /// Names client-built templates' databases as IntegreSQL does
     /// (`integresql_template_<hash>`, `integresql_test_<hash>_<n>`) where they fit in a
-    /// postgres identifier and no database of the pool has the name yet. Only for the
-    /// server pglease runs itself: an external one may hold someone else's databases of
-    /// those names (IntegreSQL's own), which a failed open would drop.
+    /// postgres identifier and no database has the name yet: neither one of the pool nor
+    /// one of [`PoolState::names_taken`]. A create that still meets someone else's
+    /// database of the name (made since the start) leaves it alone
+    /// ([`PoolState::drop_after_failed_create`]).
     pub fn with_integresql_names(mut self, on: bool) -> Self {
         self.integresql_names = on;
         self
@@ -421,11 +435,33 @@ impl PoolState {
     /// Whether no database the pool knows has the name `name`: no record, and no
     /// template's own database.
     fn name_is_free(&self, name: &DbName) -> bool {
-        self.dbs.get(name).is_none()
+        !self.taken.contains(name)
+            && !self.discarded_in_flight.contains(name)
+            && self.dbs.get(name).is_none()
             && self
                 .templates
                 .values()
                 .all(|entry| !entry.template_dbs().contains(&name))
+    }
+
+    /// The databases someone else has under names ours could take (found at each start of
+    /// the server: `Session::others_integresql_names`).
+    pub fn names_taken(&mut self, names: Vec<DbName>) {
+        self.taken = names.into_iter().collect();
+    }
+
+    /// After a failed `CREATE DATABASE db`: drops what it may have left, unless the name
+    /// was someone else's database (42P04, `duplicate_database`: a real IntegreSQL's made
+    /// on an external server since the start). That one is left alone, and its name is
+    /// not used again.
+    fn drop_after_failed_create(&mut self, db: DbName, template: &TemplateName, error: &SqlError) {
+        if error.sqlstate.as_deref() == Some(DUPLICATE_DATABASE) {
+            tracing::warn!(database = %db, "a database of that name is someone else's: left alone, and the name not used again");
+            self.dbs.remove(&db);
+            self.taken.insert(db);
+        } else {
+            self.dbs.queue_drop(db, template, 0);
+        }
     }
 
     fn remember_lost(&mut self, id: LeaseId) {

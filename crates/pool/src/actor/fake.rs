@@ -127,6 +127,7 @@ impl FakeServer {
             monitor: Box::new(FakeMonitor(closed)),
             adoptable: Vec::new(),
             client_templates: Vec::new(),
+            others_integresql_names: Vec::new(),
         })
     }
 

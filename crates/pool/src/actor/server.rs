@@ -76,6 +76,7 @@ impl Actor {
             connection_budget = budget,
             "connections available to lease holders"
         );
+        self.state.names_taken(up.others_integresql_names);
         let mut actions = self.state.server_up(budget);
         // Client-built templates the server kept come back as built, after their ready
         // clones are queued for adoption.

@@ -75,6 +75,8 @@ pub(super) struct Up {
     pub(super) adoptable: Vec<(TemplateName, String, DbName)>,
     /// Complete client-built templates an earlier run left: (template, database, bytes).
     pub(super) client_templates: Vec<(TemplateName, DbName, i64)>,
+    /// Someone else's databases under IntegreSQL's names (`Session::others_integresql_names`).
+    pub(super) others_integresql_names: Vec<DbName>,
 }
 
 impl Up {
@@ -87,6 +89,7 @@ impl Up {
             running,
             adoptable: std::mem::take(&mut session.adoptable),
             client_templates: std::mem::take(&mut session.client_templates),
+            others_integresql_names: std::mem::take(&mut session.others_integresql_names),
             backend: Arc::new(session),
             monitor: Box::new(monitor),
         }
@@ -239,8 +242,9 @@ pub(super) async fn launch(
     tracing::info!(max_bytes = ?limits.max_bytes, "byte budget for templates and clones");
     let state = PoolState::new(limits, instance.clone(), &templates, prebuild)
         .with_verified_builds(verify_templates)
-        // On its own server only pglease makes databases, so IntegreSQL's names are free.
-        .with_integresql_names(!external);
+        // IntegreSQL's names, save those someone else's databases have on an external
+        // server (`PoolState::names_taken`).
+        .with_integresql_names(true);
     let (commands_tx, commands) = mpsc::channel(COMMAND_CAPACITY);
     let (jobs_tx, jobs) = mpsc::unbounded_channel();
     let mut actor = Actor {

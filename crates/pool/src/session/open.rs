@@ -102,7 +102,12 @@ impl Session {
             ))
             .await
             .map_err(sql_error("creating the owner role"))?;
-        if let Some(role) = &params.integresql_role {
+        if let Some(role) = params.integresql_role.as_ref().filter(|r| r.server_login) {
+            tracing::warn!(
+                role = %role.name,
+                "the IntegreSQL answers carry the credentials pglease connects with (--integresql-pg-user names the --postgres-url's user), for every test database: whoever reaches the IntegreSQL API gets that login, as under IntegreSQL"
+            );
+        } else if let Some(role) = &params.integresql_role {
             integresql::ensure_role(&client, role, params.lease_connections).await?;
             if params.external {
                 tracing::warn!(
@@ -147,6 +152,7 @@ impl Session {
             build_timeout: params.build_timeout,
             adoptable: Vec::new(),
             client_templates: Vec::new(),
+            others_integresql_names: Vec::new(),
             clone_strategy: params.clone_strategy,
             lease_auth: params.lease_auth,
             lease_superuser: params.lease_superuser,

@@ -134,6 +134,20 @@ impl Session {
         }
         // Lease roles of earlier runs; their databases are gone by now.
         let client = self.client().await?;
+        // What is left under IntegreSQL's names is not ours: a real IntegreSQL's databases,
+        // on an external server. New client-built databases take other names than these.
+        let others = client
+            .query(
+                "SELECT datname FROM pg_database WHERE datname LIKE $1",
+                &[&integresql_pattern],
+            )
+            .await
+            .map_err(|e| SqlError::from_pg(&e))?;
+        self.others_integresql_names = others
+            .iter()
+            .map(|row| DbName::from_server(row.get(0)))
+            .filter(|name| !keep.contains(name.as_str()) && !adopted.contains(name.as_str()))
+            .collect();
         let roles = client
             .query(
                 "SELECT rolname FROM pg_roles r WHERE (rolname LIKE $1 OR rolname LIKE $4) AND rolname <> $2 \

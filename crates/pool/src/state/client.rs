@@ -157,7 +157,7 @@ impl PoolState {
                 Ok(())
             }
             (true, Err(error)) => {
-                self.dbs.queue_drop(db, template, 0);
+                self.drop_after_failed_create(db, template, &error);
                 // Free for the client (or another) to initialize again.
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
@@ -169,6 +169,7 @@ impl PoolState {
             }
             (false, _) => {
                 // Whatever the job left of it.
+                self.discarded_in_flight.remove(&db);
                 self.dbs.queue_drop(db, template, 0);
                 Err(TemplateOpError::Discarded(template.clone()))
             }
@@ -236,6 +237,7 @@ impl PoolState {
             Ok(ClientBuild::Finalizing { db: d }) if *d == db
         );
         if !finalizing {
+            self.discarded_in_flight.remove(&db);
             self.dbs.queue_drop(db, template, 0);
             self.dispatch(now, &mut actions);
             return (Err(TemplateOpError::Discarded(template.clone())), actions);
@@ -290,8 +292,11 @@ impl PoolState {
             ClientBuild::Open { db, .. } | ClientBuild::Ready(Version { db, .. }) => {
                 self.dbs.queue_drop(db, template, 0);
             }
-            // A job holds it and finds the template discarded when it reports.
-            ClientBuild::Opening { .. } | ClientBuild::Finalizing { .. } => {}
+            // A job holds it and finds the template discarded when it reports; until then
+            // its name is not free for the next initialization.
+            ClientBuild::Opening { db } | ClientBuild::Finalizing { db } => {
+                self.discarded_in_flight.insert(db);
+            }
             ClientBuild::Failed | ClientBuild::Discarded => {}
         }
         if let Some(entry) = self.templates.get_mut(template) {

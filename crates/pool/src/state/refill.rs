@@ -177,9 +177,9 @@ impl PoolState {
                         },
                     });
                 }
-                entry.last_error = Some(error.message);
+                entry.last_error = Some(error.message.clone());
                 // The failed CREATE may have left files behind; dropping is harmless if not.
-                self.dbs.queue_drop(clone, template, 0);
+                self.drop_after_failed_create(clone, template, &error);
             }
         }
         self.dispatch(now, &mut actions);

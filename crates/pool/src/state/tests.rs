@@ -2464,3 +2464,70 @@ fn a_template_the_configuration_registers_is_the_operators() {
         vec![(name("versioned"), "broken".to_owned())]
     );
 }
+
+/// A client-built template's `CREATE DATABASE` that meets someone else's database of its
+/// IntegreSQL name (42P04: a real IntegreSQL's on an external server, made since the
+/// start) leaves that database alone, and the next initialize takes another name.
+#[test]
+fn a_create_that_meets_someone_elses_database_neither_drops_it_nor_takes_its_name_again() {
+    let mut driver = Driver::new(pool(0, 8).with_integresql_names(true));
+    driver.settle();
+    let now = driver.now;
+    let opened = driver.state.initialize(&name("feed"), now);
+    let Ok([Action::OpenTemplate { db, .. }]) = opened.as_deref() else {
+        panic!("expected an open");
+    };
+    let theirs = db.clone();
+    assert_eq!(theirs.as_str(), "integresql_template_feed");
+    let exists = SqlError {
+        kind: crate::sql_error::SqlErrorKind::Other,
+        sqlstate: Some("42P04".into()),
+        message: "database \"integresql_template_feed\" already exists".into(),
+    };
+    let (result, actions) =
+        driver
+            .state
+            .template_opened(&name("feed"), theirs.clone(), Err(exists), now);
+    assert!(result.is_err());
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(!driver.drops.contains(&theirs), "{:?}", driver.drops);
+    let opened = driver.state.initialize(&name("feed"), now);
+    let Ok([Action::OpenTemplate { db, .. }]) = opened.as_deref() else {
+        panic!("expected an open");
+    };
+    assert_ne!(*db, theirs);
+}
+
+/// A template discarded while its database is being made keeps that name taken until the
+/// job reports: initialized again at once, it gets another name, so the old job's report
+/// (and the drop it queues) cannot be taken for the new one's.
+#[test]
+fn a_template_discarded_while_opening_does_not_give_its_name_to_the_next_initialize() {
+    let mut driver = Driver::new(pool(0, 8).with_integresql_names(true));
+    driver.settle();
+    let now = driver.now;
+    let opened = driver.state.initialize(&name("beef"), now);
+    let Ok([Action::OpenTemplate { db, .. }]) = opened.as_deref() else {
+        panic!("expected an open");
+    };
+    let first = db.clone();
+    driver
+        .pending
+        .extend(driver.state.discard(&name("beef"), now).expect("discard"));
+    let opened = driver.state.initialize(&name("beef"), now);
+    let Ok([Action::OpenTemplate { db, .. }]) = opened.as_deref() else {
+        panic!("expected an open");
+    };
+    let second = db.clone();
+    assert_ne!(first, second);
+    // The first job reports: its database goes, the new one stays the template's.
+    let (result, actions) = driver
+        .state
+        .template_opened(&name("beef"), first.clone(), Ok(()), now);
+    assert!(result.is_err());
+    driver.pending.extend(actions);
+    driver.settle();
+    assert!(driver.drops.contains(&first), "{:?}", driver.drops);
+    assert!(!driver.drops.contains(&second), "{:?}", driver.drops);
+}
