@@ -21,6 +21,8 @@ use pglease_pool::{DbName, LeaseId, TemplateName};
 mod interleavings;
 mod shared;
 mod table;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use shared::{Keys, Member};
 
