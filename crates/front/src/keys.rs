@@ -19,6 +19,8 @@ use pglease_pool::{DbName, LeaseId, TemplateName};
 
 #[cfg(test)]
 mod interleavings;
+#[cfg(test)]
+mod real_pool;
 mod shared;
 mod table;
 #[cfg(test)]
