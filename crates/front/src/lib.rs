@@ -16,7 +16,9 @@
 //! - `relay.rs`    — bytes both ways until either side closes
 //! - `release.rs`  — the guard that releases a session's own lease, however the session ends
 //! - `cancel.rs`   — the front's cancel keys and sending a CancelRequest on
-//! - `keys.rs`     — leases shared by key, released a grace after their last connection
+//! - `keys.rs`     — leases shared by key, released a grace after their last connection;
+//!   `keys/table.rs` is the one owner of that state and its rules, `keys/shared.rs` its
+//!   timers, its one renewal task per lease and its calls to the pools
 //! - `held.rs`     — the open connections, for `/status` and `/metrics` ([`FrontHandle::report`])
 //! - `error.rs`    — what a client is told, with which SQLSTATE
 //!

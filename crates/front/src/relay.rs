@@ -97,6 +97,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -127,6 +129,57 @@ mod tests {
         let mut rest = Vec::new();
         server_far.read_to_end(&mut rest).await.expect("read");
         assert!(rest.is_empty());
+    }
+
+    /// A client that reads nothing while its server sends without end (a large result it
+    /// does not fetch) holds the server back: the relay reads from the server only as
+    /// fast as the client takes, so what sits in the front is bounded by the copy's buffer,
+    /// not by what the server has to send. The other direction flows meanwhile, and
+    /// nothing is lost once the client reads again.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_nothing_holds_its_server_back_and_the_front_buffers_little() {
+        // Each pipe holds this much; `tokio::io::copy` holds at most its 8 KiB buffer.
+        const PIPE: usize = 1024;
+        const COPY_BUFFER: usize = 8 * 1024;
+        let (client, mut client_far) = tokio::io::duplex(PIPE);
+        let (server, mut server_far) = tokio::io::duplex(PIPE);
+        let relaying =
+            tokio::spawn(
+                async move { relay(tokio::io::split(client), tokio::io::split(server)).await },
+            );
+        // The server writes until it cannot: the relay has stopped reading from it. (Paused
+        // time: a write still pending when nothing else can run times out at once.)
+        let chunk = [7u8; 1024];
+        let mut sent = 0;
+        while let Ok(written) =
+            tokio::time::timeout(Duration::from_secs(1), server_far.write(&chunk)).await
+        {
+            sent += written.expect("the relay's end is open");
+            assert!(
+                sent <= 64 * COPY_BUFFER,
+                "the relay took {sent} bytes its client never read"
+            );
+        }
+        assert!(
+            sent <= 2 * PIPE + COPY_BUFFER,
+            "the front holds {sent} bytes for a client that reads nothing"
+        );
+        // Meanwhile the client's bytes still reach the server.
+        client_far.write_all(b"X").await.expect("write");
+        let mut got = [0u8; 1];
+        server_far.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"X");
+        // The client reads at last: every byte arrives, and the server may send again.
+        let mut got = vec![0u8; sent];
+        client_far.read_exact(&mut got).await.expect("read");
+        assert!(got.iter().all(|&b| b == 7));
+        server_far.write_all(&chunk).await.expect("write");
+        let mut got = vec![0u8; chunk.len()];
+        client_far.read_exact(&mut got).await.expect("read");
+        drop(client_far);
+        let relayed = relaying.await.expect("join");
+        assert_eq!(relayed.to_client, (sent + chunk.len()) as u64);
+        assert_eq!(relayed.to_server, 1);
     }
 
     #[tokio::test]

@@ -1,8 +1,9 @@
 //! One client connection at the front, in its own task: the start-up (`startup.rs`), over
 //! TLS from the handshake on when the client asks for it and the front has it
 //! (`client.rs`), the lease (or the key's shared lease, `keys.rs`), the lease's connection
-//! to postgres (`backend.rs`), the relay (`relay.rs`) while the lease is renewed, and the
-//! release when either side closes (for a key: when its last connection has, and the grace
+//! to postgres (`backend.rs`), the relay (`relay.rs`) while the lease is renewed (its own
+//! lease by the session, a key's by the key's one renewal task), and the release when
+//! either side closes (for a key: when its last connection has, and the grace
 //! passed). A CancelRequest is sent on (`cancel.rs`) instead. Its row in `held.rs` says
 //! where it is.
 //!
@@ -149,7 +150,10 @@ async fn serve(
         "leased at the PostgreSQL front"
     );
     let started = Instant::now();
-    let relayed = connect_and_relay(front, client, buf, &lease, &startup).await;
+    // A lease of its own is renewed by the session's relay; a key's by the key's one
+    // renewal task (`keys/shared.rs`), however many connections use it.
+    let renew = matches!(holder, Holder::Alone(_));
+    let relayed = connect_and_relay(front, client, buf, &lease, &startup, renew).await;
     let released = match holder {
         // Released as an HTTP release without `reuse` is: dropped, or back to the pool when
         // the server proves it unchanged.
@@ -320,13 +324,15 @@ async fn wait_for_lease(
 }
 
 /// Logs the lease in at postgres, hands the client the server's greeting with a cancel key
-/// of the front's own, and relays until either side closes.
+/// of the front's own, and relays until either side closes, renewing the lease meanwhile
+/// when `renew` says the session is the one to.
 async fn connect_and_relay(
     front: &Front,
     client: &mut ClientStream,
     buf: &mut BytesMut,
     lease: &Lease,
     startup: &Startup,
+    renew: bool,
 ) -> Result<Relayed, SessionError> {
     // The server's private socket where pglease runs it: no TCP stack on every round trip,
     // and no SCRAM exchange at login (the socket is the daemon's alone, and trusted). An
@@ -387,17 +393,20 @@ async fn connect_and_relay(
         panic!("a test's panic as the relay begins");
     }
     // The lease lasts as long as its connection: renewed while the bytes flow.
-    let relayed = tokio::select! {
-        relayed = client.relay_with(&mut server) => relayed,
-        never = keep_renewing(front, lease) => match never {},
+    let relayed = match renew {
+        true => tokio::select! {
+            relayed = client.relay_with(&mut server) => relayed,
+            never = keep_renewing(front, lease) => match never {},
+        },
+        false => client.relay_with(&mut server).await,
     };
     // The key is forgotten before the release: no cancel reaches the next holder.
     drop(registration);
     Ok(relayed)
 }
 
-/// Renews `lease` whenever half of its time to live has passed, for as long as it is
-/// awaited (the relay's length); a lease that cannot be renewed (released over HTTP, say) is
+/// Renews a session's own `lease` whenever half of its time to live has passed, for as long
+/// as it is awaited (the relay's length); a lease that cannot be renewed (released over HTTP, say) is
 /// left to end, and its connection with it.
 async fn keep_renewing(front: &Front, lease: &Lease) -> std::convert::Infallible {
     let mut expires_at = lease.expires_at;

@@ -2,7 +2,8 @@
 //! and a stand-in for postgres on loopback sockets, which speaks just enough of the protocol
 //! to let the lease log in (trust: AuthenticationOk, BackendKeyData, ReadyForQuery) and then
 //! passes on what it receives. The tests end a session while it relays, however a session
-//! can end, and check that the pool receives the release of its lease.
+//! can end, and check that the pool receives the release of its lease; and they relay
+//! several connections to one key, whose lease the key alone renews.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,28 +45,30 @@ fn front(panics: bool) -> (FrontHandle, FakeActor) {
     (front, actor)
 }
 
-/// A stand-in for postgres that lets one login in without a password and sends every byte
-/// it receives afterwards to the returned channel.
+/// A stand-in for postgres that lets every login in without a password and sends every
+/// byte it receives afterwards to the returned channel.
 async fn fake_postgres() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("an address");
     let (sent, received) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            return;
-        };
-        // The StartupMessage: its length (itself included), then the rest.
-        let length = stream.read_i32().await.expect("a startup length");
-        let mut rest = vec![0; usize::try_from(length - 4).expect("a length")];
-        stream.read_exact(&mut rest).await.expect("a startup");
-        let mut out = BytesMut::new();
-        message(&mut out, b'R', &0_i32.to_be_bytes());
-        message(&mut out, b'K', &[0, 0, 0, 42, 0, 0, 0, 7]);
-        message(&mut out, b'Z', b"I");
-        stream.write_all(&out).await.expect("the greeting");
-        let mut buf = vec![0; 4096];
-        while let Ok(n @ 1..) = stream.read(&mut buf).await {
-            let _ = sent.send(buf[..n].to_vec());
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                // The StartupMessage: its length (itself included), then the rest.
+                let length = stream.read_i32().await.expect("a startup length");
+                let mut rest = vec![0; usize::try_from(length - 4).expect("a length")];
+                stream.read_exact(&mut rest).await.expect("a startup");
+                let mut out = BytesMut::new();
+                message(&mut out, b'R', &0_i32.to_be_bytes());
+                message(&mut out, b'K', &[0, 0, 0, 42, 0, 0, 0, 7]);
+                message(&mut out, b'Z', b"I");
+                stream.write_all(&out).await.expect("the greeting");
+                let mut buf = vec![0; 4096];
+                while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                    let _ = sent.send(buf[..n].to_vec());
+                }
+            });
         }
     });
     (address, received)
@@ -78,8 +81,14 @@ fn message(out: &mut BytesMut, kind: u8, body: &[u8]) {
     out.put_slice(body);
 }
 
-/// A lease of `app` whose database is the stand-in at `address`.
+/// A lease of `app` whose database is the stand-in at `address`, renewed far off: no
+/// renewal reaches the pool during a test.
 fn lease_at(address: SocketAddr) -> Lease {
+    lease_living(address, Duration::from_secs(3600))
+}
+
+/// A lease of `app` at `address` that expires `ttl` from now on the wall clock.
+fn lease_living(address: SocketAddr, ttl: Duration) -> Lease {
     Lease {
         id: LeaseId::random(0),
         template: TemplateName::new("app").expect("a valid name"),
@@ -92,8 +101,7 @@ fn lease_at(address: SocketAddr) -> Lease {
             database: DbName::from_server("pglease_app_1".into()),
             ssl: false,
         },
-        // Far off: no renewal reaches the pool during a test.
-        expires_at: SystemTime::now() + Duration::from_secs(3600),
+        expires_at: SystemTime::now() + ttl,
         number: 0,
         local_socket: None,
     }
@@ -111,24 +119,7 @@ async fn relaying_session(
     LeaseId,
     mpsc::UnboundedReceiver<Vec<u8>>,
 ) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let mut client = TcpStream::connect(listener.local_addr().expect("an address"))
-        .await
-        .expect("connect");
-    let (stream, peer) = listener.accept().await.expect("accept");
-    let session = tokio::spawn(run(Arc::clone(&front.front), stream, peer));
-
-    let mut body = BytesMut::new();
-    body.put_i32(196_608); // protocol 3.0
-    for text in ["user", "tester", "database", "app", ""] {
-        body.put_slice(text.as_bytes());
-        body.put_u8(0);
-    }
-    let mut startup = BytesMut::new();
-    startup.put_i32(i32::try_from(body.len() + 4).expect("a small message"));
-    startup.put_slice(&body);
-    client.write_all(&startup).await.expect("the startup");
-
+    let (session, mut client) = start_session(front, "app").await;
     let (postgres, received) = fake_postgres().await;
     let lease = lease_at(postgres);
     let id = lease.id.clone();
@@ -141,8 +132,37 @@ async fn relaying_session(
         }
         other => panic!("expected the session's lease request, got {other:?}"),
     }
-    // AuthenticationOk, then the server's greeting with the front's BackendKeyData, up to
-    // ReadyForQuery: from here on the session relays.
+    read_greeting(&mut client).await;
+    (session, client, id, received)
+}
+
+/// Starts a session of `front` for a client that asks for `database`, up to its
+/// StartupMessage sent.
+async fn start_session(front: &FrontHandle, database: &str) -> (JoinHandle<()>, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let mut client = TcpStream::connect(listener.local_addr().expect("an address"))
+        .await
+        .expect("connect");
+    let (stream, peer) = listener.accept().await.expect("accept");
+    let session = tokio::spawn(run(Arc::clone(&front.front), stream, peer));
+
+    let mut body = BytesMut::new();
+    body.put_i32(196_608); // protocol 3.0
+    for text in ["user", "tester", "database", database, ""] {
+        body.put_slice(text.as_bytes());
+        body.put_u8(0);
+    }
+    let mut startup = BytesMut::new();
+    startup.put_i32(i32::try_from(body.len() + 4).expect("a small message"));
+    startup.put_slice(&body);
+    client.write_all(&startup).await.expect("the startup");
+    (session, client)
+}
+
+/// Reads what the front sends a client whose lease it logged in: AuthenticationOk, then
+/// the server's greeting with the front's BackendKeyData, up to ReadyForQuery. From there
+/// on the session relays.
+async fn read_greeting(client: &mut TcpStream) {
     let mut seen = Vec::new();
     loop {
         let kind = tokio::time::timeout(STEP_TIMEOUT, client.read_u8())
@@ -158,7 +178,6 @@ async fn relaying_session(
         }
     }
     assert_eq!(seen, ['R', 'K', 'Z'], "what the client was sent");
-    (session, client, id, received)
 }
 
 /// Waits for the pool to receive the release of `id`, as an HTTP release without `reuse`.
@@ -231,4 +250,69 @@ async fn a_session_the_client_closes_releases_its_lease_once() {
         actor.try_recv().is_none(),
         "the guard released the lease a second time"
     );
+}
+
+/// Connections to one key relay on the key's one lease, and the key renews it alone: however
+/// many of them relay, one renewal per period reaches the pool (a session renews only a
+/// lease of its own). Paused time: a period passes as soon as nothing else can run.
+#[tokio::test(start_paused = true)]
+async fn connections_to_one_key_renew_its_lease_once_per_period() {
+    let (front, mut actor) = front(false);
+    let (postgres, _received) = fake_postgres().await;
+    // Renewed when half of its time to live is left: every 10 s.
+    let ttl = Duration::from_secs(20);
+    let lease = lease_living(postgres, ttl);
+    let id = lease.id.clone();
+
+    let (first, mut first_client) = start_session(&front, "app.k").await;
+    match tokio::time::timeout(STEP_TIMEOUT, actor.recv()).await {
+        Ok(Some(FakeCommand::Lease { request, reply })) => {
+            assert_eq!(request.template.as_str(), "app");
+            reply
+                .send(Ok(lease))
+                .expect("the session waits for its lease");
+        }
+        other => panic!("expected the key's lease request, got {other:?}"),
+    }
+    read_greeting(&mut first_client).await;
+    let mut clients = vec![first_client];
+    let mut sessions = vec![first];
+    for _ in 0..2 {
+        // Each joining connection checks the key's lease with the pool once.
+        let (session, mut client) = start_session(&front, "app.k").await;
+        expect_renew(&mut actor, &id, ttl).await;
+        read_greeting(&mut client).await;
+        clients.push(client);
+        sessions.push(session);
+    }
+    for period in 0..3 {
+        expect_renew(&mut actor, &id, ttl).await;
+        // Nothing else within the period: no connection renews the key's lease itself.
+        match tokio::time::timeout(Duration::from_secs(1), actor.recv()).await {
+            Err(_) => {}
+            Ok(command) => panic!("a second renewal in period {period}: {command:?}"),
+        }
+    }
+    // The connections close; the key's lease goes a grace after the last.
+    drop(clients);
+    expect_release(&mut actor, &id).await;
+    for session in sessions {
+        tokio::time::timeout(STEP_TIMEOUT, session)
+            .await
+            .expect("the session ended in time")
+            .expect("the session ended without a panic");
+    }
+}
+
+/// Waits for a renewal of `id` and answers it: renewed for `ttl`.
+async fn expect_renew(actor: &mut FakeActor, id: &LeaseId, ttl: Duration) {
+    match tokio::time::timeout(STEP_TIMEOUT * 2, actor.recv()).await {
+        Ok(Some(FakeCommand::Renew {
+            id: renewed, reply, ..
+        })) => {
+            assert_eq!(&renewed, id, "the key's lease is renewed");
+            let _ = reply.send(Ok(SystemTime::now() + ttl));
+        }
+        other => panic!("expected the renewal of {id}, got {other:?}"),
+    }
 }
