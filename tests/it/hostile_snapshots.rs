@@ -14,7 +14,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use crate::support::{cache_dir, connect, scratch_dir, TestDaemon};
@@ -24,7 +24,7 @@ const TRAILER: usize = 56;
 
 /// HMAC-SHA256 of `data` under `key`.
 fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("hmac key");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("hmac key");
     mac.update(data);
     mac.finalize().into_bytes().to_vec()
 }

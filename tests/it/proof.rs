@@ -5,7 +5,7 @@
 
 use std::fs;
 
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{json, Value};
 
 use std::time::Duration;

@@ -228,6 +228,24 @@ pub fn current_versions(
         .collect()
 }
 
+/// Feeds everything `reader` gives to `hasher`, 64 KiB at a time; returns the bytes read.
+/// (sha2 0.11's hashers are no `io::Write`, which `io::copy` needed.)
+fn hash_stream(reader: &mut impl std::io::Read, hasher: &mut Sha256) -> std::io::Result<u64> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut copied = 0u64;
+    loop {
+        match reader.read(&mut buffer) {
+            Ok(0) => return Ok(copied),
+            Ok(n) => {
+                hasher.update(&buffer[..n]);
+                copied += n as u64;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// Hashes a file's name, length and contents, streamed: a dump of tens of GB is never held
 /// in memory.
 fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
@@ -238,7 +256,7 @@ fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     hasher.update(format!("{name}\0{len}\0").as_bytes());
-    let copied = std::io::copy(&mut file, hasher).map_err(unreadable)?;
+    let copied = hash_stream(&mut file, hasher).map_err(unreadable)?;
     if copied != len {
         return Err(format!(
             "{} changed while it was read ({len} bytes, then {copied})",

@@ -14,8 +14,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use hmac::{Hmac, Mac};
-use rand::TryRngCore;
+use hmac::{Hmac, KeyInit, Mac};
+use rand::TryRng;
 use sha2::Sha256;
 
 /// The key file's name in the cache root when `--snapshot-key-file` is not given.
@@ -63,7 +63,7 @@ impl SnapshotKey {
     /// A fresh MAC under this key.
     pub(super) fn mac(&self) -> Hmac<Sha256> {
         // HMAC takes a key of any length: this cannot fail.
-        <Hmac<Sha256> as Mac>::new_from_slice(&self.bytes)
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.bytes)
             .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"))
     }
 
@@ -172,7 +172,7 @@ fn create(path: &Path) -> Result<(), KeyError> {
         .map_err(|e| io("create its directory", e))?;
     let mut bytes = [0u8; MADE_LENGTH];
     // Straight from the kernel (getrandom), not a user-space generator.
-    rand::rngs::OsRng
+    rand::rngs::SysRng
         .try_fill_bytes(&mut bytes)
         .map_err(|e| io("draw random bytes", std::io::Error::other(e.to_string())))?;
     let tmp = dir.join(format!(
