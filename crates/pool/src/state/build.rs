@@ -373,20 +373,23 @@ impl PoolState {
                 self.warn_if_clones_cannot_fit(template, size);
             }
             // The connection went away mid-build (the server stopped, or someone ended the
-            // session): no fault of the sources. Its waiters hear that the server is
-            // unavailable (503, retry), and the template is not marked failed: the next
-            // request builds it again.
-            Err(error) if error.kind == SqlErrorKind::ConnectionLost => {
+            // session), or postgres had no connection slot for it (53300): no fault of the
+            // sources. Its waiters hear the server's trouble or the connection budget's
+            // (503, retry), and the template is not marked failed: the next request builds
+            // it again.
+            Err(error)
+                if matches!(
+                    error.kind,
+                    SqlErrorKind::ConnectionLost | SqlErrorKind::TooManyConnections
+                ) =>
+            {
                 if let Some(old) = previous {
                     self.dbs.queue_drop(old, template, size);
                 }
                 for waiter in entry.waiters.drain(..) {
                     actions.push(Action::Fail {
                         waiter: waiter.id,
-                        error: LeaseError::PostgresDown(format!(
-                            "the connection was lost while template \"{template}\" was being built: {}",
-                            error.message
-                        )),
+                        error: not_the_sources(template, &error),
                     });
                 }
                 entry.last_error = Some(error.message);
@@ -542,5 +545,26 @@ impl PoolState {
                 budget / 1_000_000,
             );
         }
+    }
+}
+
+/// What the waiters of a build that failed through no fault of its sources hear: the
+/// server's trouble when the connection was lost (`postgres_unavailable`), the connection
+/// budget's when postgres had no slot for the build's connection (`too_many_connections`).
+fn not_the_sources(template: &TemplateName, error: &SqlError) -> LeaseError {
+    if error.kind == SqlErrorKind::TooManyConnections {
+        LeaseError::BuildFailed {
+            template: template.clone(),
+            message: format!(
+                "postgres has no connection slot for the build: {}",
+                error.message
+            ),
+            cause: SqlErrorKind::TooManyConnections,
+        }
+    } else {
+        LeaseError::PostgresDown(format!(
+            "the connection was lost while template \"{template}\" was being built: {}",
+            error.message
+        ))
     }
 }
