@@ -137,6 +137,8 @@ impl ApiError {
 }
 
 impl From<LeaseError> for ApiError {
+    /// The status and code of each lease error. Long on purpose: one match arm per variant
+    /// (and per cause of a failed build or clone), the table `docs/http-api.md` lists.
     fn from(error: LeaseError) -> Self {
         let message = error.to_string();
         match error {

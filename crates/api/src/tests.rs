@@ -260,7 +260,9 @@ async fn lease_errors_map_to_status_and_code() {
         Case {
             error: LeaseError::BuildFailed {
                 template: template("app"),
-                message: "cannot connect to template database x: FATAL: sorry, too many clients already".into(),
+                message:
+                    "cannot connect to template database x: FATAL: sorry, too many clients already"
+                        .into(),
                 cause: SqlErrorKind::TooManyConnections,
             },
             status: StatusCode::SERVICE_UNAVAILABLE,

@@ -623,7 +623,9 @@ pub enum TemplateOpError {
     PostgresDown(String),
     /// Postgres refused pglease a connection for the template's work (SQLSTATE 53300): its
     /// slots are taken, by lease holders or others; a release frees one.
-    #[error("template \"{template}\": postgres has no connection slot for pglease's work: {message}")]
+    #[error(
+        "template \"{template}\": postgres has no connection slot for pglease's work: {message}"
+    )]
     NoConnectionSlot {
         /// The template.
         template: TemplateName,

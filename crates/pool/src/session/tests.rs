@@ -760,7 +760,9 @@ async fn a_connection_refused_for_want_of_a_slot_is_too_many_connections() {
         .expect("a role with no slot");
     let mut config = server.running.admin_config();
     config.user("pglease_test_no_slot").dbname("postgres");
-    let refused = connect(&config).await.expect_err("postgres refuses the role");
+    let refused = connect(&config)
+        .await
+        .expect_err("postgres refuses the role");
     let error = SqlError::from_pg(&refused);
     assert_eq!(error.sqlstate.as_deref(), Some("53300"), "{error:?}");
     assert_eq!(error.kind, SqlErrorKind::TooManyConnections, "{error:?}");

@@ -498,7 +498,9 @@ fn a_build_refused_a_connection_slot_is_the_budgets_trouble_and_is_not_failed() 
         Err(crate::sql_error::SqlError {
             kind: crate::sql_error::SqlErrorKind::TooManyConnections,
             sqlstate: Some("53300".into()),
-            message: "cannot connect to template database x: FATAL: sorry, too many clients already".into(),
+            message:
+                "cannot connect to template database x: FATAL: sorry, too many clients already"
+                    .into(),
         }),
         now,
     );

@@ -295,7 +295,9 @@ mod tests {
         assert!(error.contains("toc.dat"), "{error}");
         write("dir/toc.dat", b"PGDMP");
         assert_eq!(Format::of(&directory).ok(), Some(Format::Directory));
-        let error = Format::of(&dir.join("missing")).expect_err("missing").to_string();
+        let error = Format::of(&dir.join("missing"))
+            .expect_err("missing")
+            .to_string();
         assert!(error.contains("missing"), "{error}");
         let _ = std::fs::remove_dir_all(dir);
     }
