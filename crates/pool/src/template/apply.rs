@@ -53,7 +53,7 @@ pub(super) async fn apply_source(
         TemplateSource::Dump(dump) => {
             let restore = dump::restore_command(dump, &session.child_user)
                 .await
-                .map_err(SqlError::other)?;
+                .map_err(|e| SqlError::other(e.to_string()))?;
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {

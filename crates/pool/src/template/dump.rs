@@ -130,25 +130,44 @@ fn starts_with_any(line: &str, starts: &[&str]) -> bool {
         .is_some_and(|rest| starts.iter().any(|start| rest.starts_with(start)))
 }
 
+/// Why no command can restore a dump.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RestoreError {
+    /// The dump could not be looked at as the child user at all.
+    #[error(transparent)]
+    ReadAs(#[from] crate::child_user::ReadAsError),
+    /// The dump cannot be used (its words, with who read it where a right was missing).
+    #[error("{0}")]
+    Source(String),
+    /// The tool its format needs is not installed.
+    #[error(
+        "{tool} not found (on PATH or in /usr/lib/postgresql/*/bin): a {format:?} dump \
+         needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
+    )]
+    ToolNotFound {
+        /// `pg_restore` or `psql`.
+        tool: &'static str,
+        /// The dump's format.
+        format: Format,
+    },
+}
+
 /// The command that restores `dump` into `$DATABASE_URL`, run (like every tool here) as
 /// `user`, who must be able to read the dump.
 pub(crate) async fn restore_command(
     dump: &DumpSource,
     user: &ChildUser,
-) -> Result<Restore, String> {
+) -> Result<Restore, RestoreError> {
     let path = dump.path.clone();
     let format = user
         .read(move || Format::of(&path))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| user.explain(e))?;
-    check_script(dump, format).map_err(|e| e.to_string())?;
+        .await?
+        .map_err(|e| RestoreError::Source(user.explain(e)))?;
+    check_script(dump, format).map_err(|e| RestoreError::Source(e.to_string()))?;
     let tool_name = format.tool();
-    let tool = find_tool(tool_name).ok_or_else(|| {
-        format!(
-            "{tool_name} not found (on PATH or in /usr/lib/postgresql/*/bin): a {format:?} dump \
-             needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
-        )
+    let tool = find_tool(tool_name).ok_or(RestoreError::ToolNotFound {
+        tool: tool_name,
+        format,
     })?;
     let version = user
         .command(&tool)
