@@ -526,3 +526,62 @@ async fn an_external_server_that_is_shutting_down_is_let_go_until_it_is_back() {
     .await;
     assert!(daemon.stop().await.success());
 }
+
+/// Issue 43: when postgres has no connection slot for the build's own connection (SQLSTATE
+/// 53300: the slots a non-superuser may take are all in use), the lease hears the connection
+/// budget's 503 `too_many_connections` with Retry-After, not a 422 `template_build_failed`
+/// that blames the template's migrations; and the template is not remembered as failed: once
+/// a slot is free, the next request builds it.
+#[tokio::test]
+async fn a_build_postgres_has_no_connection_slot_for_is_the_budgets_503() {
+    let dir = scratch_dir("migrations-no-slot");
+    std::fs::write(dir.join("001_table.sql"), "CREATE TABLE t (id int);\n").expect("write");
+    // Non-superusers (the build's own role) may take 25 slots; the daemon's superuser
+    // connections still get in through the 25 reserved ones.
+    let server = PlainPostgres::start_with(
+        "no-slot",
+        &["max_connections=50", "superuser_reserved_connections=25"],
+    );
+    let mut taken = Vec::new();
+    for _ in 0..25 {
+        taken.push(server.connect().await);
+    }
+    let args = vec![
+        "--postgres-url".to_owned(),
+        server.url(),
+        "--lease-connections".to_owned(),
+        "2".to_owned(),
+        "--template".to_owned(),
+        format!("app=migrations:{}", dir.display()),
+    ];
+    let daemon = TestDaemon::builder().args(args).start().await;
+    let response = daemon
+        .http
+        .post(format!("{}/lease", daemon.base))
+        .json(&serde_json::json!({ "template": "app" }))
+        .send()
+        .await
+        .expect("lease request");
+    let status = response.status().as_u16();
+    let retry_after = response.headers().contains_key("retry-after");
+    let body: serde_json::Value = response.json().await.expect("a JSON body");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
+    assert!(retry_after, "a 503 says when to try again: {body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no connection slot") && message.contains("reserved"),
+        "names the refusal in postgres' words: {message}"
+    );
+    assert_ne!(daemon.template_status("app").await["state"], "failed");
+
+    drop(taken);
+    let lease = daemon.lease_ok("app").await;
+    connect(&lease)
+        .await
+        .expect("connect")
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .expect("built once a slot was free");
+    assert!(daemon.stop().await.success());
+}

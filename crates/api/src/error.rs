@@ -111,6 +111,17 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "key_not_found", message)
     }
 
+    /// 503 `too_many_connections` (with `Retry-After`): postgres refused pglease a
+    /// connection slot (53300) for its own work for a lease; unlike the 422 of a lease
+    /// that can never fit, a released connection makes room.
+    fn no_connection_slot(message: String) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_connections",
+            message,
+        )
+    }
+
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -126,6 +137,8 @@ impl ApiError {
 }
 
 impl From<LeaseError> for ApiError {
+    /// The status and code of each lease error. Long on purpose: one match arm per variant
+    /// (and per cause of a failed build or clone), the table `docs/http-api.md` lists.
     fn from(error: LeaseError) -> Self {
         let message = error.to_string();
         match error {
@@ -145,6 +158,12 @@ impl From<LeaseError> for ApiError {
                 cause: SqlErrorKind::DiskFull,
                 ..
             } => Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message),
+            // Postgres had no connection slot for the build (53300): the connection
+            // budget's trouble, gone once a holder lets go of a connection, not the sources'.
+            LeaseError::BuildFailed {
+                cause: SqlErrorKind::TooManyConnections,
+                ..
+            } => Self::no_connection_slot(message),
             // The template's own sources are broken: the client must see postgres' words.
             LeaseError::BuildFailed { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -166,6 +185,10 @@ impl From<LeaseError> for ApiError {
                 cause: SqlErrorKind::DiskFull,
                 ..
             } => Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", message),
+            LeaseError::CloneFailed {
+                cause: SqlErrorKind::TooManyConnections,
+                ..
+            } => Self::no_connection_slot(message),
             LeaseError::CloneFailed { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "clone_failed", message)
             }

@@ -292,7 +292,8 @@ impl From<TemplateOpError> for CompatError {
             TemplateOpError::Failed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             TemplateOpError::ShuttingDown
             | TemplateOpError::PostgresDown(_)
-            | TemplateOpError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | TemplateOpError::TooManyConnections { .. }
+            | TemplateOpError::NoConnectionSlot { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
         CompatError::new(status, error.to_string())
     }

@@ -127,6 +127,10 @@ impl Metrics {
 
 /// The pool's figures from one status report: gauges set, and counters standing at the
 /// totals the pool keeps.
+///
+/// Long on purpose: it is the table of every metric the pool exports, each registered
+/// next to the figure it reads; split, the table would be harder to check against
+/// `docs/`.
 fn register_pool(registry: &mut Registry, report: &StatusReport) {
     let databases = Family::<DatabaseLabel, Gauge>::default();
     let waiting = Family::<TemplateLabel, Gauge>::default();

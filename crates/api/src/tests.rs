@@ -258,6 +258,28 @@ async fn lease_errors_map_to_status_and_code() {
             retry_after: false,
         },
         Case {
+            error: LeaseError::BuildFailed {
+                template: template("app"),
+                message:
+                    "cannot connect to template database x: FATAL: sorry, too many clients already"
+                        .into(),
+                cause: SqlErrorKind::TooManyConnections,
+            },
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "too_many_connections",
+            retry_after: true,
+        },
+        Case {
+            error: LeaseError::CloneFailed {
+                template: template("app"),
+                message: "FATAL: remaining connection slots are reserved for superusers".into(),
+                cause: SqlErrorKind::TooManyConnections,
+            },
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "too_many_connections",
+            retry_after: true,
+        },
+        Case {
             error: LeaseError::TimedOut {
                 template: template("app"),
                 waited_ms: 1500,

@@ -165,6 +165,8 @@ impl Actor {
         }
     }
 
+    /// Carries out one command of a handle. Long on purpose: one match arm per
+    /// `Command` variant, each handing its work to the state or a worker.
     fn handle_command(&mut self, command: Command) {
         let now = Instant::now();
         match command {

@@ -109,9 +109,11 @@ impl ChildUser {
         format!("user {} (uid {})", self.name, self.uid)
     }
 
-    /// `message` with who read, where a missing right may explain it: a source a caller
-    /// can read may still be closed to this user (a private home directory, a 0700 dump).
-    pub fn explain(&self, message: String) -> String {
+    /// `error`'s words with who read, where a missing right may explain it: a source a
+    /// caller can read may still be closed to this user (a private home directory, a 0700
+    /// dump).
+    pub fn explain(&self, error: impl std::fmt::Display) -> String {
+        let message = error.to_string();
         if self.switch && message.contains("Permission denied") {
             format!(
                 "{message} (template sources are read as {}: make them readable by that user, or choose another with --child-user)",
@@ -152,7 +154,7 @@ impl ChildUser {
     /// traverse fails there with `EACCES`, whatever the daemon itself may do. The thread
     /// ends with `work`, so the identity never reaches another task; the rest of the
     /// process keeps root's.
-    pub async fn read<T, F>(&self, work: F) -> Result<T, String>
+    pub async fn read<T, F>(&self, work: F) -> Result<T, ReadAsError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -163,15 +165,36 @@ impl ChildUser {
             .name("pglease-read-as".into())
             .spawn(move || {
                 let result = match switch.then(|| take_file_identity(uid, gid)) {
-                    Some(Err(error)) => Err(format!("cannot read as {who}: {error}")),
+                    Some(Err(source)) => Err(ReadAsError::Identity { who, source }),
                     _ => Ok(work()),
                 };
                 let _ = tx.send(result);
             })
-            .map_err(|e| format!("cannot start a thread to read the template's sources: {e}"))?;
-        rx.await
-            .map_err(|_| "the thread reading the template's sources died".to_owned())?
+            .map_err(|source| ReadAsError::Thread { source })?;
+        rx.await.map_err(|_| ReadAsError::ThreadDied)?
     }
+}
+
+/// Why [`ChildUser::read`] could not run its work (the work's own outcome is its result).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadAsError {
+    /// The reading thread could not take the user's file-system identity.
+    #[error("cannot read as {who}: {source}")]
+    Identity {
+        /// The user ([`ChildUser::describe`]).
+        who: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No thread could be started.
+    #[error("cannot start a thread to read the template's sources: {source}")]
+    Thread {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The thread ended without an answer (it panicked).
+    #[error("the thread reading the template's sources died")]
+    ThreadDied,
 }
 
 /// Makes the calling thread's file-system identity `uid`/`gid` with no supplementary

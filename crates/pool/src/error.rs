@@ -621,6 +621,17 @@ pub enum TemplateOpError {
     /// Postgres is down or being restarted.
     #[error("postgres is unavailable: {0}")]
     PostgresDown(String),
+    /// Postgres refused pglease a connection for the template's work (SQLSTATE 53300): its
+    /// slots are taken, by lease holders or others; a release frees one.
+    #[error(
+        "template \"{template}\": postgres has no connection slot for pglease's work: {message}"
+    )]
+    NoConnectionSlot {
+        /// The template.
+        template: TemplateName,
+        /// Postgres' words.
+        message: String,
+    },
     /// The template's role would hold connections the budget does not have.
     #[error("no connections left for a client to build a template: leases and open templates hold {in_use} of the {budget} the budget has, and its role may hold {needed} (--lease-connections); release leases or finalize another template first")]
     TooManyConnections {
@@ -631,6 +642,28 @@ pub enum TemplateOpError {
         /// The connection budget.
         budget: u32,
     },
+}
+
+impl TemplateOpError {
+    /// What a client hears when SQL for its template (making, finalizing, counting a test
+    /// database's sessions) failed: the server lost (503, try again), or no connection slot
+    /// for the work (503, a release frees one), is not the template's failure.
+    pub(crate) fn of_sql(template: &TemplateName, error: &crate::sql_error::SqlError) -> Self {
+        use crate::sql_error::SqlErrorKind;
+        match error.kind {
+            SqlErrorKind::ConnectionLost => TemplateOpError::PostgresDown(error.message.clone()),
+            SqlErrorKind::TooManyConnections => TemplateOpError::NoConnectionSlot {
+                template: template.clone(),
+                message: error.message.clone(),
+            },
+            SqlErrorKind::DiskFull | SqlErrorKind::Timeout | SqlErrorKind::Other => {
+                TemplateOpError::Failed {
+                    template: template.clone(),
+                    message: error.message.clone(),
+                }
+            }
+        }
+    }
 }
 
 /// Why the snapshot key (`postgres/snapshot/key.rs`) cannot be used: each names the file,

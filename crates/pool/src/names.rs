@@ -41,21 +41,40 @@ pub struct InvalidName {
     pub name: String,
 }
 
+/// Why a role name the operator gave (`--integresql-pg-user`) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRoleName {
+    /// Not 1 to 63 bytes of `[a-z0-9_]` starting with a letter or `_`.
+    #[error(
+        "role name {name:?}: 1 to 63 characters of a-z, 0-9 and '_', not starting with a digit"
+    )]
+    Shape {
+        /// The refused name, as given.
+        name: String,
+    },
+    /// A name postgres, pglease or the embedded server's superuser uses.
+    #[error("role name {name:?} is reserved (by postgres, pglease, or the embedded server's superuser); choose another, e.g. dbuser")]
+    Reserved {
+        /// The refused name.
+        name: String,
+    },
+}
+
 /// Checks the name of a role the operator names (`--integresql-pg-user`): 1 to 63 bytes of
 /// `[a-z0-9_]` starting with a letter or `_`, so that it needs no quoting in `pg_hba.conf`,
 /// and none that postgres reserves (`pg_…`, `public`, `none`, …), pglease's own (`pglease_…`
 /// and `integresql_…`, which the sweep manages) or the embedded server's superuser
 /// (`postgres`).
-pub fn check_role_name(name: &str) -> Result<(), String> {
+pub fn check_role_name(name: &str) -> Result<(), InvalidRoleName> {
     let shaped = (1..=MAX_IDENT_BYTES).contains(&name.len())
         && name
             .bytes()
             .enumerate()
             .all(|(i, b)| b.is_ascii_lowercase() || b == b'_' || (i > 0 && b.is_ascii_digit()));
     if !shaped {
-        return Err(format!(
-            "role name {name:?}: 1 to 63 characters of a-z, 0-9 and '_', not starting with a digit"
-        ));
+        return Err(InvalidRoleName::Shape {
+            name: name.to_owned(),
+        });
     }
     let reserved = [
         "postgres",
@@ -74,9 +93,9 @@ pub fn check_role_name(name: &str) -> Result<(), String> {
         || name.starts_with(INTEGRESQL_PREFIX)
         || reserved.contains(&name)
     {
-        return Err(format!(
-            "role name {name:?} is reserved (by postgres, pglease, or the embedded server's superuser); choose another, e.g. dbuser"
-        ));
+        return Err(InvalidRoleName::Reserved {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }

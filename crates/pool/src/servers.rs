@@ -359,13 +359,14 @@ impl Servers {
         // Refused before anything is placed, with the rights the build will read it with.
         if let Some(user) = &self.inner.child_user {
             let checked = source.clone();
+            let refused = |message: String| LeaseError::InvalidSource {
+                template: name.clone(),
+                message,
+            };
             user.read(move || crate::template::check_source(&checked))
                 .await
-                .and_then(|checked| checked)
-                .map_err(|message| LeaseError::InvalidSource {
-                    template: name.clone(),
-                    message: user.explain(message),
-                })?;
+                .map_err(|e| refused(user.explain(e)))?
+                .map_err(|e| refused(user.explain(e)))?;
         }
         for _ in 0..REGISTER_ATTEMPTS {
             // First without the lock, to start the server the template needs outside it.

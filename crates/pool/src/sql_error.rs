@@ -1,7 +1,8 @@
 //! What went wrong with SQL the pool ran, kept as postgres said it: the message, the
 //! SQLSTATE, and the kind of failure the state and the API decide by (a full disk is the
-//! server's room running out, 507; anything else a clone meets is the server's trouble,
-//! 503; a connection lost is no fault of the user's SQL). Every SQL job's outcome carries
+//! server's room running out, 507; a connection slot refused is the connection budget's,
+//! 503 `too_many_connections`; anything else a clone meets is the server's trouble, 503; a
+//! connection lost is no fault of the user's SQL). Every SQL job's outcome carries
 //! it: builds, clones, recycles, drops, connection limits, and the opening and finalizing
 //! of templates clients build. `pg_message`, postgres' words for a driver error, lives here
 //! too: the error enums, the session and the builds all use it, and this module uses no
@@ -26,6 +27,13 @@ pub struct SqlError {
 pub enum SqlErrorKind {
     /// The server's storage is full (SQLSTATE 53100, `disk_full`).
     DiskFull,
+    /// Postgres refused a connection for want of a slot (SQLSTATE 53300,
+    /// `too_many_connections`: the server's `max_connections` less its reserved slots, or a
+    /// role's or a database's `CONNECTION LIMIT`). It is the connection budget's failure,
+    /// never the sources' or the SQL's. Postgres answers every connection limit with 53300;
+    /// 53400 (`configuration_limit_exceeded`) names other limits (locks, replication
+    /// slots, background workers) and stays [`SqlErrorKind::Other`].
+    TooManyConnections,
     /// The connection went away or the server is shutting down (class 08, 57P01–57P03, or
     /// a closed connection).
     ConnectionLost,
@@ -80,6 +88,8 @@ impl SqlError {
         };
         let kind = if *code == SqlState::DISK_FULL {
             SqlErrorKind::DiskFull
+        } else if *code == SqlState::TOO_MANY_CONNECTIONS {
+            SqlErrorKind::TooManyConnections
         } else if code.code().starts_with("08")
             || [
                 SqlState::ADMIN_SHUTDOWN,

@@ -33,6 +33,7 @@ mod command;
 mod dump;
 mod open;
 mod seal;
+mod source_error;
 mod sources;
 
 use apply::apply_source;
@@ -71,7 +72,7 @@ pub async fn build(
     let fingerprint = user
         .read(move || fingerprint(&source_for_hash, major))
         .await
-        .map_err(SqlError::other)?
+        .map_err(|e| SqlError::other(e.to_string()))?
         .map_err(|e| SqlError::other(user.explain(e)))?;
     let db = DbName::template(name, &fingerprint);
     let started = std::time::Instant::now();

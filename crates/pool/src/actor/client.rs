@@ -102,16 +102,8 @@ impl Actor {
                 Some(session) => session
                     .sessions_after(&db, CLOSING_SESSIONS_GRACE)
                     .await
-                    .map_err(|error| match error.kind {
-                        // A server lost meanwhile is postgres' trouble, not the test's.
-                        crate::sql_error::SqlErrorKind::ConnectionLost => {
-                            TemplateOpError::PostgresDown(error.message)
-                        }
-                        _ => TemplateOpError::Failed {
-                            template: template.clone(),
-                            message: error.message,
-                        },
-                    }),
+                    // A server lost meanwhile is postgres' trouble, not the test's.
+                    .map_err(|error| TemplateOpError::of_sql(&template, &error)),
                 None => Err(TemplateOpError::PostgresDown(NOT_RUNNING.into())),
             };
             JobResult::SessionsCounted {

@@ -209,6 +209,7 @@ fn refused(sqlstate: &str, message: String) -> SqlError {
 fn failure(kind: SqlErrorKind) -> SqlError {
     let sqlstate = match kind {
         SqlErrorKind::DiskFull => "53100",
+        SqlErrorKind::TooManyConnections => "53300",
         SqlErrorKind::ConnectionLost => "57P01",
         SqlErrorKind::Timeout => "57014",
         SqlErrorKind::Other => "42601",

@@ -9,6 +9,7 @@ use super::backend::Backend;
 use super::jobs::{JobResult, Report};
 use super::start::Target;
 use super::{Actor, POSTGRES_STOP_TIMEOUT};
+use crate::child_user::ReadAsError;
 use crate::names::TemplateName;
 use crate::postgres::snapshot::Manifest;
 use crate::template;
@@ -43,7 +44,7 @@ impl Actor {
     pub(super) async fn current_versions(
         &self,
         pg_major: u32,
-    ) -> Result<Vec<(TemplateName, String)>, String> {
+    ) -> Result<Vec<(TemplateName, String)>, ReadAsError> {
         let templates = self.inputs.templates.clone();
         let known = self.state.watches();
         self.inputs
@@ -61,7 +62,10 @@ impl Actor {
         };
         let outcome = async {
             // Without them every template would look stale and be cleared.
-            let current = self.current_versions(session.pg_major()).await?;
+            let current = self
+                .current_versions(session.pg_major())
+                .await
+                .map_err(|e| e.to_string())?;
             // Only logged: nothing decides by the kind of a failure here.
             let templates = session
                 .snapshot_templates(&current)

@@ -436,7 +436,7 @@ async fn sweep_earlier_runs(session: &mut Session, templates: &[TemplateConfig])
             .sweep(current, Sweep::Start)
             .await
             .map_err(|e| e.to_string()),
-        Err(message) => Err(message),
+        Err(error) => Err(error.to_string()),
     };
     if let Err(message) = swept {
         tracing::warn!(error = %message, "could not clean up after an earlier run");

@@ -126,8 +126,72 @@ pub(crate) fn decide(
                 workdir.display()
             ),
         },
-        Err(reason) => CommandUser::ChildUser { reason },
+        Err(reason) => CommandUser::ChildUser {
+            reason: reason.to_string(),
+        },
     }
+}
+
+/// Why no one user controls a command's files alone (the clause after "no one user
+/// controls its files alone: ").
+#[derive(Debug, thiserror::Error)]
+enum NotControlled {
+    /// The working directory is given by a relative path.
+    #[error("{} is not an absolute path", path.display())]
+    NotAbsolute {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The working directory is not a directory.
+    #[error("{} is not a directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// An entry cannot be looked at.
+    #[error("cannot check {}: {source}", path.display())]
+    Unchecked {
+        /// The entry.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A directory cannot be listed.
+    #[error("cannot list {}: {source}", dir.display())]
+    Unlisted {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The tree is bigger than pglease walks.
+    #[error("{} holds more than {limit} entries, more than pglease checks for other users' write access", workdir.display())]
+    TooManyEntries {
+        /// The working directory.
+        workdir: PathBuf,
+        /// The most entries walked.
+        limit: usize,
+    },
+    /// An entry belongs to a third user.
+    #[error("{} belongs to uid {uid}, neither root nor the owner of the working directory (uid {owner})", path.display())]
+    ThirdUser {
+        /// The entry.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// The working directory's owner.
+        owner: u32,
+    },
+    /// An entry others (or its group) may write.
+    #[error("{} is writable by {who} (mode {mode:04o})", path.display())]
+    Writable {
+        /// The entry.
+        path: PathBuf,
+        /// "others" or "its group".
+        who: &'static str,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 /// [`decide`]'s walk: the owner's uid and the directory's gid, or why nobody controls it.
@@ -136,13 +200,17 @@ fn control(
     workdir: &Path,
     named: &[PathBuf],
     limit: usize,
-) -> Result<(u32, u32), String> {
+) -> Result<(u32, u32), NotControlled> {
     if !workdir.is_absolute() {
-        return Err(format!("{} is not an absolute path", workdir.display()));
+        return Err(NotControlled::NotAbsolute {
+            path: workdir.to_owned(),
+        });
     }
     let top = stat(tree, workdir)?;
     if top.kind != Kind::Dir {
-        return Err(format!("{} is not a directory", workdir.display()));
+        return Err(NotControlled::NotADirectory {
+            path: workdir.to_owned(),
+        });
     }
     let owner = top.uid;
     for dir in workdir.ancestors() {
@@ -165,14 +233,17 @@ fn control(
     while let Some(dir) = pending.pop() {
         let children = tree
             .children(&dir)
-            .map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+            .map_err(|source| NotControlled::Unlisted {
+                dir: dir.clone(),
+                source,
+            })?;
         for child in children {
             seen += 1;
             if seen > limit {
-                return Err(format!(
-                    "{} holds more than {limit} entries, more than pglease checks for other users' write access",
-                    workdir.display()
-                ));
+                return Err(NotControlled::TooManyEntries {
+                    workdir: workdir.to_owned(),
+                    limit,
+                });
             }
             let entry = stat(tree, &child)?;
             match entry.kind {
@@ -189,30 +260,32 @@ fn control(
     Ok((owner, top.gid))
 }
 
-fn stat(tree: &impl Tree, path: &Path) -> Result<Entry, String> {
-    tree.lstat(path)
-        .map_err(|e| format!("cannot check {}: {e}", path.display()))
+fn stat(tree: &impl Tree, path: &Path) -> Result<Entry, NotControlled> {
+    tree.lstat(path).map_err(|source| NotControlled::Unchecked {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// One entry's part of the rule: root's or the owner's, and closed to group and others.
-fn check(path: &Path, entry: &Entry, owner: u32) -> Result<(), String> {
+fn check(path: &Path, entry: &Entry, owner: u32) -> Result<(), NotControlled> {
     if entry.uid != 0 && entry.uid != owner {
-        return Err(format!(
-            "{} belongs to uid {}, neither root nor the owner of the working directory (uid {owner})",
-            path.display(),
-            entry.uid
-        ));
+        return Err(NotControlled::ThirdUser {
+            path: path.to_owned(),
+            uid: entry.uid,
+            owner,
+        });
     }
     let who = match (entry.mode & 0o020 != 0, entry.mode & 0o002 != 0) {
         (_, true) => "others",
         (true, false) => "its group",
         (false, false) => return Ok(()),
     };
-    Err(format!(
-        "{} is writable by {who} (mode {:04o})",
-        path.display(),
-        entry.mode & 0o7777
-    ))
+    Err(NotControlled::Writable {
+        path: path.to_owned(),
+        who,
+        mode: entry.mode & 0o7777,
+    })
 }
 
 /// The files a shell command names that exist: each word with a `/` or naming an entry

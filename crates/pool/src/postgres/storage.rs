@@ -65,6 +65,8 @@ pub(crate) struct Facts {
     pub in_memory: bool,
     /// Whether a copy in the instance directory shares its blocks (`Err`: why not);
     /// `None` where it was not checked (no `--data-dir`: a fresh directory on tmpfs).
+    // A message by design: the reason is only said (in the log and `/status`'s storage
+    // line); the decision reads whether it is `Ok`.
     pub dir_clones: Option<Result<(), String>>,
     /// The instance directory is a kept one whose copy-on-write store is still mounted.
     pub kept_store: bool,

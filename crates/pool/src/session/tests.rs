@@ -746,6 +746,46 @@ async fn a_build_step_keeps_the_sqlstate_of_its_failing_statement() {
     server.stop().await;
 }
 
+/// Issue 43: a connection postgres refuses for want of a slot (SQLSTATE 53300; here a
+/// role's `CONNECTION LIMIT 0`, as the server's `max_connections` would) is the connection
+/// budget's failure, `SqlErrorKind::TooManyConnections`, not "the SQL failed": the build
+/// that meets it is not blamed on its sources and the API answers `too_many_connections`.
+#[tokio::test]
+async fn a_connection_refused_for_want_of_a_slot_is_too_many_connections() {
+    let server = Server::start().await;
+    let admin = server.superuser().await;
+    admin
+        .batch_execute("CREATE ROLE pglease_test_no_slot LOGIN CONNECTION LIMIT 0")
+        .await
+        .expect("a role with no slot");
+    let mut config = server.running.admin_config();
+    config.user("pglease_test_no_slot").dbname("postgres");
+    let refused = connect(&config)
+        .await
+        .expect_err("postgres refuses the role");
+    let error = SqlError::from_pg(&refused);
+    assert_eq!(error.sqlstate.as_deref(), Some("53300"), "{error:?}");
+    assert_eq!(error.kind, SqlErrorKind::TooManyConnections, "{error:?}");
+    assert!(
+        error.message.contains("too many connections for role"),
+        "{error:?}"
+    );
+    // 53400 names limits other than connections, and stays the server's refusal.
+    let error = server
+        .open()
+        .await
+        .execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'too many replication slots' \
+             USING ERRCODE = 'configuration_limit_exceeded'; END $$",
+        )
+        .await
+        .expect_err("fails");
+    assert_eq!(error.sqlstate.as_deref(), Some("53400"), "{error:?}");
+    assert_eq!(error.kind, SqlErrorKind::Other, "{error:?}");
+    drop(admin);
+    server.stop().await;
+}
+
 /// After a recycle that proves nothing (a `reuse` release), the next stamp carries the
 /// files forward from the previous one while the kernel saw no change in the clone's
 /// directory — it equals a fresh stamp — and is a fresh one once a write reached the files;

@@ -353,70 +353,116 @@ impl PoolState {
                 None => {}
             }
         }
-        let Some(entry) = self.templates.get_mut(template) else {
+        if !self.templates.contains_key(template) {
             return actions;
-        };
+        }
         match outcome {
-            Ok(built) => {
-                if let Some(old) = previous.filter(|old| *old != built.db) {
-                    self.dbs.queue_drop(old, template, size);
-                }
-                if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
-                    configured.build = Build::Ready(Version {
-                        fingerprint: built.fingerprint.clone(),
-                        db: built.db.clone(),
-                    });
-                    configured.sources = Some(sources);
-                }
-                let size = built.size_bytes;
-                self.version_ready(template, built, &mut actions);
-                self.warn_if_clones_cannot_fit(template, size);
-            }
+            Ok(built) => self.version_built(template, built, sources, previous, size, &mut actions),
             // The connection went away mid-build (the server stopped, or someone ended the
-            // session): no fault of the sources. Its waiters hear that the server is
-            // unavailable (503, retry), and the template is not marked failed: the next
-            // request builds it again.
-            Err(error) if error.kind == SqlErrorKind::ConnectionLost => {
-                if let Some(old) = previous {
-                    self.dbs.queue_drop(old, template, size);
-                }
-                for waiter in entry.waiters.drain(..) {
-                    actions.push(Action::Fail {
-                        waiter: waiter.id,
-                        error: LeaseError::PostgresDown(format!(
-                            "the connection was lost while template \"{template}\" was being built: {}",
-                            error.message
-                        )),
-                    });
-                }
-                entry.last_error = Some(error.message);
-                if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
-                    configured.build = Build::Idle;
-                }
+            // session), or postgres had no connection slot for it (53300): no fault of the
+            // sources.
+            Err(error)
+                if matches!(
+                    error.kind,
+                    SqlErrorKind::ConnectionLost | SqlErrorKind::TooManyConnections
+                ) =>
+            {
+                self.build_not_to_blame(template, error, previous, size, &mut actions)
             }
-            Err(error) => {
-                // A stale version must not hide a broken migration: it goes too.
-                if let Some(old) = previous {
-                    self.dbs.queue_drop(old, template, size);
-                }
-                for db in self
-                    .dbs
-                    .of(template, |p| matches!(p, Phase::Adoptable { .. }))
-                {
-                    self.dbs.queue_drop(db, template, 0);
-                }
-                self.build_failed(template, error.message, error.kind, &mut actions);
-                if let Some(Lifecycle::Configured(configured)) =
-                    self.templates.get_mut(template).map(|e| &mut e.lifecycle)
-                {
-                    // As the failed build saw them: a fix moves their stamp.
-                    configured.build = Build::Failed;
-                    configured.sources = Some(sources);
-                }
-            }
+            Err(error) => self.build_broke(template, error, sources, previous, size, &mut actions),
         }
         self.dispatch(now, &mut actions);
         actions
+    }
+
+    /// A build made `built`: the previous version (of `size` bytes) goes when it is another
+    /// database, and the new one is the template's, stamped with the `sources` it was built
+    /// from.
+    fn version_built(
+        &mut self,
+        template: &TemplateName,
+        built: Built,
+        sources: SourceStamp,
+        previous: Option<DbName>,
+        size: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        if let Some(old) = previous.filter(|old| *old != built.db) {
+            self.dbs.queue_drop(old, template, size);
+        }
+        if let Some(Lifecycle::Configured(configured)) =
+            self.templates.get_mut(template).map(|e| &mut e.lifecycle)
+        {
+            configured.build = Build::Ready(Version {
+                fingerprint: built.fingerprint.clone(),
+                db: built.db.clone(),
+            });
+            configured.sources = Some(sources);
+        }
+        let size = built.size_bytes;
+        self.version_ready(template, built, actions);
+        self.warn_if_clones_cannot_fit(template, size);
+    }
+
+    /// A build failed through no fault of its sources (`error` is a lost connection or no
+    /// connection slot): its waiters hear the server's trouble or the connection budget's
+    /// (503, retry), and the template is not marked failed: the next request builds it
+    /// again.
+    fn build_not_to_blame(
+        &mut self,
+        template: &TemplateName,
+        error: SqlError,
+        previous: Option<DbName>,
+        size: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        if let Some(old) = previous {
+            self.dbs.queue_drop(old, template, size);
+        }
+        let Some(entry) = self.templates.get_mut(template) else {
+            return;
+        };
+        for waiter in entry.waiters.drain(..) {
+            actions.push(Action::Fail {
+                waiter: waiter.id,
+                error: not_the_sources(template, &error),
+            });
+        }
+        entry.last_error = Some(error.message);
+        if let Lifecycle::Configured(configured) = &mut entry.lifecycle {
+            configured.build = Build::Idle;
+        }
+    }
+
+    /// A build failed (its sources, or a full disk): its waiters hear why, and the
+    /// template is failed until its `sources` change or a request asks again.
+    fn build_broke(
+        &mut self,
+        template: &TemplateName,
+        error: SqlError,
+        sources: SourceStamp,
+        previous: Option<DbName>,
+        size: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        // A stale version must not hide a broken migration: it goes too.
+        if let Some(old) = previous {
+            self.dbs.queue_drop(old, template, size);
+        }
+        for db in self
+            .dbs
+            .of(template, |p| matches!(p, Phase::Adoptable { .. }))
+        {
+            self.dbs.queue_drop(db, template, 0);
+        }
+        self.build_failed(template, error.message, error.kind, actions);
+        if let Some(Lifecycle::Configured(configured)) =
+            self.templates.get_mut(template).map(|e| &mut e.lifecycle)
+        {
+            // As the failed build saw them: a fix moves their stamp.
+            configured.build = Build::Failed;
+            configured.sources = Some(sources);
+        }
     }
 
     /// Fails `template`'s waiters with the build error, and remembers it.
@@ -542,5 +588,26 @@ impl PoolState {
                 budget / 1_000_000,
             );
         }
+    }
+}
+
+/// What the waiters of a build that failed through no fault of its sources hear: the
+/// server's trouble when the connection was lost (`postgres_unavailable`), the connection
+/// budget's when postgres had no slot for the build's connection (`too_many_connections`).
+fn not_the_sources(template: &TemplateName, error: &SqlError) -> LeaseError {
+    if error.kind == SqlErrorKind::TooManyConnections {
+        LeaseError::BuildFailed {
+            template: template.clone(),
+            message: format!(
+                "postgres has no connection slot for the build: {}",
+                error.message
+            ),
+            cause: SqlErrorKind::TooManyConnections,
+        }
+    } else {
+        LeaseError::PostgresDown(format!(
+            "the connection was lost while template \"{template}\" was being built: {}",
+            error.message
+        ))
     }
 }

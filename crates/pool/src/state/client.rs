@@ -10,7 +10,7 @@ use super::lifecycle::{ClientBuild, Lifecycle, TemplateEntry, Version};
 use super::{Action, Built, PoolState, Server};
 use crate::error::{LeaseError, TemplateOpError};
 use crate::names::{DbName, LeaseId, TemplateName};
-use crate::sql_error::{SqlError, SqlErrorKind};
+use crate::sql_error::SqlError;
 
 /// What `finalize` found.
 #[derive(Debug)]
@@ -162,7 +162,7 @@ impl PoolState {
                 if let Ok(build) = self.client_build(template) {
                     *build = ClientBuild::Failed;
                 }
-                let answer = client_failure(template, &error);
+                let answer = TemplateOpError::of_sql(template, &error);
                 self.build_failed(template, error.message, error.kind, &mut actions);
                 self.forget_if_unused(template);
                 Err(answer)
@@ -265,7 +265,7 @@ impl PoolState {
                 {
                     self.dbs.queue_drop(clone, template, 0);
                 }
-                let answer = client_failure(template, &error);
+                let answer = TemplateOpError::of_sql(template, &error);
                 self.build_failed(template, error.message, error.kind, &mut actions);
                 Err(answer)
             }
@@ -452,20 +452,6 @@ impl PoolState {
             tracing::info!(template = %name, lease_id = %id, database = %database, "template full: recreating its longest-held test database");
             // Only handed-over leases are reclaimed: no request to fail.
             self.end_lease(database, || LeaseError::Discarded(name.clone()), actions);
-        }
-    }
-}
-
-/// What a client hears when making or finalizing its template failed: the server lost
-/// (503, try again) is not the template's failure.
-fn client_failure(template: &TemplateName, error: &SqlError) -> TemplateOpError {
-    match error.kind {
-        SqlErrorKind::ConnectionLost => TemplateOpError::PostgresDown(error.message.clone()),
-        SqlErrorKind::DiskFull | SqlErrorKind::Timeout | SqlErrorKind::Other => {
-            TemplateOpError::Failed {
-                template: template.clone(),
-                message: error.message.clone(),
-            }
         }
     }
 }

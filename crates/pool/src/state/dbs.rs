@@ -18,6 +18,7 @@ use super::lifecycle::Waiter;
 use super::test_ids::TestIds;
 use super::Made;
 use crate::names::{DbName, LeaseId, TemplateName};
+use crate::sql_error::SqlError;
 
 /// The first pause after a failed drop; doubled per attempt up to [`DROP_RETRY_MAX`].
 const DROP_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -290,7 +291,12 @@ impl Dbs {
 
     /// A drop job ended: the record goes, or waits to be tried again with back-off.
     /// False when no drop of `name` was running.
-    pub fn drop_ended(&mut self, name: &DbName, outcome: Result<(), String>, now: Instant) -> bool {
+    pub fn drop_ended(
+        &mut self,
+        name: &DbName,
+        outcome: Result<(), SqlError>,
+        now: Instant,
+    ) -> bool {
         let attempts = match self.map.get(name).map(|db| &db.phase) {
             Some(Phase::Dropping(Dropping::Running { attempts })) => *attempts,
             _ => return false,
@@ -308,7 +314,7 @@ impl Dbs {
                     db.phase = Phase::Dropping(Dropping::Failed {
                         attempts,
                         retry_at: now + pause,
-                        error,
+                        error: error.message,
                     });
                 }
             }

@@ -9,6 +9,11 @@ use super::{PoolState, Server};
 
 impl PoolState {
     /// Checks every promise the records must keep; the first broken one is described.
+    ///
+    /// Long on purpose: it is the list of the state's promises, one check each, read as
+    /// one list (split, the promises would be scattered over helpers named after them).
+    // A message by design: a broken promise is a bug, and its words go to a test's panic
+    // or a debug build's log; nothing decides by its kind.
     pub fn check_invariants(&self) -> Result<(), String> {
         // A template's own databases are not records, and no two templates share one.
         let mut held = HashSet::new();

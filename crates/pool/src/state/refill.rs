@@ -194,8 +194,7 @@ impl PoolState {
         outcome: Result<(), SqlError>,
         now: Instant,
     ) -> Vec<Action> {
-        self.dbs
-            .drop_ended(db, outcome.map_err(|error| error.message), now);
+        self.dbs.drop_ended(db, outcome, now);
         let mut actions = Vec::new();
         self.dispatch(now, &mut actions);
         actions

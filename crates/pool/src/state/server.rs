@@ -73,6 +73,8 @@ impl PoolState {
     }
 
     /// The second look ended: the server answered, or not (and why).
+    // A message by design: the reason is only said (in the log, and as why the server is
+    // declared lost); nothing decides by its kind.
     pub fn probe_ended(&mut self, outcome: Result<(), String>) {
         self.probe = match outcome {
             Ok(()) => Probe::Idle,

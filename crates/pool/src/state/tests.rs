@@ -483,6 +483,51 @@ fn a_build_that_lost_its_connection_fails_waiters_as_the_servers_trouble_and_is_
     );
 }
 
+/// Issue 43: a build postgres refused a connection slot (53300) fails its waiters as the
+/// connection budget's trouble (`too_many_connections`, 503), and its sources are not
+/// blamed: the template is not marked failed and the next request builds it again.
+#[test]
+fn a_build_refused_a_connection_slot_is_the_budgets_trouble_and_is_not_failed() {
+    let mut state = pool(1, 4);
+    let _ = state.server_up(1000);
+    let now = Instant::now();
+    let _ = state.request_lease(1, LeaseId::random(0), &request("app", 1000), now);
+    let actions = state.build_finished(
+        &name("app"),
+        SourceStamp::default(),
+        Err(crate::sql_error::SqlError {
+            kind: crate::sql_error::SqlErrorKind::TooManyConnections,
+            sqlstate: Some("53300".into()),
+            message:
+                "cannot connect to template database x: FATAL: sorry, too many clients already"
+                    .into(),
+        }),
+        now,
+    );
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [Action::Fail {
+                waiter: 1,
+                error: LeaseError::BuildFailed {
+                    cause: crate::sql_error::SqlErrorKind::TooManyConnections,
+                    ..
+                }
+            }]
+        ),
+        "{actions:?}"
+    );
+    assert!(
+        !state.has_failed(&name("app")),
+        "its sources are not to blame"
+    );
+    let actions = state.request_lease(2, LeaseId::random(0), &request("app", 1000), now);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Build { .. })),
+        "built again"
+    );
+}
+
 #[test]
 fn unknown_templates_are_refused() {
     let mut driver = Driver::new(pool(1, 4));

@@ -43,7 +43,7 @@ pub(super) async fn apply_source(
             let user = &session.child_user;
             user.read(move || migration_files(&dir))
                 .await
-                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(e.to_string()))?
                 .map_err(|e| SqlError::other(user.explain(e)))?
         }
         TemplateSource::Command(command) => {
@@ -53,7 +53,7 @@ pub(super) async fn apply_source(
         TemplateSource::Dump(dump) => {
             let restore = dump::restore_command(dump, &session.child_user)
                 .await
-                .map_err(SqlError::other)?;
+                .map_err(|e| SqlError::other(e.to_string()))?;
             let (format, tool) = (restore.format, restore.tool.clone());
             tracing::info!(database = %db, dump = %dump.path.display(), ?format, %tool, entries = ?restore.entries, command = %restore.command.command, "restoring a dump into the template");
             let progress = Progress {
@@ -108,7 +108,7 @@ async fn apply_files(
             let sql = child_user
                 .read(move || sources::read_sql(&file))
                 .await
-                .map_err(SqlError::other)?
+                .map_err(|e| SqlError::other(e.to_string()))?
                 .map_err(|e| SqlError::other(child_user.explain(e)))?;
             // Postgres' words, naming the file (and line), with the kind of the error.
             let transaction = client.transaction().await.map_err(|e| {

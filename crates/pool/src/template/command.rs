@@ -41,7 +41,9 @@ pub(super) struct Progress {
 /// How often a long build logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// [`run_command`], logging `progress` while it runs.
+/// [`run_command`], logging `progress` while it runs. The story: make the build role,
+/// choose who runs the command, start it in a group of its own, keep its output's tail
+/// (and show its progress), wait for it within its timeout, and say how it ended.
 pub(super) async fn run_command_with(
     session: &Session,
     source: &CommandSource,
@@ -50,50 +52,74 @@ pub(super) async fn run_command_with(
     progress: Option<Progress>,
 ) -> Result<(), SqlError> {
     let password = create_build_role(session, db, superuser).await?;
-    let host = session.lease_host.clone();
-    let port = session.lease_port.to_string();
-    // The URLs a lease answer carries, built the same way: `postgresql://` (SQLAlchemy, and
-    // so Alembic, refuses `postgres://`) and JDBC's for Flyway and Liquibase. The embedded
-    // server has no TLS, which some drivers (lib/pq) insist on unless told.
-    let connect = ConnectInfo {
-        host: host.clone(),
-        port: session.lease_port,
-        user: db.as_str().to_owned(),
-        password: password.clone(),
-        database: db.clone(),
-        ssl: session.external,
-    };
-    let url = connect.url();
+    let login = build_role_login(session, db, password);
     // As the child user, or as the owner who controls an operator's checkout alone; with
     // none of the daemon's environment but PATH and the locale either way.
     let runner = runner::choose(&session.child_user, source)
         .await
-        .map_err(SqlError::other)?;
+        .map_err(|e| SqlError::other(e.to_string()))?;
+    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), user = %runner.user.name, "running the migration command");
+    let started = std::time::Instant::now();
+    let mut child = spawn(source, &runner, &login)?;
+    let mut output = Output::read(&mut child, progress.as_ref().map(|p| p.counts));
+    let shown = progress.map(|progress| show_progress(session, db, progress, &output, started));
+    let ended = wait(&mut child, source, &runner).await;
+    drop(shown);
+    output.drained().await;
+    match ended {
+        Ok(()) => {
+            tracing::info!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "the migration command succeeded");
+            Ok(())
+        }
+        Err(failure) => Err(failure.with_output(&output, &runner)),
+    }
+}
+
+/// How the command reaches the template database: the URLs a lease answer carries, built
+/// the same way — `postgresql://` (SQLAlchemy, and so Alembic, refuses `postgres://`) and
+/// JDBC's for Flyway and Liquibase. The embedded server has no TLS, which some drivers
+/// (lib/pq) insist on unless told.
+fn build_role_login(session: &Session, db: &DbName, password: String) -> ConnectInfo {
+    ConnectInfo {
+        host: session.lease_host.clone(),
+        port: session.lease_port,
+        user: db.as_str().to_owned(),
+        password,
+        database: db.clone(),
+        ssl: session.external,
+    }
+}
+
+/// Starts `sh -c COMMAND` as the runner's user in the runner's working directory, with the
+/// build role's credentials in its environment, in a process group of its own so that a
+/// timeout or a shutdown kills the tool and everything it started ([`CommandGroup`]).
+fn spawn(
+    source: &CommandSource,
+    runner: &runner::Runner,
+    login: &ConnectInfo,
+) -> Result<CommandGroup, SqlError> {
     let user = &runner.user;
+    let (db, password) = (login.database.as_str(), login.password.as_str());
     let mut command = user.command("sh");
     command
         .arg("-c")
         .arg(&source.command)
         .current_dir(&runner.workdir)
-        .env("DATABASE_URL", &url)
-        .env("JDBC_DATABASE_URL", connect.jdbc_url().unwrap_or_default())
-        .env("JDBC_DATABASE_USERNAME", db.as_str())
-        .env("JDBC_DATABASE_PASSWORD", &password)
-        .env("PGHOST", &host)
-        .env("PGPORT", &port)
-        .env("PGUSER", db.as_str())
-        .env("PGPASSWORD", &password)
-        .env("PGDATABASE", db.as_str())
+        .env("DATABASE_URL", login.url())
+        .env("JDBC_DATABASE_URL", login.jdbc_url().unwrap_or_default())
+        .env("JDBC_DATABASE_USERNAME", db)
+        .env("JDBC_DATABASE_PASSWORD", password)
+        .env("PGHOST", &login.host)
+        .env("PGPORT", login.port.to_string())
+        .env("PGUSER", db)
+        .env("PGPASSWORD", password)
+        .env("PGDATABASE", db)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        // Its own process group, so a timeout or a shutdown kills the tool and everything it
-        // started (`CommandGroup`).
         .process_group(0)
         .kill_on_drop(true);
-    tracing::info!(database = %db, command = %source.command, workdir = %source.workdir.display(), user = %user.name, "running the migration command");
-    let started = std::time::Instant::now();
-    let mut child = CommandGroup(command.spawn().map_err(|e| {
+    let child = command.spawn().map_err(|e| {
         let message = format!(
             "cannot run `{}` in {} as {}: {e}",
             source.command,
@@ -104,102 +130,166 @@ pub(super) async fn run_command_with(
             Some(recipe) => format!("{message}; {recipe}"),
             None => message,
         })
-    })?);
-    let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counts = progress.as_ref().map(|p| p.counts);
-    let readers = [
-        child
-            .0
-            .stdout
-            .take()
-            .map(|out| tokio::spawn(keep_tail(out, tail.clone(), counts, done.clone()))),
-        child
-            .0
-            .stderr
-            .take()
-            .map(|err| tokio::spawn(keep_tail(err, tail.clone(), counts, done.clone()))),
-    ];
-    // One live view of the progress: shown in /status while the command runs (the guard
-    // takes it off), and logged every few seconds.
-    let live = progress.map(|progress| {
-        let live = progress::Live {
-            step: progress.what,
-            total: progress.total,
-            done: done.clone(),
-            started,
-        };
-        (
-            session
-                .build_progress
-                .show(&progress.template, live.clone()),
-            live,
-        )
-    });
-    let reporter = live.as_ref().map(|(_, live)| {
-        let (live, db) = (live.clone(), db.clone());
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(PROGRESS_EVERY);
-            every.tick().await;
-            loop {
-                every.tick().await;
-                log_progress(&db, &live.report());
-            }
-        })
-    });
-    let waited = tokio::time::timeout(source.timeout, child.0.wait()).await;
-    if let Some(reporter) = reporter {
-        reporter.abort();
+    })?;
+    Ok(CommandGroup(child))
+}
+
+/// The command's output as it is read: the last lines of both pipes, and how many lines
+/// the progress counts.
+struct Output {
+    tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Output {
+    /// Starts reading the child's stdout and stderr, counting the lines `counts` picks.
+    fn read(child: &mut CommandGroup, counts: Option<fn(&str) -> bool>) -> Output {
+        let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut readers = Vec::new();
+        if let Some(out) = child.0.stdout.take() {
+            readers.push(tokio::spawn(keep_tail(
+                out,
+                tail.clone(),
+                counts,
+                done.clone(),
+            )));
+        }
+        if let Some(err) = child.0.stderr.take() {
+            readers.push(tokio::spawn(keep_tail(
+                err,
+                tail.clone(),
+                counts,
+                done.clone(),
+            )));
+        }
+        Output {
+            tail,
+            done,
+            readers,
+        }
     }
-    // The exit code of a command that failed, for the recipe.
-    let mut failed_with = None;
-    let outcome = match waited {
+
+    /// Waits for the pipes to close, briefly: output of a killed group's orphans must not
+    /// hold us (the pipes close with them).
+    async fn drained(&mut self) {
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), reader).await;
+        }
+    }
+
+    /// The last lines kept.
+    fn lines(&self) -> Vec<String> {
+        self.tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+/// A long command's progress while it runs: one live view, shown in `/status` until this
+/// is dropped, and logged every [`PROGRESS_EVERY`].
+struct ShownProgress {
+    _shown: progress::Shown,
+    reporter: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ShownProgress {
+    fn drop(&mut self) {
+        self.reporter.abort();
+    }
+}
+
+/// Shows `progress` of the command whose output `output` reads, from `started` on.
+fn show_progress(
+    session: &Session,
+    db: &DbName,
+    progress: Progress,
+    output: &Output,
+    started: std::time::Instant,
+) -> ShownProgress {
+    let live = progress::Live {
+        step: progress.what,
+        total: progress.total,
+        done: output.done.clone(),
+        started,
+    };
+    let shown = session
+        .build_progress
+        .show(&progress.template, live.clone());
+    let db = db.clone();
+    let reporter = tokio::spawn(async move {
+        let mut every = tokio::time::interval(PROGRESS_EVERY);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            log_progress(&db, &live.report());
+        }
+    });
+    ShownProgress {
+        _shown: shown,
+        reporter,
+    }
+}
+
+/// How a command ended when it did not succeed: in words, with its exit code when it
+/// exited (for the recipe a runner offers).
+struct Failure {
+    message: String,
+    exit_code: Option<Option<i32>>,
+}
+
+/// Waits for the command within its timeout; one that overruns it is killed, group and all.
+async fn wait(
+    child: &mut CommandGroup,
+    source: &CommandSource,
+    runner: &runner::Runner,
+) -> Result<(), Failure> {
+    let failure = |message, exit_code| Err(Failure { message, exit_code });
+    match tokio::time::timeout(source.timeout, child.0.wait()).await {
         Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err({
-            failed_with = Some(status.code());
+        Ok(Ok(status)) => failure(
             format!(
                 "`{}` failed ({status}; it ran as {} in {})",
                 source.command,
-                user.describe(),
+                runner.user.describe(),
                 source.workdir.display()
-            )
-        }),
-        Ok(Err(error)) => Err(format!("waiting for `{}`: {error}", source.command)),
+            ),
+            Some(status.code()),
+        ),
+        Ok(Err(error)) => failure(format!("waiting for `{}`: {error}", source.command), None),
         Err(_) => {
             child.kill();
             let _ = child.0.wait().await;
-            Err(format!(
-                "`{}` did not finish within {} s and was killed",
-                source.command,
-                source.timeout.as_secs()
-            ))
+            failure(
+                format!(
+                    "`{}` did not finish within {} s and was killed",
+                    source.command,
+                    source.timeout.as_secs()
+                ),
+                None,
+            )
         }
-    };
-    for reader in readers.into_iter().flatten() {
-        // Output of a killed group's orphans must not hold us: the pipes close with them.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), reader).await;
     }
-    match outcome {
-        Ok(()) => {
-            tracing::info!(database = %db, elapsed_ms = started.elapsed().as_millis() as u64, "the migration command succeeded");
-            Ok(())
-        }
-        Err(message) => {
-            let lines: Vec<String> = tail
-                .lock()
-                .map(|t| t.iter().cloned().collect())
-                .unwrap_or_default();
-            let recipe = failed_with
-                .and_then(|code| runner.recipe(code, &lines))
-                .map(|recipe| format!("\n{recipe}"))
-                .unwrap_or_default();
-            // The command's own failure: its words, of no SQL kind (its output may say
-            // the disk is full, but only postgres' answers to the daemon carry a SQLSTATE).
-            Err(SqlError::other(format!(
-                "{message}; last lines of its output:\n{}{recipe}",
-                lines.join("\n")
-            )))
-        }
+}
+
+impl Failure {
+    /// The build's error: the failure, the last lines of the command's output and, for a
+    /// command that exited with an error, what the runner suggests.
+    fn with_output(self, output: &Output, runner: &runner::Runner) -> SqlError {
+        let lines = output.lines();
+        let recipe = self
+            .exit_code
+            .and_then(|code| runner.recipe(code, &lines))
+            .map(|recipe| format!("\n{recipe}"))
+            .unwrap_or_default();
+        // The command's own failure: its words, of no SQL kind (its output may say the disk
+        // is full, but only postgres' answers to the daemon carry a SQLSTATE).
+        SqlError::other(format!(
+            "{}; last lines of its output:\n{}{recipe}",
+            self.message,
+            lines.join("\n")
+        ))
     }
 }
 

@@ -11,6 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::source_error::SourceError;
 use crate::child_user::ChildUser;
 use crate::config::{CommandOrigin, CommandSource, DumpSource};
 
@@ -33,27 +34,32 @@ pub(crate) enum Format {
 
 impl Format {
     /// Looks at `path`.
-    pub(crate) fn of(path: &Path) -> Result<Format, String> {
-        let meta = std::fs::metadata(path).map_err(|e| format!("dump {}: {e}", path.display()))?;
+    pub(crate) fn of(path: &Path) -> Result<Format, SourceError> {
+        let unreadable = |source| SourceError::Named {
+            role: "dump",
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(unreadable)?;
         if meta.is_dir() {
             return if path.join("toc.dat").is_file() {
                 Ok(Format::Directory)
             } else {
-                Err(format!(
-                    "dump {} is a directory without toc.dat: not a pg_dump -Fd output",
-                    path.display()
-                ))
+                Err(SourceError::NotADirectoryDump {
+                    path: path.to_owned(),
+                })
             };
         }
         let mut head = [0u8; 512];
         // A device or FIFO is refused before a byte is read.
-        let (mut file, _) = super::open::open_regular(path).map_err(|e| format!("dump {e}"))?;
+        let (mut file, _) = super::open::open_regular(path)
+            .map_err(|error| SourceError::DumpFile(Box::new(error)))?;
         let mut read = 0;
         while read < head.len() {
             match file.read(&mut head[read..]) {
                 Ok(0) => break,
                 Ok(n) => read += n,
-                Err(e) => return Err(format!("dump {}: {e}", path.display())),
+                Err(e) => return Err(unreadable(e)),
             }
         }
         let head = &head[..read];
@@ -95,14 +101,11 @@ pub(crate) struct Restore {
 }
 
 /// Refuses a plain-SQL dump where no script may run (see [`DumpSource::allow_script`]).
-pub(crate) fn check_script(dump: &DumpSource, format: Format) -> Result<(), String> {
+pub(crate) fn check_script(dump: &DumpSource, format: Format) -> Result<(), SourceError> {
     if format.is_script() && !dump.allow_script {
-        return Err(format!(
-            "{} is a plain-SQL dump, a psql script whose meta-commands (\\!, \\copy … program) run programs; \
-             over HTTP this daemon restores only pg_restore formats (pg_dump -Fc, -Fd, -Ft) unless started with \
-             --allow-http-commands (or name the dump in its configuration file)",
-            dump.path.display()
-        ));
+        return Err(SourceError::ScriptRefused {
+            path: dump.path.clone(),
+        });
     }
     Ok(())
 }
@@ -127,24 +130,44 @@ fn starts_with_any(line: &str, starts: &[&str]) -> bool {
         .is_some_and(|rest| starts.iter().any(|start| rest.starts_with(start)))
 }
 
+/// Why no command can restore a dump.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RestoreError {
+    /// The dump could not be looked at as the child user at all.
+    #[error(transparent)]
+    ReadAs(#[from] crate::child_user::ReadAsError),
+    /// The dump cannot be used (its words, with who read it where a right was missing).
+    #[error("{0}")]
+    Source(String),
+    /// The tool its format needs is not installed.
+    #[error(
+        "{tool} not found (on PATH or in /usr/lib/postgresql/*/bin): a {format:?} dump \
+         needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
+    )]
+    ToolNotFound {
+        /// `pg_restore` or `psql`.
+        tool: &'static str,
+        /// The dump's format.
+        format: Format,
+    },
+}
+
 /// The command that restores `dump` into `$DATABASE_URL`, run (like every tool here) as
 /// `user`, who must be able to read the dump.
 pub(crate) async fn restore_command(
     dump: &DumpSource,
     user: &ChildUser,
-) -> Result<Restore, String> {
+) -> Result<Restore, RestoreError> {
     let path = dump.path.clone();
     let format = user
         .read(move || Format::of(&path))
         .await?
-        .map_err(|e| user.explain(e))?;
-    check_script(dump, format)?;
+        .map_err(|e| RestoreError::Source(user.explain(e)))?;
+    check_script(dump, format).map_err(|e| RestoreError::Source(e.to_string()))?;
     let tool_name = format.tool();
-    let tool = find_tool(tool_name).ok_or_else(|| {
-        format!(
-            "{tool_name} not found (on PATH or in /usr/lib/postgresql/*/bin): a {format:?} dump \
-             needs it; install the PostgreSQL client tools (Debian: postgresql-client)"
-        )
+    let tool = find_tool(tool_name).ok_or(RestoreError::ToolNotFound {
+        tool: tool_name,
+        format,
     })?;
     let version = user
         .command(&tool)
@@ -267,31 +290,33 @@ mod tests {
             path
         };
         assert_eq!(
-            Format::of(&write("a.sql", b"PGDMP\x01\x0e")),
-            Ok(Format::Custom)
+            Format::of(&write("a.sql", b"PGDMP\x01\x0e")).ok(),
+            Some(Format::Custom)
         );
         assert_eq!(
-            Format::of(&write("b.dump", b"CREATE TABLE t ();")),
-            Ok(Format::Plain)
+            Format::of(&write("b.dump", b"CREATE TABLE t ();")).ok(),
+            Some(Format::Plain)
         );
         assert_eq!(
-            Format::of(&write("c", &[0x1f, 0x8b, 8, 0])),
-            Ok(Format::PlainGzip)
+            Format::of(&write("c", &[0x1f, 0x8b, 8, 0])).ok(),
+            Some(Format::PlainGzip)
         );
         assert_eq!(
-            Format::of(&write("d", &[0x28, 0xb5, 0x2f, 0xfd, 0])),
-            Ok(Format::PlainZstd)
+            Format::of(&write("d", &[0x28, 0xb5, 0x2f, 0xfd, 0])).ok(),
+            Some(Format::PlainZstd)
         );
         let mut tar = vec![0u8; 512];
         tar[257..262].copy_from_slice(b"ustar");
-        assert_eq!(Format::of(&write("e.tar", &tar)), Ok(Format::Tar));
+        assert_eq!(Format::of(&write("e.tar", &tar)).ok(), Some(Format::Tar));
         let directory = dir.join("dir");
         std::fs::create_dir_all(&directory).expect("dir");
-        let error = Format::of(&directory).expect_err("no toc.dat");
+        let error = Format::of(&directory).expect_err("no toc.dat").to_string();
         assert!(error.contains("toc.dat"), "{error}");
         write("dir/toc.dat", b"PGDMP");
-        assert_eq!(Format::of(&directory), Ok(Format::Directory));
-        let error = Format::of(&dir.join("missing")).expect_err("missing");
+        assert_eq!(Format::of(&directory).ok(), Some(Format::Directory));
+        let error = Format::of(&dir.join("missing"))
+            .expect_err("missing")
+            .to_string();
         assert!(error.contains("missing"), "{error}");
         let _ = std::fs::remove_dir_all(dir);
     }

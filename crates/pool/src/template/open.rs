@@ -4,28 +4,32 @@
 //! both.
 //!
 //! Run it through [`ChildUser::read`](crate::child_user::ChildUser::read), so that it has
-//! that user's rights and not the daemon's. Errors name the path and the reason.
+//! that user's rights and not the daemon's. Errors name the path and the reason
+//! ([`SourceError`]).
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use super::source_error::SourceError;
+
 /// Opens a source file for reading, refusing anything but a regular file before a byte is
 /// read. `O_NONBLOCK` keeps the open of a FIFO from waiting for a writer.
-pub fn open_regular(path: &Path) -> Result<(std::fs::File, u64), String> {
+pub fn open_regular(path: &Path) -> Result<(std::fs::File, u64), SourceError> {
+    let unreadable = |source| SourceError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
     if !meta.is_file() {
-        return Err(format!(
-            "{} is not a regular file ({}): a template source must be one",
-            path.display(),
-            kind_of(&meta.file_type())
-        ));
+        return Err(SourceError::NotRegular {
+            path: path.to_owned(),
+            kind: kind_of(&meta.file_type()),
+        });
     }
     Ok((file, meta.len()))
 }

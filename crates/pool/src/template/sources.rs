@@ -7,7 +7,8 @@
 //! through [`ChildUser::read`](crate::child_user::ChildUser::read), so that it has that
 //! user's rights and not the daemon's. A source file must be a regular file (a device or a
 //! FIFO would never end, or block the open); SQL read into memory is bounded by
-//! [`MAX_SQL_FILE_BYTES`]. Errors name the path and the reason, never the contents.
+//! [`MAX_SQL_FILE_BYTES`]. Errors ([`SourceError`]) name the path and the reason, never the
+//! contents.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -17,6 +18,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use super::open::{kind_of, open_regular};
+use super::source_error::SourceError;
 use crate::config::{TemplateConfig, TemplateSource};
 use crate::names::TemplateName;
 
@@ -25,37 +27,40 @@ use crate::names::TemplateName;
 pub const MAX_SQL_FILE_BYTES: u64 = 256 << 20;
 
 /// Reads a SQL file whole: a regular file of at most [`MAX_SQL_FILE_BYTES`], in UTF-8.
-pub fn read_sql(path: &Path) -> Result<String, String> {
+pub fn read_sql(path: &Path) -> Result<String, SourceError> {
     let file = open_sql(path)?;
     let mut sql = String::new();
     // Bounded again while reading: the file may grow after the check.
     file.take(MAX_SQL_FILE_BYTES + 1)
         .read_to_string(&mut sql)
-        .map_err(|e| {
-            format!(
-                "cannot read {}: {}",
-                path.display(),
-                describe_read_error(&e)
-            )
-        })?;
+        .map_err(|e| read_error(path, e))?;
     if sql.len() as u64 > MAX_SQL_FILE_BYTES {
-        return Err(format!(
-            "{} grew past {} MiB while it was read",
-            path.display(),
-            MAX_SQL_FILE_BYTES >> 20
-        ));
+        return Err(SourceError::Grew {
+            path: path.to_owned(),
+        });
     }
     Ok(sql)
 }
 
 /// An I/O error without the bytes that caused it (std's UTF-8 error carries none; this
 /// keeps it that way if that changes).
-fn describe_read_error(error: &std::io::Error) -> String {
+fn read_error(path: &Path, error: std::io::Error) -> SourceError {
     if error.kind() == std::io::ErrorKind::InvalidData {
-        "it is not UTF-8 text".to_owned()
+        SourceError::NotUtf8 {
+            path: path.to_owned(),
+        }
     } else {
-        error.to_string()
+        SourceError::Unreadable {
+            path: path.to_owned(),
+            source: error,
+        }
     }
+}
+
+/// A path a source names (`role`: "dump", "watched path", "workdir") that cannot be used.
+fn named(role: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SourceError {
+    let path = path.to_owned();
+    move |source| SourceError::Named { role, path, source }
 }
 
 /// Sizes and modification times of a source's files: cheap to take, and compared before
@@ -141,13 +146,11 @@ fn walk(root: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// SHA-256 (hex) of a source and the postgres major version. File names and contents count;
 /// for a migrations directory, only its `*.sql` files, in the order they are applied.
-pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, String> {
+pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, SourceError> {
     let mut hasher = Sha256::new();
     hasher.update(format!("pglease-template-v1\0postgres-{pg_major}\0").as_bytes());
     match source {
-        TemplateSource::Client => {
-            return Err("a client-built template's fingerprint is its client's hash".into())
-        }
+        TemplateSource::Client => return Err(SourceError::ClientBuilt),
         // Applied with other rights, it is another version.
         TemplateSource::Superuser(inner) => {
             hasher.update(b"superuser\0");
@@ -167,13 +170,11 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
         TemplateSource::Dump(dump) => {
             // The contents only: the same dump anywhere is the same version.
             hasher.update(b"dump\0");
-            let meta = std::fs::metadata(&dump.path)
-                .map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
+            let meta = std::fs::metadata(&dump.path).map_err(named("dump", &dump.path))?;
             if meta.is_file() {
                 hash_file(&mut hasher, &dump.path)?;
             } else {
-                let files =
-                    walk(&dump.path).map_err(|e| format!("dump {}: {e}", dump.path.display()))?;
+                let files = walk(&dump.path).map_err(named("dump", &dump.path))?;
                 for path in files.iter().filter(|p| p.is_file()) {
                     let relative = path.strip_prefix(&dump.path).unwrap_or(path);
                     hasher.update(format!("{}\0", relative.display()).as_bytes());
@@ -185,14 +186,12 @@ pub fn fingerprint(source: &TemplateSource, pg_major: u32) -> Result<String, Str
             hasher.update(format!("command\0{}\0", command.command).as_bytes());
             for root in &command.watch {
                 hasher.update(format!("watch\0{}\0", root.display()).as_bytes());
-                let meta = std::fs::metadata(root)
-                    .map_err(|e| format!("watched path {}: {e}", root.display()))?;
+                let meta = std::fs::metadata(root).map_err(named("watched path", root))?;
                 if meta.is_file() {
                     hash_file(&mut hasher, root)?;
                     continue;
                 }
-                let files =
-                    walk(root).map_err(|e| format!("watched path {}: {e}", root.display()))?;
+                let files = walk(root).map_err(named("watched path", root))?;
                 for path in files.iter().filter(|p| p.is_file()) {
                     // Relative names, so moving the checkout does not change the fingerprint.
                     let relative = path.strip_prefix(root).unwrap_or(path);
@@ -248,8 +247,11 @@ fn hash_stream(reader: &mut impl std::io::Read, hasher: &mut Sha256) -> std::io:
 
 /// Hashes a file's name, length and contents, streamed: a dump of tens of GB is never held
 /// in memory.
-fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
-    let unreadable = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), SourceError> {
+    let unreadable = |source| SourceError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
     let (mut file, len) = open_regular(path)?;
     let name = path
         .file_name()
@@ -258,10 +260,11 @@ fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
     hasher.update(format!("{name}\0{len}\0").as_bytes());
     let copied = hash_stream(&mut file, hasher).map_err(unreadable)?;
     if copied != len {
-        return Err(format!(
-            "{} changed while it was read ({len} bytes, then {copied})",
-            path.display()
-        ));
+        return Err(SourceError::Changed {
+            path: path.to_owned(),
+            len,
+            copied,
+        });
     }
     Ok(())
 }
@@ -269,13 +272,15 @@ fn hash_file(hasher: &mut Sha256, path: &Path) -> Result<(), String> {
 /// The `*.sql` files of a directory in lexical (byte) order of their names. A `*.sql`
 /// that is neither a file nor a directory (a FIFO, a device, a dangling link) is an error,
 /// not a migration silently left out.
-pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
+pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
+    let unlisted = |source| SourceError::MigrationsDir {
+        dir: dir.to_owned(),
+        source,
+    };
+    let entries = std::fs::read_dir(dir).map_err(unlisted)?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry
-            .map_err(|e| format!("cannot read migrations directory {}: {e}", dir.display()))?;
+        let entry = entry.map_err(unlisted)?;
         let path = entry.path();
         if path.extension().is_none_or(|ext| ext != "sql") {
             continue;
@@ -284,13 +289,12 @@ pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
             Ok(meta) if meta.is_file() => files.push(path),
             Ok(meta) if meta.is_dir() => {}
             Ok(meta) => {
-                return Err(format!(
-                    "{} is not a regular file ({}): a migration must be one",
-                    path.display(),
-                    kind_of(&meta.file_type())
-                ))
+                return Err(SourceError::MigrationNotRegular {
+                    kind: kind_of(&meta.file_type()),
+                    path,
+                })
             }
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            Err(source) => return Err(SourceError::Unreadable { path, source }),
         }
     }
     files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
@@ -302,7 +306,7 @@ pub fn migration_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// SQL files within [`MAX_SQL_FILE_BYTES`], a plain-SQL dump only where scripts may run,
 /// and a command's working directory a directory. Run it with the child user's rights: what
 /// that user cannot read is refused here, without a byte of it in the answer.
-pub fn check(source: &TemplateSource) -> Result<(), String> {
+pub fn check(source: &TemplateSource) -> Result<(), SourceError> {
     match source {
         TemplateSource::Empty | TemplateSource::Client => Ok(()),
         TemplateSource::Superuser(inner) => check(inner),
@@ -318,35 +322,33 @@ pub fn check(source: &TemplateSource) -> Result<(), String> {
             super::dump::check_script(dump, format)
         }
         TemplateSource::Command(command) => {
-            let meta = std::fs::metadata(&command.workdir)
-                .map_err(|e| format!("workdir {}: {e}", command.workdir.display()))?;
+            let meta =
+                std::fs::metadata(&command.workdir).map_err(named("workdir", &command.workdir))?;
             if !meta.is_dir() {
-                return Err(format!(
-                    "workdir {} is not a directory",
-                    command.workdir.display()
-                ));
+                return Err(SourceError::WorkdirNotADirectory {
+                    path: command.workdir.clone(),
+                });
             }
             std::fs::read_dir(&command.workdir)
                 .map(drop)
-                .map_err(|e| format!("workdir {}: {e}", command.workdir.display()))
+                .map_err(named("workdir", &command.workdir))
         }
     }
 }
 
 /// A SQL file as [`read_sql`] will want it, without reading it.
-fn check_sql_file(path: &Path) -> Result<(), String> {
+fn check_sql_file(path: &Path) -> Result<(), SourceError> {
     open_sql(path).map(drop)
 }
 
 /// Opens a SQL file: a regular file of at most [`MAX_SQL_FILE_BYTES`].
-fn open_sql(path: &Path) -> Result<std::fs::File, String> {
+fn open_sql(path: &Path) -> Result<std::fs::File, SourceError> {
     let (file, len) = open_regular(path)?;
     if len > MAX_SQL_FILE_BYTES {
-        return Err(format!(
-            "{} is {len} bytes, more than the {} MiB a SQL source may be: restore a big schema from a dump (pg_dump) instead",
-            path.display(),
-            MAX_SQL_FILE_BYTES >> 20
-        ));
+        return Err(SourceError::TooBig {
+            path: path.to_owned(),
+            len,
+        });
     }
     Ok(file)
 }

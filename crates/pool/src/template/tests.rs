@@ -71,7 +71,8 @@ fn a_missing_directory_is_a_clear_error() {
         &TemplateSource::Migrations("/nonexistent/migrations".into()),
         15,
     )
-    .expect_err("missing");
+    .expect_err("missing")
+    .to_string();
     assert!(error.contains("/nonexistent/migrations"), "{error}");
 }
 

@@ -33,12 +33,45 @@ pub(super) struct Runner {
     _home: Option<TempHome>,
 }
 
+/// Why no user could be chosen to run a command.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RunnerError {
+    /// The blocking check of who owns the working directory did not finish.
+    #[error("checking who owns {}: {source}", workdir.display())]
+    Check {
+        /// The command's working directory.
+        workdir: PathBuf,
+        /// Why the check's task ended early.
+        source: tokio::task::JoinError,
+    },
+    /// The owner has no home of its own, and none could be made for the run.
+    #[error("cannot make a home for uid {uid} in {}: {source}", dir.display())]
+    MakeHome {
+        /// The owner.
+        uid: u32,
+        /// Where the home was to be made.
+        dir: PathBuf,
+        /// Why not.
+        source: nix::Error,
+    },
+    /// The home made for the run could not be given to the owner.
+    #[error("cannot give {} to uid {uid}: {source}", home.display())]
+    GiveHome {
+        /// The home made.
+        home: PathBuf,
+        /// The owner.
+        uid: u32,
+        /// Why not.
+        source: std::io::Error,
+    },
+}
+
 /// Chooses who runs `source` (see the module docs), checking the file system on a
 /// blocking thread. Fails only when the owner needs a home and none can be made.
 pub(super) async fn choose(
     child_user: &ChildUser,
     source: &CommandSource,
-) -> Result<Runner, String> {
+) -> Result<Runner, RunnerError> {
     let as_child = |why: String| Runner {
         user: child_user.clone(),
         why,
@@ -68,7 +101,10 @@ pub(super) async fn choose(
         CommandUser::ChildUser { reason } => Ok(Err(reason)),
     })
     .await
-    .map_err(|e| format!("checking who owns {}: {e}", source.workdir.display()))??;
+    .map_err(|source_error| RunnerError::Check {
+        workdir: source.workdir.clone(),
+        source: source_error,
+    })??;
     let runner = match decided {
         Ok((user, home, workdir, why)) => Runner {
             user,
@@ -94,7 +130,7 @@ pub(super) async fn choose(
 /// home made for the run. A home it does not own (or that does not exist:
 /// `/nonexistent`) is replaced by one made for the run, so that tools that keep caches
 /// there (Maven's `~/.m2`) work.
-fn owner(uid: u32, gid: u32) -> Result<(ChildUser, Option<TempHome>), String> {
+fn owner(uid: u32, gid: u32) -> Result<(ChildUser, Option<TempHome>), RunnerError> {
     let known = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
         .ok()
         .flatten();
@@ -131,18 +167,22 @@ struct TempHome {
 }
 
 impl TempHome {
-    fn create(uid: u32, gid: u32) -> Result<TempHome, String> {
+    fn create(uid: u32, gid: u32) -> Result<TempHome, RunnerError> {
         // mkdtemp makes a new directory of a name nobody could have taken, 0700.
         let template = std::env::temp_dir().join("pglease-home-XXXXXX");
-        let path = nix::unistd::mkdtemp(&template).map_err(|e| {
-            format!(
-                "cannot make a home for uid {uid} in {}: {e}",
-                template.display()
-            )
+        let path = nix::unistd::mkdtemp(&template).map_err(|source| RunnerError::MakeHome {
+            uid,
+            dir: template.clone(),
+            source,
         })?;
         let home = TempHome { path };
-        std::os::unix::fs::lchown(&home.path, Some(uid), Some(gid))
-            .map_err(|e| format!("cannot give {} to uid {uid}: {e}", home.path.display()))?;
+        std::os::unix::fs::lchown(&home.path, Some(uid), Some(gid)).map_err(|source| {
+            RunnerError::GiveHome {
+                home: home.path.clone(),
+                uid,
+                source,
+            }
+        })?;
         Ok(home)
     }
 }
