@@ -18,8 +18,8 @@ use std::time::Duration;
 use clap::Parser;
 // The command line is the library's (tests parse serve's flags with it too); the client
 // modules here reach it as `crate::cli`.
-use pglease::cli;
 use cli::{Cli, Command, ServeArgs, SnapshotCommand};
+use pglease::cli;
 
 /// Exit code for configuration that parses but does not validate (EX_USAGE).
 pub(crate) const EXIT_CONFIG: u8 = 64;
