@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use cli::{Cli, Command, ServeArgs, SnapshotCommand};
 // The command line is the library's (tests parse serve's flags with it too); the client
 // modules here reach it as `crate::cli`.
-use cli::{Cli, Command, ServeArgs, SnapshotCommand};
 use pglease::cli;
 
 /// Exit code for configuration that parses but does not validate (EX_USAGE).

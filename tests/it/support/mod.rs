@@ -22,6 +22,10 @@ pub mod tls;
 /// The environment variable naming the postgres bin directory (else the daemon's discovery).
 pub const PG_BIN_ENV: &str = "PGLEASE_PG_BIN_DIR";
 
+/// Set (to anything): every test runs the binary, none the daemon in process; to compare
+/// the two, or to rule the in-process start out when a test fails.
+pub const ALL_PROCESSES_ENV: &str = "PGLEASE_TEST_PROCESSES";
+
 /// How long a daemon may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -150,7 +154,8 @@ impl DaemonBuilder {
     /// Whether this daemon must be a process: asked for, or given what only a process can
     /// have (environment variables, a working directory, a wrapper program).
     fn needs_process(&self) -> bool {
-        self.process
+        std::env::var_os(ALL_PROCESSES_ENV).is_some()
+            || self.process
             || !self.wrapper.is_empty()
             || !self.envs.is_empty()
             || self.current_dir.is_some()
