@@ -1,11 +1,10 @@
-//! The `pglease` binary: parses the command line, and either runs the daemon (pool + HTTP
-//! API), acts as a client of one, or manages server binaries (`pglease postgres`). It only
-//! wires the crates together.
+//! The `pglease` binary: parses the command line, and either runs the daemon (the
+//! library's `pglease::Daemon`, with the process-wide parts around it: logging, signals,
+//! rlimits, sd_notify, exit codes), acts as a client of one, or manages server binaries
+//! (`pglease postgres`). It only wires the crates together.
 
-mod cli;
 mod client;
 mod docs;
-mod listen;
 mod logging;
 mod open_files;
 mod postgres;
@@ -18,13 +17,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use cli::{Cli, Command, ServeArgs, SnapshotCommand};
+// The command line is the library's (tests parse serve's flags with it too); the client
+// modules here reach it as `crate::cli`.
+use pglease::cli;
 
 /// Exit code for configuration that parses but does not validate (EX_USAGE).
 pub(crate) const EXIT_CONFIG: u8 = 64;
-/// How long shutdown may take before the daemon gives up waiting.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// With `--snapshot-dir` a stop may write a snapshot: seconds per GB of templates.
-const SNAPSHOT_SHUTDOWN_GRACE: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -66,9 +64,9 @@ fn main() -> ExitCode {
     outcome.unwrap_or(ExitCode::FAILURE)
 }
 
-/// Runs the daemon until SIGTERM/SIGINT: binds, starts the pool, serves, then stops in
-/// order — stop accepting HTTP and PostgreSQL-front connections, stop the pool (postgres,
-/// data dir), within a grace period.
+/// Runs the daemon until SIGTERM/SIGINT (the library's [`pglease::Daemon`]), with what is
+/// process-wide around it: signal handlers, the open-files limit, systemd's notifications,
+/// and the exit code.
 async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
     let config = match args.into_config() {
         Ok(config) => config,
@@ -86,89 +84,35 @@ async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
         }
     };
     open_files::raise();
-    // Both ports before postgres starts, so a taken port fails fast.
-    let Ok(listeners) = listen::bind(&config).await else {
-        return Ok(ExitCode::FAILURE);
-    };
-    let listener = listeners.http;
-    let grace = match &config.pool.server {
-        pglease_pool::ServerConfig::Embedded(e) if e.snapshot_dir.is_some() => {
-            SNAPSHOT_SHUTDOWN_GRACE
-        }
-        _ => SHUTDOWN_GRACE,
-    };
-    let (servers, mut pool_task) = match pglease_pool::Servers::start(config.pool).await {
-        Ok(started) => started,
+    let daemon = match pglease::Daemon::start(config).await {
+        Ok(daemon) => daemon,
+        // What could not be bound is logged where it failed.
+        Err(pglease::RunError::Bind) => return Ok(ExitCode::FAILURE),
         Err(error) => {
-            tracing::error!("cannot start: {error}");
+            tracing::error!("{error}");
             return Ok(ExitCode::FAILURE);
         }
     };
-    let auth = match config.api.token {
-        Some(_) => " -H \"Authorization: Bearer $PGLEASE_TOKEN\"",
-        None => "",
+    systemd::spawn(daemon.pool().clone());
+    let shutdown = async move {
+        shutdown.recv().await;
+        systemd::stopping();
     };
-    let front = listeners.front.map(|listener| {
-        (
-            listener,
-            pglease_front::FrontHandle::new(servers.clone(), config.front),
-        )
-    });
-    let mut state = pglease_api::AppState::new(servers.clone(), config.api);
-    if let Some((_, front)) = &front {
-        state = state.with_front(front.clone());
-    }
-    systemd::spawn(servers.primary().clone());
-    let stop_http = tokio_util::sync::CancellationToken::new();
-    let address = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let base = listen::local_url_base(&listener);
-    tracing::info!(addr = %address, "listening; lease with: curl -X POST{auth} {base}/lease");
-    let server = tokio::spawn(pglease_api::serve(
-        listener,
-        state.clone(),
-        stop_http.clone().cancelled_owned(),
-    ));
-    let integresql_server = listeners.integresql.map(|listener| {
-        let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        let base = listen::local_url_base(&listener);
-        tracing::info!(addr = %address, "serving the IntegreSQL API: INTEGRESQL_CLIENT_BASE_URL={base}/api");
-        let stop = stop_http.clone().cancelled_owned();
-        tokio::spawn(pglease_api::serve_integresql(listener, state.clone(), stop))
-    });
-    let front_server =
-        front.map(|(listener, front)| listen::spawn_front(listener, front, stop_http.clone()));
-    tokio::select! {
-        () = shutdown.recv() => {}
-        _ = &mut pool_task => {
-            tracing::error!("the pool stopped unexpectedly");
-            return Ok(ExitCode::FAILURE);
+    match daemon.serve_until(shutdown).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(pglease::RunError::ShutdownTimeout { grace }) => {
+            tracing::warn!(
+                grace_secs = grace.as_secs(),
+                "shutdown did not finish in time; exiting anyway"
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Err(error) => {
+            tracing::error!("{error}");
+            Ok(ExitCode::FAILURE)
         }
     }
-    systemd::stopping();
-    state.begin_shutdown();
-    stop_http.cancel();
-    let stopped = tokio::time::timeout(grace, async {
-        servers.shutdown().await;
-        let _ = pool_task.await;
-        let _ = server.await;
-        if let Some(integresql_server) = integresql_server {
-            let _ = integresql_server.await;
-        }
-        if let Some(front_server) = front_server {
-            let _ = front_server.await;
-        }
-    })
-    .await;
-    if stopped.is_err() {
-        tracing::warn!(
-            grace_secs = grace.as_secs(),
-            "shutdown did not finish in time; exiting anyway"
-        );
-        return Ok(ExitCode::FAILURE);
-    }
-    tracing::info!("stopped");
-    Ok(ExitCode::SUCCESS)
 }

@@ -224,6 +224,8 @@ async fn a_killed_daemons_store_is_gone_after_the_next_start() {
     }
     let daemon = TestDaemon::builder()
         .args(["--storage", "cow", "--min-ready", "1"])
+        // A process: the test kills it (SIGKILL).
+        .process()
         .start()
         .await;
     write_in_a_lease(&daemon).await;

@@ -27,7 +27,9 @@ fn uid_of(pid: u32) -> u32 {
 
 #[tokio::test]
 async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
+    // A process: the test stops it with SIGTERM.
     let daemon = TestDaemon::builder()
+        .process()
         .args(["--pg-setting", "work_mem=7MB"])
         .start()
         .await;
@@ -76,7 +78,9 @@ async fn postgres_is_tuned_unprivileged_and_gone_after_sigterm() {
 
 #[tokio::test]
 async fn sigterm_answers_waiting_requests_with_503_and_exits() {
+    // A process: the test stops it with SIGTERM.
     let daemon = TestDaemon::builder()
+        .process()
         .args(["--min-ready", "1", "--max-total", "1"])
         .start()
         .await;
@@ -165,7 +169,8 @@ async fn a_dead_postgres_is_restarted_and_open_leases_end_clearly() {
 
 #[tokio::test]
 async fn a_killed_daemon_takes_postgres_with_it_and_the_next_start_sweeps_its_directory() {
-    let daemon = TestDaemon::start().await;
+    // A process: the test kills it (SIGKILL).
+    let daemon = TestDaemon::builder().process().start().await;
     let status = daemon.status().await;
     let pid = postgres_pid(&status);
     let data_dir = PathBuf::from(status["postgres"]["data_dir"].as_str().expect("data dir"));

@@ -131,7 +131,12 @@ async fn an_external_server_is_used_and_only_our_databases_are_touched() {
     }
 
     // The next run reuses them instead of building again.
-    let again = TestDaemon::builder().args(args.clone()).start().await;
+    // A process: the test kills it (SIGKILL).
+    let again = TestDaemon::builder()
+        .args(args.clone())
+        .process()
+        .start()
+        .await;
     let leased = again.lease_ok("app").await;
     let leased_db = leased["database"].as_str().expect("db").to_owned();
     assert!(
@@ -280,7 +285,12 @@ async fn a_second_daemon_on_the_same_server_refuses_to_start() {
         "--min-ready".to_owned(),
         "1".to_owned(),
     ];
-    let first = TestDaemon::builder().args(args.clone()).start().await;
+    // A process: the second one names the first one's pid.
+    let first = TestDaemon::builder()
+        .args(args.clone())
+        .process()
+        .start()
+        .await;
     let lease = first.lease_ok("default").await;
     let held = connect(&lease).await.expect("connect to the lease");
 

@@ -97,7 +97,12 @@ async fn the_daemon_killed_under_load_never_double_leases_or_leaks() {
     let mut seed = u64::from(std::process::id()) | 1;
     let cycles = cycles();
     for _ in 0..cycles {
-        let daemon = TestDaemon::builder().args(args.clone()).start().await;
+        // A process: the test kills it (SIGKILL).
+        let daemon = TestDaemon::builder()
+            .args(args.clone())
+            .process()
+            .start()
+            .await;
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..WORKERS)
             .map(|_| tokio::spawn(worker(daemon.base.clone(), stop.clone(), tally.clone())))

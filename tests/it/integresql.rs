@@ -547,7 +547,8 @@ async fn a_client_template_survives_a_restart_with_a_kept_data_directory() {
 
 #[tokio::test]
 async fn a_getter_waiting_when_the_daemon_stops_gets_503() {
-    let daemon = TestDaemon::start().await;
+    // A process: the test stops it with SIGTERM.
+    let daemon = TestDaemon::builder().process().start().await;
     let compat = Compat::new(&daemon);
     assert_eq!(compat.initialize("stop").await.0, 200);
     let waiting = compat.test_database_in_background("stop");

@@ -1,6 +1,8 @@
-//! Test support: `TestDaemon` runs the real `pglease` binary (which starts a real postgres),
-//! finds its HTTP address in its log, and offers small HTTP and SQL helpers; `poll_until`
-//! waits for a condition without bare sleeps.
+//! Test support: `TestDaemon` runs the daemon — in this process by default (the library's
+//! `pglease::Daemon`, with a real postgres; `in_process.rs`), or as the real `pglease`
+//! binary when a test needs a process (`.process()`, or an environment, working directory
+//! or wrapper of its own) — and offers small HTTP and SQL helpers; `poll_until` waits for a
+//! condition without bare sleeps.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod disk_full;
+mod in_process;
 pub mod notify_queue;
 mod plain_postgres;
 pub use plain_postgres::PlainPostgres;
@@ -18,6 +21,10 @@ pub mod tls;
 
 /// The environment variable naming the postgres bin directory (else the daemon's discovery).
 pub const PG_BIN_ENV: &str = "PGLEASE_PG_BIN_DIR";
+
+/// Set (to anything): every test runs the binary, none the daemon in process; to compare
+/// the two, or to rule the in-process start out when a test fails.
+pub const ALL_PROCESSES_ENV: &str = "PGLEASE_TEST_PROCESSES";
 
 /// How long a daemon may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,6 +69,8 @@ pub struct DaemonBuilder {
     token: Option<String>,
     /// The daemon's working directory [default: the test's].
     current_dir: Option<PathBuf>,
+    /// Run the binary even where the daemon could run in this process.
+    process: bool,
 }
 
 /// The IntegreSQL clients' role of the tests that use one: `dbuser`/`dbpass`, the names
@@ -135,9 +144,47 @@ impl DaemonBuilder {
         self.args(["--token", token])
     }
 
+    /// Runs the real binary rather than the daemon in this process: for tests of what only
+    /// a process has (its pid, signals, kill -9, its exit code and output, systemd).
+    pub fn process(mut self) -> Self {
+        self.process = true;
+        self
+    }
+
+    /// Whether this daemon must be a process: asked for, or given what only a process can
+    /// have (environment variables, a working directory, a wrapper program).
+    fn needs_process(&self) -> bool {
+        std::env::var_os(ALL_PROCESSES_ENV).is_some()
+            || self.process
+            || !self.wrapper.is_empty()
+            || !self.envs.is_empty()
+            || self.current_dir.is_some()
+    }
+
     /// Starts the daemon and waits until it listens.
     pub async fn start(self) -> TestDaemon {
-        self.spawn().listening().await
+        if self.needs_process() {
+            return self.spawn().listening().await;
+        }
+        let log = in_process::Log::default();
+        let mut args = vec!["pglease".to_owned(), "serve".to_owned()];
+        args.extend(self.serve_args());
+        let (daemon, addr) =
+            match in_process::InProcess::start(args, Arc::clone(&log), START_TIMEOUT).await {
+                Ok(started) => started,
+                Err(message) => panic!(
+                    "pglease did not start listening ({message}); set {PG_BIN_ENV} if postgres \
+                     is not found. Log:\n{}",
+                    log.lock().expect("log lock").join("\n")
+                ),
+            };
+        TestDaemon {
+            base: format!("http://{addr}"),
+            runner: Some(Runner::InProcess(daemon)),
+            log,
+            http: http_client(self.token.as_deref()),
+            token: self.token,
+        }
     }
 
     /// Starts the daemon and returns at once, for tests that watch what it logs while it
@@ -202,6 +249,29 @@ impl DaemonBuilder {
         (status, reader.join().unwrap_or_default())
     }
 
+    /// The arguments after `serve`, the same for the binary and the daemon in process.
+    fn serve_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if !self.args.iter().any(|a| a == "--listen") {
+            args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+        }
+        if !self.default_cache {
+            args.push("--cache-dir".to_owned());
+            args.push(cache_dir().display().to_string());
+        }
+        // A test that picks its binaries itself keeps its choice.
+        let picks_binaries = self.no_pg_bin_dir
+            || self
+                .args
+                .iter()
+                .any(|a| a == "--pg-bin-dir" || a == "--postgres-version");
+        if let (Ok(bin_dir), false) = (std::env::var(PG_BIN_ENV), picks_binaries) {
+            args.extend(["--pg-bin-dir".to_owned(), bin_dir]);
+        }
+        args.extend(self.args.iter().cloned());
+        args
+    }
+
     fn command(&self) -> Command {
         let mut command = match self.wrapper.split_first() {
             Some((program, args)) => {
@@ -211,27 +281,11 @@ impl DaemonBuilder {
             }
             None => binary(),
         };
-        command.arg("serve");
-        if !self.args.iter().any(|a| a == "--listen") {
-            command.arg("--listen").arg("127.0.0.1:0");
-        }
-        if !self.default_cache {
-            command.arg("--cache-dir").arg(cache_dir());
-        }
-        // A test that picks its binaries itself keeps its choice.
-        let picks_binaries = self.no_pg_bin_dir
-            || self
-                .args
-                .iter()
-                .any(|a| a == "--pg-bin-dir" || a == "--postgres-version");
-        if let (Ok(bin_dir), false) = (std::env::var(PG_BIN_ENV), picks_binaries) {
-            command.arg("--pg-bin-dir").arg(bin_dir);
-        }
+        command.arg("serve").args(self.serve_args());
         if let Some(dir) = &self.current_dir {
             command.current_dir(dir);
         }
         command
-            .args(&self.args)
             // The tester's own config file must not change what a test runs.
             .env_remove("PGLEASE_CONFIG")
             .envs(self.envs.iter().map(|(key, value)| (key, value)))
@@ -309,22 +363,35 @@ impl StartingDaemon {
                 );
             }
         };
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(token) = &self.token {
-            let bearer = format!("Bearer {token}").parse().expect("a header value");
-            headers.insert(reqwest::header::AUTHORIZATION, bearer);
-        }
         TestDaemon {
             base: format!("http://{addr}"),
-            child: Some(child),
+            runner: Some(Runner::Process(child)),
             log: Arc::clone(&self.log),
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .build()
-                .expect("an HTTP client"),
+            http: http_client(self.token.as_deref()),
             token: self.token.take(),
         }
     }
+}
+
+/// An HTTP client that sends `token`, when there is one, with every request.
+fn http_client(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let bearer = format!("Bearer {token}").parse().expect("a header value");
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("an HTTP client")
+}
+
+/// How a [`TestDaemon`] runs.
+enum Runner {
+    /// The `pglease` binary.
+    Process(Child),
+    /// `pglease::Daemon` on a runtime of its own in this process.
+    InProcess(in_process::InProcess),
 }
 
 impl Drop for StartingDaemon {
@@ -347,11 +414,11 @@ pub struct Answer {
     pub body: Value,
 }
 
-/// A running `pglease serve`.
+/// A running `pglease serve`, in this process or as a process of its own.
 pub struct TestDaemon {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
-    child: Option<Child>,
+    runner: Option<Runner>,
     log: Arc<Mutex<Vec<String>>>,
     /// An HTTP client (sending the token, when the daemon has one).
     pub http: reqwest::Client,
@@ -378,6 +445,7 @@ impl TestDaemon {
             envs: Vec::new(),
             token: None,
             current_dir: None,
+            process: false,
         }
     }
 
@@ -386,9 +454,15 @@ impl TestDaemon {
         Self::builder().start().await
     }
 
-    /// The daemon's pid.
+    /// The daemon's pid; only a daemon started with [`DaemonBuilder::process`] has one.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(Child::id).expect("running")
+        match &self.runner {
+            Some(Runner::Process(child)) => child.id(),
+            Some(Runner::InProcess(_)) => {
+                panic!("this daemon runs in the test process: start it with .process() for a pid")
+            }
+            None => panic!("the daemon has stopped"),
+        }
     }
 
     /// The address of `--integresql-listen` (with port 0, the one it got), from the log.
@@ -531,15 +605,25 @@ impl TestDaemon {
         nix::sys::signal::kill(pid, signal).expect("signal daemon");
     }
 
-    /// SIGTERM, then waits (up to 40 s) for the exit status.
+    /// SIGTERM (or, in process, the same shutdown), then waits (up to 40 s) for the exit
+    /// status: in process, the one the binary would exit with (0, else 1).
     pub async fn stop(mut self) -> ExitStatus {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
-        let mut child = self.child.take().expect("running");
-        let status = tokio::task::spawn_blocking(move || {
-            wait_with_timeout(&mut child, Duration::from_secs(40))
-        })
-        .await
-        .expect("join");
+        let timeout = Duration::from_secs(40);
+        let status = match self.runner.take().expect("running") {
+            Runner::Process(mut child) => {
+                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+                    .expect("signal daemon");
+                tokio::task::spawn_blocking(move || wait_with_timeout(&mut child, timeout))
+                    .await
+                    .expect("join")
+            }
+            Runner::InProcess(mut daemon) => {
+                tokio::task::spawn_blocking(move || daemon.stop_within(timeout))
+                    .await
+                    .expect("join")
+            }
+        };
         status.unwrap_or_else(|| panic!("pglease did not exit after SIGTERM. Log:\n{}", self.log()))
     }
 
@@ -553,19 +637,27 @@ impl TestDaemon {
         (status, log)
     }
 
-    /// SIGKILL, and reap.
+    /// SIGKILL, and reap; only a daemon started with [`DaemonBuilder::process`] can be
+    /// killed.
     pub fn kill(mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        match self.runner.take() {
+            Some(Runner::Process(mut child)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Some(Runner::InProcess(_)) => {
+                panic!("this daemon runs in the test process: start it with .process() to kill it")
+            }
+            None => {}
         }
     }
 }
 
 impl Drop for TestDaemon {
     fn drop(&mut self) {
-        // A failed test still stops its daemon cleanly, so no postgres or tmpfs dir is left.
-        if let Some(child) = self.child.take() {
+        // A failed test still stops its daemon cleanly, so no postgres or tmpfs dir is left
+        // (an in-process daemon stops as its own value drops).
+        if let Some(Runner::Process(child)) = self.runner.take() {
             stop_child(child);
         }
     }
@@ -703,9 +795,11 @@ pub async fn daemon_hashing_a_huge_source_with(
     let dir = scratch_dir(name);
     let schema = dir.join("schema.sql");
     std::fs::write(&schema, "CREATE TABLE a (id int);").expect("write");
+    // A process: whether it reads the sources shows in its own threads' names.
     let daemon = TestDaemon::builder()
         .args(["--template", &format!("app=sql:{}", schema.display())])
         .args(args.iter().copied())
+        .process()
         .start()
         .await;
     daemon.lease_ok("app").await;
