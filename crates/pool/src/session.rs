@@ -40,7 +40,7 @@ mod open;
 mod proof;
 mod recycle;
 // The proof of a reset (issue 44): designed and measured, not wired into a release yet.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg_attr(not(test), allow(dead_code, unused_imports))]
 mod reset;
 mod settings;
 mod snapshot;
