@@ -163,21 +163,26 @@ pub(crate) async fn truncate_and_compare(
 ) -> Result<Owners, ResetError> {
     let tables: Vec<u32> = plan.truncate.iter().copied().collect();
     if !tables.is_empty() {
-        let names: String = client
+        // NULL when none of the tables is there any more: nothing to truncate is unsure.
+        let names: Option<String> = client
             .query_one(
                 "SELECT string_agg(oid::regclass::text, ', ') FROM pg_class WHERE oid = ANY($1)",
                 &[&tables],
             )
             .await
             .map_err(failed("naming the written tables"))?
-            .get(0);
+            .try_get(0)
+            .map_err(failed("naming the written tables"))?;
+        let Some(names) = names else {
+            return Err(Refusal::NotEmptyAfterTruncate.into());
+        };
         // regclass output is quoted as needed. CASCADE is not asked for: a table that a
         // filled one references cannot be truncated alone, and the error refuses.
         client
             .batch_execute(&format!("TRUNCATE {names} RESTART IDENTITY"))
             .await
             .map_err(failed("the truncate"))?;
-        let empty: bool = client
+        let empty: Option<bool> = client
             .query_one(
                 "SELECT bool_and(pg_relation_size(oid) = 0 AND (reltoastrelid = 0 \
                     OR pg_relation_size(reltoastrelid) = 0)) FROM pg_class WHERE oid = ANY($1)",
@@ -185,8 +190,9 @@ pub(crate) async fn truncate_and_compare(
             )
             .await
             .map_err(failed("measuring the truncated tables"))?
-            .get(0);
-        if !empty {
+            .try_get(0)
+            .map_err(failed("measuring the truncated tables"))?;
+        if empty != Some(true) {
             return Err(Refusal::NotEmptyAfterTruncate.into());
         }
         // Autovacuum analyzes a table a test filled and the truncate leaves its
