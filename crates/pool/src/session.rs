@@ -6,7 +6,8 @@
 //! server, `sweep` clears what an earlier run left, `clone` makes a clone and its lease
 //! role, `drop` drops a database and its role,
 //! `facts` reads sizes and sessions. Beside them: `recycle` readies a clone for its next
-//! holder, `proof` proves a released one unchanged, `settings` re-applies a template's
+//! holder, `proof` proves a released one unchanged, `reset` says
+//! when truncating what a holder wrote is proven to give the template back, `settings` re-applies a template's
 //! database-level settings, `lock` keeps a second pglease off the server, `bounded` puts a
 //! time bound on each admin operation, `integresql` makes the IntegreSQL clients' role,
 //! `snapshot` readies the cluster for a snapshot, `watch` hears which stamped clones' files
@@ -38,6 +39,9 @@ mod lock;
 mod open;
 mod proof;
 mod recycle;
+// The proof of a reset (issue 44): designed and measured, not wired into a release yet.
+#[cfg_attr(not(test), allow(dead_code, unused_imports))]
+mod reset;
 mod settings;
 mod snapshot;
 mod sweep;

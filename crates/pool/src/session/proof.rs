@@ -96,7 +96,7 @@ const DIRTY_SQL: &str = "SELECT count(*) FROM pglease.pg_buffercache \
      WHERE reldatabase = (SELECT oid FROM pg_database WHERE datname = $1) AND isdirty";
 
 /// One file of a clone's directory: name, size, inode, mtime (seconds, nanoseconds).
-type FileStamp = (String, u64, u64, i64, i64);
+pub(super) type FileStamp = (String, u64, u64, i64, i64);
 
 /// What a clone was when made ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -349,7 +349,7 @@ async fn files_of(data_dir: PathBuf, oid: u32) -> Result<Vec<FileStamp>, String>
         .map_err(|e| format!("listing files failed: {e}"))?
 }
 
-fn list_files(dir: &Path) -> Result<Vec<FileStamp>, String> {
+pub(super) fn list_files(dir: &Path) -> Result<Vec<FileStamp>, String> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     let mut files = Vec::new();
