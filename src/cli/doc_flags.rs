@@ -24,6 +24,7 @@ const OTHER_PROGRAMS: &[(&str, &[&str])] = &[
             "--bin",
             "--path",
             "--test",
+            "--lib",
             "--dry-run",
         ],
     ),
