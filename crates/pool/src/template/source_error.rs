@@ -5,7 +5,10 @@
 
 use std::path::PathBuf;
 
-use super::sources::MAX_SQL_FILE_BYTES;
+/// The largest SQL file (`sql`, or one of `migrations`) that is read: it is held in memory
+/// and sent to postgres whole. A bigger schema is a dump (`pg_dump`), which streams. It
+/// lives beside the error that names it, which `sources.rs` returns.
+pub const MAX_SQL_FILE_BYTES: u64 = 256 << 20;
 
 /// A template source that cannot be used as it is.
 #[derive(Debug, thiserror::Error)]

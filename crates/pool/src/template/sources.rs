@@ -18,13 +18,9 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use super::open::{kind_of, open_regular};
-use super::source_error::SourceError;
+use super::source_error::{SourceError, MAX_SQL_FILE_BYTES};
 use crate::config::{TemplateConfig, TemplateSource};
 use crate::names::TemplateName;
-
-/// The largest SQL file (`sql`, or one of `migrations`) that is read: it is held in memory
-/// and sent to postgres whole. A bigger schema is a dump (`pg_dump`), which streams.
-pub const MAX_SQL_FILE_BYTES: u64 = 256 << 20;
 
 /// Reads a SQL file whole: a regular file of at most [`MAX_SQL_FILE_BYTES`], in UTF-8.
 pub fn read_sql(path: &Path) -> Result<String, SourceError> {
