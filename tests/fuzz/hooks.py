@@ -23,6 +23,10 @@ LEASE_WAIT_MS = 2000
 #: The longest a generated lease (or renewal) lives, in seconds.
 LEASE_TTL_SECS = 5
 
+#: The schema's own maxima (/openapi.json): above them a value is a negative case.
+SCHEMA_MAX_WAIT_MS = 600_000
+SCHEMA_MAX_TTL_SECS = 86_400
+
 
 @schemathesis.hook
 def map_body(ctx, body):
@@ -30,8 +34,10 @@ def map_body(ctx, body):
     with it). A request the pool cannot serve yet — all of the connection budget while
     another generated lease holds a connection for hours — rightly waits that long and then
     answers 504; `--checks all` turns on `max_response_time` (10 s), which is to measure the
-    API, not a wait the caller asked for. Bodies that are not objects, and wait values that
-    are not integers, go through as generated (negative cases).
+    API, not a wait the caller asked for. Bodies that are not objects, values that are not
+    integers, and values beyond the schema's maximum go through as generated: those are
+    negative cases, which the API must refuse (a cap would turn one into a valid request,
+    which schemathesis then reports as invalid data accepted).
 
     A request without a body waits the default 60 s, which a hook cannot shorten; so the
     time a generated lease (or renewal) holds its connections is capped too: a lease
@@ -46,10 +52,10 @@ def map_body(ctx, body):
         return body
     if operation.path == "/lease":
         wait = body.get("wait_ms")
-        if wait is None or (type(wait) is int and wait > LEASE_WAIT_MS):
+        if wait is None or (type(wait) is int and LEASE_WAIT_MS < wait <= SCHEMA_MAX_WAIT_MS):
             body["wait_ms"] = LEASE_WAIT_MS
     if operation.path in ("/lease", "/leases/{id}/renew"):
         ttl = body.get("ttl_secs")
-        if ttl is None or (type(ttl) is int and ttl > LEASE_TTL_SECS):
+        if ttl is None or (type(ttl) is int and LEASE_TTL_SECS < ttl <= SCHEMA_MAX_TTL_SECS):
             body["ttl_secs"] = LEASE_TTL_SECS
     return body
