@@ -359,3 +359,25 @@ async fn a_kept_data_directory_is_started_again_with_its_templates_and_ready_clo
     assert!(second.stop().await.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// When another process binds the port pglease found free before postgres does (many
+/// servers starting at once, as in a test suite), postgres exits at start-up with "Address
+/// already in use"; pglease starts it again on another port, up to three times, saying so.
+/// Here the port stays taken (a `--pg-setting port=` of one the test holds), so all three
+/// attempts meet it and the start fails with postgres' words.
+#[test]
+fn a_port_taken_before_postgres_binds_it_is_tried_again_then_reported() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let port = held.local_addr().expect("its address").port();
+    let (status, log) = TestDaemon::builder()
+        .args(["--pg-setting", &format!("port={port}")])
+        .run_to_exit();
+    assert!(!status.success(), "{log}");
+    assert_eq!(
+        log.matches("starting again on another").count(),
+        2,
+        "two more attempts after the first: {log}"
+    );
+    assert!(log.contains("Address already in use"), "{log}");
+    drop(held);
+}

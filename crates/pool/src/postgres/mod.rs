@@ -72,6 +72,10 @@ use self::storage::{largest_template, StorageHints};
 use crate::config::{EmbeddedConfig, TemplateConfig};
 use crate::error::StartError;
 
+/// Starts tried when another process takes the port pglease found free before postgres binds
+/// it (a race with whatever else on the machine binds ports: test suites start many servers).
+const PORT_ATTEMPTS: u32 = 3;
+
 /// A prepared instance: binaries found, user resolved, directory made (and mounted), stale
 /// instances swept. [`Embedded::start`] can run many times (after a crash, a restart).
 #[derive(Debug)]
@@ -217,6 +221,33 @@ impl Embedded {
     /// down: its data directory is removed here. On error the new data directory is kept
     /// (and logged) until the next start.
     pub async fn start(&mut self) -> Result<RunningPostgres, StartError> {
+        let mut attempt = 1;
+        loop {
+            // A kept cluster is started again, not a new one, if the port was lost.
+            let kept = self.kept_generation;
+            match self.start_with_snapshot().await {
+                Err(error) if attempt < PORT_ATTEMPTS && self.lost_its_port(&error) => {
+                    warn!(attempt, "the port pglease chose was taken before postgres bound it; starting again on another");
+                    // Not the previous port again: someone else has it now.
+                    self.last_port = None;
+                    self.kept_generation = kept;
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// Whether postgres exited at start-up because another process bound the port pglease
+    /// had found free (between the check and postgres' bind): a port chosen, not configured.
+    fn lost_its_port(&self, error: &StartError) -> bool {
+        self.config.port.is_none()
+            && matches!(error, StartError::EarlyExit { tail, .. } if tail.contains("Address already in use"))
+    }
+
+    /// [`Embedded::start`]'s one attempt: from the snapshot if there is one, else (or if it
+    /// does not start) a fresh cluster.
+    async fn start_with_snapshot(&mut self) -> Result<RunningPostgres, StartError> {
         let snapshot = self.snapshot.take();
         match self.start_once(snapshot.clone()).await {
             Ok(running) => {
@@ -231,6 +262,11 @@ impl Embedded {
                     self.adopted = Some(found.manifest);
                 }
                 Ok(running)
+            }
+            // Not the snapshot's fault: tried again, from the snapshot, on another port.
+            Err(error) if snapshot.is_some() && self.lost_its_port(&error) => {
+                self.snapshot = snapshot;
+                Err(error)
             }
             // A snapshot that does not start (damaged in a way unpacking could not see):
             // a fresh cluster instead.
