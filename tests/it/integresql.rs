@@ -1010,6 +1010,48 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
 /// each test database's), so what a dump loaded with `psql` made, the migrations and the
 /// tests change; the databases have IntegreSQL's names, save one someone else's database
 /// already has, which is left alone.
+/// Test databases answered with the server's own login hold no connections of a role of
+/// their own: the budget keeps none for them, so a suite that never gives its databases
+/// back is not cut off from the one it is using when more are out than the budget has
+/// lease shares for (go-starter in compose's layout lost a database mid-test that way).
+#[tokio::test]
+async fn with_the_servers_own_user_test_databases_reserve_no_connections() {
+    let server = crate::support::PlainPostgres::start("integresql-server-login-budget");
+    let daemon = TestDaemon::builder()
+        .args(["--postgres-url", &server.url()])
+        .args(["--integresql-pg-user", "postgres"])
+        .args(["--integresql-pg-password", "trust-ignores-it"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    let hash = "b0d9e7";
+    let (status, template) = compat.initialize(hash).await;
+    assert_eq!(status, 200, "{template}");
+    assert_eq!(compat.finalize(hash).await, 204);
+    let limits = daemon.status().await["limits"].clone();
+    let budget = limits["connection_budget"].as_u64().expect("budget");
+    // More databases out at once than the budget has room for at the default share (10).
+    let wanted = budget / 10 + 2;
+    let mut first = None;
+    for _ in 0..wanted {
+        let (status, test_db) = compat.test_database(hash).await;
+        assert_eq!(status, 200, "{test_db}");
+        if first.is_none() {
+            first = Some(test_db);
+        }
+    }
+    let first = first.expect("a test database");
+    let client = connect(&first)
+        .await
+        .expect("the first test database is still there, unchanged");
+    client.batch_execute("SELECT 1").await.expect("a query");
+    let limits = daemon.status().await["limits"].clone();
+    assert_eq!(limits["reclaimed"], 0, "{limits}");
+    assert_eq!(limits["connections_in_use"], 0, "{limits}");
+    drop(client);
+    assert!(daemon.stop().await.success());
+}
+
 #[tokio::test]
 async fn on_a_shared_server_its_own_user_is_the_integresql_user_and_others_databases_stay() {
     let server = crate::support::PlainPostgres::start("integresql-server-login");

@@ -181,7 +181,13 @@ async fn test_database(
             template: template.clone(),
             ttl: None,
             wait: TEST_DATABASE_WAIT,
-            connections: None,
+            // With the server's own user as the suites' user, the answer carries that
+            // login and not the lease's role: the role gets no connection (a limit of 0)
+            // and the lease reserves none of the budget. Reserving the usual share for a
+            // login that does not use it made a full budget recreate test databases a
+            // suite was still using (go-starter: "database … does not exist" mid-test),
+            // where IntegreSQL recreates only when its pool is full.
+            connections: state.config.integresql_server_login.as_ref().map(|_| 0),
             // IntegreSQL's clients need not give test databases back.
             reclaimable: true,
             postgres_version: None,
