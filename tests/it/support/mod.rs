@@ -48,10 +48,34 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 /// config file: the tester's own must not change what a test runs.
 pub fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pglease"));
+    for name in testers_own_env() {
+        command.env_remove(name);
+    }
     command
-        .env_remove("PGLEASE_TEMPLATE")
-        .env_remove("PGLEASE_CONFIG");
-    command
+}
+
+/// The variables the CLI reads in place of a flag (`PGLEASE_TOKEN`, `PGLEASE_CONFIG`, …),
+/// from its clap definition: the tester's own must not change what a test runs. A test
+/// gives a daemon its own with [`DaemonBuilder::env`].
+fn testers_own_env() -> Vec<String> {
+    fn collect(command: &clap::Command, names: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            if let Some(name) = arg.get_env() {
+                names.push(name.to_string_lossy().into_owned());
+            }
+        }
+        for sub in command.get_subcommands() {
+            collect(sub, names);
+        }
+    }
+    let mut names = Vec::new();
+    collect(
+        &<pglease::cli::Cli as clap::CommandFactory>::command(),
+        &mut names,
+    );
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Builds and starts a daemon.
@@ -152,9 +176,14 @@ impl DaemonBuilder {
     }
 
     /// Whether this daemon must be a process: asked for, or given what only a process can
-    /// have (environment variables, a working directory, a wrapper program).
+    /// have (environment variables, a working directory, a wrapper program). Also when the
+    /// tester's environment picks a template or a config file: an in-process daemon's clap
+    /// would read those, while [`binary`] takes them out of a process's environment.
     fn needs_process(&self) -> bool {
         std::env::var_os(ALL_PROCESSES_ENV).is_some()
+            || testers_own_env()
+                .iter()
+                .any(|name| std::env::var_os(name).is_some())
             || self.process
             || !self.wrapper.is_empty()
             || !self.envs.is_empty()
@@ -285,9 +314,12 @@ impl DaemonBuilder {
         if let Some(dir) = &self.current_dir {
             command.current_dir(dir);
         }
+        // The tester's own variables must not change what a test runs (the wrapper's
+        // command did not come from `binary`).
+        for name in testers_own_env() {
+            command.env_remove(name);
+        }
         command
-            // The tester's own config file must not change what a test runs.
-            .env_remove("PGLEASE_CONFIG")
             .envs(self.envs.iter().map(|(key, value)| (key, value)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
