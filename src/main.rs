@@ -5,6 +5,7 @@
 
 mod client;
 mod docs;
+mod download_bar;
 mod logging;
 mod open_files;
 mod postgres;
@@ -68,13 +69,14 @@ fn main() -> ExitCode {
 /// process-wide around it: signal handlers, the open-files limit, systemd's notifications,
 /// and the exit code.
 async fn serve(args: ServeArgs) -> Result<ExitCode, client::ClientError> {
-    let config = match args.into_config() {
+    let mut config = match args.into_config() {
         Ok(config) => config,
         Err(message) => {
             eprintln!("pglease: {message}");
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
+    download_bar::DownloadBar::show_for(&mut config.pool);
     config.config_from.log();
     let mut shutdown = match signal::ShutdownSignal::install() {
         Ok(shutdown) => shutdown,

@@ -26,7 +26,7 @@ async fn fetch(args: FetchArgs) -> ExitCode {
         repository: args
             .postgres_repository
             .unwrap_or_else(|| DEFAULT_REPOSITORY.to_owned()),
-        progress: true,
+        progress: crate::download_bar::DownloadBar::shared(),
     };
     match pglease_binaries::fetch(&request).await {
         Ok(resolved) => {

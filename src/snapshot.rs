@@ -29,6 +29,7 @@ pub async fn save(args: ServeArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_CONFIG);
         }
     };
+    crate::download_bar::DownloadBar::show_for(&mut config.pool);
     config.config_from.log();
     let (dir, key_file) = match &config.pool.server {
         ServerConfig::Embedded(embedded) => (

@@ -7,10 +7,10 @@
 //! tree must run (`postgres --version`, of the release's version) before it is renamed into
 //! place. Any failure leaves nothing behind.
 //!
-//! Progress: a bar on stderr when asked for and stderr is a terminal; always a log line at
+//! Progress: reported to the request's [`Progress`] (started, each chunk, finished), which
+//! draws what it likes (the `pglease` binary: a bar on a terminal); always a log line at
 //! the start (URL, size) and at the end (bytes, seconds).
 
-use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use crate::blocking;
 use crate::cache::{self, Placed, Platform, WorkDir};
 use crate::error::{io_error, BinariesError};
 use crate::installed::Server;
+use crate::progress::Progress;
 use crate::version::{self, Release, VersionSpec};
 use crate::Origin;
 
@@ -40,7 +41,7 @@ pub(crate) async fn install(
     cache_root: &Path,
     platform: &Platform,
     wanted: VersionSpec,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<(Server, Origin), BinariesError> {
     let client = reqwest::Client::builder()
         .user_agent(concat!("pglease/", env!("CARGO_PKG_VERSION")))
@@ -153,7 +154,7 @@ async fn download(
     client: &reqwest::Client,
     url: &str,
     path: &Path,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<String, BinariesError> {
     let http = |source: reqwest::Error| BinariesError::Http {
         url: url.to_owned(),
@@ -165,7 +166,7 @@ async fn download(
     let total = response.content_length();
     info!(url, bytes = total, "downloading PostgreSQL binaries");
     let started = Instant::now();
-    let bar = progress_bar(progress, total);
+    let mut transfer = progress.started(total);
     let file = tokio::fs::File::create(path)
         .await
         .map_err(|e| io_error("cannot create", path, e))?;
@@ -179,12 +180,12 @@ async fn download(
             .await
             .map_err(|e| io_error("cannot write", path, e))?;
         received += chunk.len() as u64;
-        bar.set_position(received);
+        transfer.advanced(chunk.len() as u64);
     }
     file.flush()
         .await
         .map_err(|e| io_error("cannot write", path, e))?;
-    bar.finish_and_clear();
+    transfer.finished();
     info!(
         url,
         bytes = received,
@@ -192,25 +193,6 @@ async fn download(
         "downloaded PostgreSQL binaries"
     );
     Ok(hex::encode(hasher.finalize()))
-}
-
-/// A progress bar on stderr, or a hidden one unless asked for and stderr is a terminal.
-fn progress_bar(wanted: bool, total: Option<u64>) -> indicatif::ProgressBar {
-    if !wanted || !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = match total {
-        Some(total) => indicatif::ProgressBar::new(total),
-        None => indicatif::ProgressBar::new_spinner(),
-    };
-    // A template error would be ours; the default style is a fine fallback.
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "downloading PostgreSQL {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-    ) {
-        bar.set_style(style);
-    }
-    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    bar
 }
 
 /// GETs `url` as text, failing on an error status.

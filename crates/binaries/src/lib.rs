@@ -13,12 +13,14 @@
 //!
 //! Modules: `version` (what is asked for, what servers and releases say), `installed`
 //! (servers on the machine), `cache` (layout, atomic placement), `download` (Maven,
-//! checksum), `unpack` (zip → xz → tar).
+//! checksum), `progress` (what a download reports to; nothing is drawn here), `unpack`
+//! (zip → xz → tar).
 
 mod cache;
 mod download;
 mod error;
 mod installed;
+mod progress;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -28,8 +30,10 @@ mod version;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use error::BinariesError;
+pub use progress::{NoProgress, Progress, Transfer};
 pub use version::{
     parse_server_version, parse_version_number, VersionSpec, VersionSpecError, DEFAULT_MAJOR,
     SUPPORTED_MAJORS,
@@ -52,8 +56,9 @@ pub struct Request {
     pub cache_root: PathBuf,
     /// The Maven repository's base URL, e.g. [`DEFAULT_REPOSITORY`] or a mirror.
     pub repository: String,
-    /// Show a progress bar while downloading (only when stderr is a terminal).
-    pub progress: bool,
+    /// What a download reports its progress to ([`NoProgress`]: nothing). The `pglease`
+    /// binary draws a bar on a terminal with it.
+    pub progress: Arc<dyn Progress>,
 }
 
 /// Where the binaries came from.
@@ -185,7 +190,7 @@ async fn download_or_explain(
                 &request.cache_root,
                 &platform,
                 wanted,
-                request.progress,
+                request.progress.as_ref(),
             )
             .await
         }

@@ -3,6 +3,7 @@
 //! checksum check, concurrent installs, offline errors that name every place tried.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::installed::has_server;
@@ -24,7 +25,7 @@ fn request(root: &Path, repository: &str, version: Option<&str>) -> Request {
         version: version.map(|v| v.parse().expect("version")),
         cache_root: root.join("cache"),
         repository: repository.to_owned(),
-        progress: false,
+        progress: Arc::new(NoProgress),
     }
 }
 
@@ -103,6 +104,95 @@ async fn a_missing_version_is_downloaded_once_then_served_from_the_cache() {
         (newest.origin, newest.bin_dir),
         (Origin::Cached, resolved.bin_dir)
     );
+}
+
+/// What a [`Recorder`]'s transfers were told, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reported {
+    Started(Option<u64>),
+    Advanced(u64),
+    Finished,
+}
+
+/// A [`Progress`] that writes down what each download reports.
+#[derive(Default)]
+struct Recorder(Arc<Mutex<Vec<Reported>>>);
+
+impl Recorder {
+    fn reported(&self) -> Vec<Reported> {
+        self.0.lock().expect("recorder").clone()
+    }
+}
+
+impl Progress for Recorder {
+    fn started(&self, total: Option<u64>) -> Box<dyn Transfer> {
+        self.0
+            .lock()
+            .expect("recorder")
+            .push(Reported::Started(total));
+        Box::new(Recorder(self.0.clone()))
+    }
+}
+
+impl Transfer for Recorder {
+    fn advanced(&mut self, bytes: u64) {
+        self.0
+            .lock()
+            .expect("recorder")
+            .push(Reported::Advanced(bytes));
+    }
+
+    fn finished(&mut self) {
+        self.0.lock().expect("recorder").push(Reported::Finished);
+    }
+}
+
+#[tokio::test]
+async fn a_download_reports_its_size_every_chunk_and_its_end_to_the_requests_progress() {
+    let jar = fake_jar("17.6");
+    let jar_bytes = jar.len() as u64;
+    let repository = FakeRepository::start(&[("17.6.0", jar)], &[]).await;
+    let root = Scratch::new("progress");
+    let recorder = Arc::new(Recorder::default());
+    let mut request = request(root.path(), &repository.url, Some("17"));
+    request.progress = recorder.clone();
+
+    let resolved = resolve_in(&request, nothing_installed(root.path()))
+        .await
+        .expect("resolve");
+    assert_eq!(resolved.origin, Origin::Downloaded);
+    let reported = recorder.reported();
+    // Started once with the size the repository sent, then chunks adding up to it, then
+    // the end: what the binary's bar draws from.
+    assert_eq!(
+        reported.first(),
+        Some(&Reported::Started(Some(jar_bytes))),
+        "{reported:?}"
+    );
+    assert_eq!(reported.last(), Some(&Reported::Finished), "{reported:?}");
+    let advanced: u64 = reported
+        .iter()
+        .map(|r| match r {
+            Reported::Advanced(bytes) => *bytes,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(advanced, jar_bytes, "{reported:?}");
+    assert_eq!(
+        reported
+            .iter()
+            .filter(|r| !matches!(r, Reported::Advanced(_)))
+            .count(),
+        2,
+        "one start and one end: {reported:?}"
+    );
+
+    // Served from the cache: nothing is downloaded, nothing reported.
+    let again = resolve_in(&request, nothing_installed(root.path()))
+        .await
+        .expect("again");
+    assert_eq!(again.origin, Origin::Cached);
+    assert_eq!(recorder.reported(), reported);
 }
 
 #[tokio::test]

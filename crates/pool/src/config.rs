@@ -5,6 +5,7 @@
 //! parses flags or files, and nothing here touches the system.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pglease_binaries::VersionSpec;
@@ -466,6 +467,9 @@ pub struct EmbeddedConfig {
     pub postgres_version: Option<VersionSpec>,
     /// The Maven repository downloads come from (Maven Central or a mirror).
     pub binaries_repository: String,
+    /// What a download of the server binaries reports its progress to: nothing by default
+    /// (`pglease_binaries::NoProgress`); the `pglease` binary draws a bar on a terminal.
+    pub download_progress: Arc<dyn pglease_binaries::Progress>,
     /// The instance directory; a fresh directory under /dev/shm when None.
     pub data_dir: Option<PathBuf>,
     /// Mount a dedicated tmpfs of this many bytes on the instance directory (root only).
@@ -534,6 +538,7 @@ impl EmbeddedConfig {
             bin_dir: None,
             postgres_version: None,
             binaries_repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
+            download_progress: Arc::new(pglease_binaries::NoProgress),
             data_dir: None,
             tmpfs_size: None,
             databases_dir: None,

@@ -28,7 +28,7 @@ mod further;
 mod ids;
 mod registry;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -79,7 +79,7 @@ struct Inner {
     registry: Mutex<Registry>,
     /// The majors the operator made available: the primary's and those configured templates
     /// name. Without `PoolConfig::majors_on_request` no request starts another.
-    configured_majors: std::collections::BTreeSet<u32>,
+    configured_majors: BTreeSet<u32>,
     /// Whose rights a registered source is checked with (the builds read it as that user);
     /// None over a fake pool, which reads no files.
     child_user: Option<ChildUser>,
@@ -96,71 +96,17 @@ impl Servers {
             .iter()
             .cloned()
             .partition(|t| t.postgres_version.is_none());
-        let mut primary_config = config.clone();
-        primary_config.templates = own;
-        let (handle, task) = crate::start(primary_config, ids::PRIMARY).await?;
-        let Some((major, version)) = server_version(&handle).await else {
-            handle.shutdown().await;
-            return Err(StartError::StoppedDuringStart);
-        };
-        let primary = Server {
-            major,
-            version,
-            handle,
-            stamp: ids::PRIMARY,
-        };
+        let (primary, task) = start_primary(&config, own).await?;
         let external = matches!(config.server, ServerConfig::External(_));
-        let mut placed = HashMap::new();
-        for template in versioned {
-            let Some(wanted) = template.postgres_version else {
-                continue;
-            };
-            if wanted.major() == primary.major {
-                // The primary's own major: registered there like a template added over HTTP.
-                let registered = primary
-                    .handle
-                    .register(
-                        template.name.clone(),
-                        template.source.clone(),
-                        Changer::Configuration,
-                    )
-                    .await;
-                if let Err(error) = registered {
-                    primary.handle.shutdown().await;
-                    return Err(StartError::Template {
-                        template: template.name.to_string(),
-                        message: error.to_string(),
-                    });
-                }
-                if config.prebuild {
-                    let _ = primary
-                        .handle
-                        .rebuild(template.name.clone(), Changer::Configuration)
-                        .await;
-                }
-            } else if external {
+        let placed = match place_versioned(&primary, versioned, &config).await {
+            Ok(placed) => placed,
+            Err(error) => {
                 primary.handle.shutdown().await;
-                return Err(StartError::OtherMajorOnExternal {
-                    template: template.name.to_string(),
-                    asked: wanted.to_string(),
-                    serving: primary.version.clone(),
-                });
-            } else {
-                // Placed before its server runs: the one exception to "placed only on a
-                // running server", made before anyone can ask. Its server starts with it
-                // in its configuration.
-                placed.insert(template.name.clone(), wanted.major());
+                return Err(error);
             }
-        }
+        };
         let child_user = ChildUser::resolve(config.child_user.as_deref())?;
-        let configured_majors = std::iter::once(primary.major)
-            .chain(
-                config
-                    .templates
-                    .iter()
-                    .filter_map(|t| t.postgres_version.map(VersionSpec::major)),
-            )
-            .collect();
+        let configured_majors = configured_majors(primary.major, &config);
         let prebuild: Vec<u32> = if config.prebuild && !external {
             placed.values().copied().collect()
         } else {
@@ -176,14 +122,19 @@ impl Servers {
                 ..Registry::default()
             }),
         });
-        for major in prebuild {
-            let servers = servers.clone();
+        servers.start_in_background(prebuild);
+        Ok((servers, task))
+    }
+
+    /// Starts the servers of `majors` in the background, for `prebuild`.
+    fn start_in_background(&self, majors: Vec<u32>) {
+        for major in majors {
+            let servers = self.clone();
             tokio::spawn(async move {
                 // Failures are logged by the start itself and retried on demand.
                 let _ = servers.server(major, None, Duration::from_secs(3600)).await;
             });
         }
-        Ok((servers, task))
     }
 
     /// A router over one pool: for tests of the HTTP API with a fake pool.
@@ -527,6 +478,104 @@ impl Servers {
         };
         further.unwrap_or_else(|| self.inner.primary.clone())
     }
+}
+
+/// Starts the primary server's pool with the templates that name no major (`own`).
+async fn start_primary(
+    config: &PoolConfig,
+    own: Vec<TemplateConfig>,
+) -> Result<(Server, JoinHandle<()>), StartError> {
+    let mut primary_config = config.clone();
+    primary_config.templates = own;
+    let (handle, task) = crate::start(primary_config, ids::PRIMARY).await?;
+    let Some((major, version)) = server_version(&handle).await else {
+        handle.shutdown().await;
+        return Err(StartError::StoppedDuringStart);
+    };
+    let server = Server {
+        major,
+        version,
+        handle,
+        stamp: ids::PRIMARY,
+    };
+    Ok((server, task))
+}
+
+/// Places each template that names a major: the primary's own major registers it on the
+/// primary (like a template added over HTTP, built now with `prebuild`); another major is
+/// placed on that major's server, which is not running yet. Returns those placements; an
+/// error when a template cannot be registered, or names another major than an external
+/// server's. The caller stops the primary on an error.
+async fn place_versioned(
+    primary: &Server,
+    versioned: Vec<TemplateConfig>,
+    config: &PoolConfig,
+) -> Result<HashMap<TemplateName, u32>, StartError> {
+    let external = matches!(config.server, ServerConfig::External(_));
+    let mut placed = HashMap::new();
+    for template in versioned {
+        let Some(wanted) = template.postgres_version else {
+            continue;
+        };
+        if wanted.major() == primary.major {
+            register_on_primary(primary, &template, config.prebuild).await?;
+        } else if external {
+            return Err(StartError::OtherMajorOnExternal {
+                template: template.name.to_string(),
+                asked: wanted.to_string(),
+                serving: primary.version.clone(),
+            });
+        } else {
+            // Placed before its server runs: the one exception to "placed only on a
+            // running server", made before anyone can ask. Its server starts with it
+            // in its configuration.
+            placed.insert(template.name.clone(), wanted.major());
+        }
+    }
+    Ok(placed)
+}
+
+/// Registers a configured template of the primary's own major on the primary, and builds
+/// it now with `prebuild`.
+async fn register_on_primary(
+    primary: &Server,
+    template: &TemplateConfig,
+    prebuild: bool,
+) -> Result<(), StartError> {
+    let registered = primary
+        .handle
+        .register(
+            template.name.clone(),
+            template.source.clone(),
+            Changer::Configuration,
+        )
+        .await;
+    if let Err(error) = registered {
+        return Err(StartError::Template {
+            template: template.name.to_string(),
+            message: error.to_string(),
+        });
+    }
+    if prebuild {
+        let _ = primary
+            .handle
+            .rebuild(template.name.clone(), Changer::Configuration)
+            .await;
+    }
+    Ok(())
+}
+
+/// The majors the operator made available: the primary's and those configured templates
+/// name.
+fn configured_majors(primary_major: u32, config: &PoolConfig) -> BTreeSet<u32> {
+    std::iter::once(primary_major)
+        .chain(
+            config
+                .templates
+                .iter()
+                .filter_map(|t| t.postgres_version.map(VersionSpec::major)),
+        )
+        .collect()
 }
 
 /// Says at start which migration commands watch nothing: their fingerprint is the command

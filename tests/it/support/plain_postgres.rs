@@ -38,7 +38,7 @@ fn resolve_bin_dir() -> PathBuf {
         // The daemon's default, so that a download serves both and happens once a machine.
         cache_root: pglease_binaries::default_cache_root(),
         repository: pglease_binaries::DEFAULT_REPOSITORY.to_owned(),
-        progress: false,
+        progress: std::sync::Arc::new(pglease_binaries::NoProgress),
     };
     // Tests call this from a tokio runtime, which refuses to block on another one: resolve
     // on a thread of its own.

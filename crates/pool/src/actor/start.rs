@@ -123,64 +123,10 @@ pub async fn start(
     config: PoolConfig,
     server: u8,
 ) -> Result<(PoolHandle, tokio::task::JoinHandle<()>), StartError> {
-    let mut templates = config.templates.clone();
-    if !templates
-        .iter()
-        .any(|t| t.name == TemplateName::default_name())
-    {
-        templates.insert(
-            0,
-            TemplateConfig {
-                name: TemplateName::default_name(),
-                source: TemplateSource::Empty,
-                postgres_version: None,
-            },
-        );
-    }
-    let inputs = UpInputs {
-        templates: templates.clone(),
-        pool_size: config.limits.clone_concurrency.max(1) * 2 + 2,
-        clone_strategy: config.clone_strategy,
-        lease_auth: config.lease_auth,
-        lease_superuser: config.lease_superuser,
-        lease_connections: config.limits.lease_connections,
-        build_timeout: config.limits.build_timeout,
-        reuse_unchanged: config.limits.reuse_unchanged,
-        child_user: ChildUser::resolve(config.child_user.as_deref())?,
-        integresql_role: config.integresql_role.clone(),
-    };
+    let templates = with_default_template(&config.templates);
+    let inputs = up_inputs(&config, &templates)?;
     let mut limits = config.limits;
-    let target = match &config.server {
-        ServerConfig::Embedded(embedded) => {
-            // The embedded server's pg_hba rule for lease roles follows the pool's choice.
-            let mut embedded = (**embedded).clone();
-            embedded.lease_auth = config.lease_auth;
-            if let Some(role) = &config.integresql_role {
-                // Its own rule, and room for its connections (the session's budget for
-                // lease holders leaves them out).
-                embedded.integresql_role = Some(role.name.clone());
-                embedded.max_connections = embedded
-                    .max_connections
-                    .saturating_add(config.limits.lease_connections);
-            }
-            let prepared = Embedded::prepare(&embedded, &templates).await?;
-            if limits.max_bytes.is_none() {
-                limits.max_bytes = match prepared.databases_space() {
-                    Some(bytes) => Some(bytes / 4 * 3),
-                    None => default_byte_budget(prepared.instance_dir()),
-                };
-            }
-            Target::Embedded(prepared)
-        }
-        ServerConfig::External(external) => {
-            if limits.reuse_unchanged {
-                // The proof reads the database's files, which are not ours to read there.
-                tracing::info!("reuse of unchanged databases is off on an external server: released databases are dropped and made again");
-                limits.reuse_unchanged = false;
-            }
-            Target::External(ExternalTarget::parse(external)?)
-        }
-    };
+    let target = prepare_target(&config, &templates, &mut limits).await?;
     let (target, outcome) = bring_up(target, inputs.clone()).await;
     let up = match outcome {
         Ok(up) => up,
@@ -205,6 +151,82 @@ pub async fn start(
         server,
     };
     Ok(launch(parts, target, up).await)
+}
+
+/// The configured templates, with the `default` one (empty) first unless configured.
+fn with_default_template(configured: &[TemplateConfig]) -> Vec<TemplateConfig> {
+    let mut templates = configured.to_vec();
+    if !templates
+        .iter()
+        .any(|t| t.name == TemplateName::default_name())
+    {
+        templates.insert(
+            0,
+            TemplateConfig {
+                name: TemplateName::default_name(),
+                source: TemplateSource::Empty,
+                postgres_version: None,
+            },
+        );
+    }
+    templates
+}
+
+/// What bringing the server up needs from `config`, for `templates`.
+fn up_inputs(config: &PoolConfig, templates: &[TemplateConfig]) -> Result<UpInputs, StartError> {
+    Ok(UpInputs {
+        templates: templates.to_vec(),
+        pool_size: config.limits.clone_concurrency.max(1) * 2 + 2,
+        clone_strategy: config.clone_strategy,
+        lease_auth: config.lease_auth,
+        lease_superuser: config.lease_superuser,
+        lease_connections: config.limits.lease_connections,
+        build_timeout: config.limits.build_timeout,
+        reuse_unchanged: config.limits.reuse_unchanged,
+        child_user: ChildUser::resolve(config.child_user.as_deref())?,
+        integresql_role: config.integresql_role.clone(),
+    })
+}
+
+/// The server to bring up: the embedded one prepared (binaries found, its directory made),
+/// or the external one's URL parsed. Adjusts `limits` to it: the byte budget of an
+/// embedded server defaults to its room, and an external one reuses no released database.
+async fn prepare_target(
+    config: &PoolConfig,
+    templates: &[TemplateConfig],
+    limits: &mut PoolLimits,
+) -> Result<Target, StartError> {
+    match &config.server {
+        ServerConfig::Embedded(embedded) => {
+            // The embedded server's pg_hba rule for lease roles follows the pool's choice.
+            let mut embedded = (**embedded).clone();
+            embedded.lease_auth = config.lease_auth;
+            if let Some(role) = &config.integresql_role {
+                // Its own rule, and room for its connections (the session's budget for
+                // lease holders leaves them out).
+                embedded.integresql_role = Some(role.name.clone());
+                embedded.max_connections = embedded
+                    .max_connections
+                    .saturating_add(config.limits.lease_connections);
+            }
+            let prepared = Embedded::prepare(&embedded, templates).await?;
+            if limits.max_bytes.is_none() {
+                limits.max_bytes = match prepared.databases_space() {
+                    Some(bytes) => Some(bytes / 4 * 3),
+                    None => default_byte_budget(prepared.instance_dir()),
+                };
+            }
+            Ok(Target::Embedded(prepared))
+        }
+        ServerConfig::External(external) => {
+            if limits.reuse_unchanged {
+                // The proof reads the database's files, which are not ours to read there.
+                tracing::info!("reuse of unchanged databases is off on an external server: released databases are dropped and made again");
+                limits.reuse_unchanged = false;
+            }
+            Ok(Target::External(ExternalTarget::parse(external)?))
+        }
+    }
 }
 
 /// What an actor is made of besides its server.

@@ -37,8 +37,7 @@ impl Binaries {
             version: config.postgres_version,
             cache_root: cache_root.to_path_buf(),
             repository: config.binaries_repository.clone(),
-            // Drawn only when stderr is a terminal (someone watching `pglease serve`).
-            progress: true,
+            progress: config.download_progress.clone(),
         };
         let resolved = pglease_binaries::resolve(&request).await?;
         info!(

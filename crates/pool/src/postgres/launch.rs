@@ -8,6 +8,7 @@
 //! It uses `running.rs` (`ClusterOrigin`), `settings.rs` and the files under them;
 //! none of them uses it.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Instant;
@@ -74,6 +75,26 @@ pub(super) struct Launched {
 impl Launch {
     /// Makes the cluster, configures it and spawns postgres.
     pub(super) fn run(self) -> Result<Launched, StartError> {
+        self.remove_previous_clusters();
+        let origin = self.obtain_cluster()?;
+        self.write_hba(origin)?;
+        let port = choose_port(
+            self.config.port,
+            self.previous_port,
+            &self.config.listen_host,
+        )?;
+        let (child, log_drain) = self.spawn_postgres(port)?;
+        Ok(Launched {
+            child,
+            data_dir: self.data_dir,
+            port,
+            origin,
+            log_drain,
+        })
+    }
+
+    /// Removes the clusters of earlier generations, and their databases' rooms.
+    fn remove_previous_clusters(&self) {
         // First, so that a size-limited tmpfs has room for the new cluster. A new
         // directory per generation also gives the new postmaster a new SysV shared
         // memory key, so backends lingering from a killed one cannot block it.
@@ -83,15 +104,22 @@ impl Launch {
             let keep = room::cluster_room(room_root, &self.data_dir);
             instance::remove_stale_clusters(room_root, &keep);
         }
-        let origin = if self.reuse_existing {
-            ClusterOrigin::Kept
-        } else {
-            self.fresh_data_dir()?;
-            match self.unpack_snapshot()? {
-                Some(origin) => origin,
-                None => self.make_cluster()?,
-            }
-        };
+    }
+
+    /// The cluster to start: the kept one, else the snapshot unpacked, else a new one.
+    fn obtain_cluster(&self) -> Result<ClusterOrigin, StartError> {
+        if self.reuse_existing {
+            return Ok(ClusterOrigin::Kept);
+        }
+        self.fresh_data_dir()?;
+        match self.unpack_snapshot()? {
+            Some(origin) => Ok(origin),
+            None => self.make_cluster(),
+        }
+    }
+
+    /// Writes the cluster's `pg_hba.conf`.
+    fn write_hba(&self, origin: ClusterOrigin) -> Result<(), StartError> {
         let hba = self.data_dir.join("pg_hba.conf");
         // A cluster from a snapshot admits only the superuser over the socket until its
         // roles are checked (`adopted_catalog.rs`), which then writes the usual rules.
@@ -103,18 +131,40 @@ impl Launch {
             ),
         };
         write_anew(&hba, rules.as_bytes(), self.run_as.owner())?;
-        let port = choose_port(
-            self.config.port,
-            self.previous_port,
-            &self.config.listen_host,
-        )?;
+        Ok(())
+    }
 
+    /// Spawns the postmaster on `port`, its output going to the log; returns the child and
+    /// the log's drain.
+    fn spawn_postgres(&self, port: u16) -> Result<(Child, Drain), StartError> {
         // postgres writes to a pipe the daemon reads into the capped log (`server_log.rs`).
         let (pipe, drain) = self
             .server_log
             .pipe()
             .map_err(|e| io_error("cannot make the log pipe for", &self.log_path, e))?;
-        let spec = CommandSpec {
+        let spec = self.postgres_command(port, pipe);
+        // A header line separates generations in the shared log.
+        self.server_log.note(&format!(
+            "---- pglease: starting generation {}: {spec}",
+            self.generation
+        ));
+        info!(
+            command = %spec,
+            user = %self.run_as.name,
+            data_dir = %self.data_dir.display(),
+            port,
+            generation = self.generation,
+            log = %self.log_path.display(),
+            "starting postgres"
+        );
+        let child =
+            spawn::spawn(spec).map_err(|e| io_error("cannot run", &self.binaries.postgres(), e))?;
+        Ok((child, drain))
+    }
+
+    /// The postmaster's command line, its output going to `pipe`.
+    fn postgres_command(&self, port: u16, pipe: OwnedFd) -> CommandSpec {
+        CommandSpec {
             program: self.binaries.postgres(),
             args: server_args(
                 &self.config,
@@ -138,30 +188,7 @@ impl Launch {
             // stale sweep escalates to SIGKILL should SIGQUIT ever not be enough.
             death_signal: Signal::SIGQUIT,
             output: Output::Log(pipe),
-        };
-        // A header line separates generations in the shared log.
-        self.server_log.note(&format!(
-            "---- pglease: starting generation {}: {spec}",
-            self.generation
-        ));
-        info!(
-            command = %spec,
-            user = %self.run_as.name,
-            data_dir = %self.data_dir.display(),
-            port,
-            generation = self.generation,
-            log = %self.log_path.display(),
-            "starting postgres"
-        );
-        let child =
-            spawn::spawn(spec).map_err(|e| io_error("cannot run", &self.binaries.postgres(), e))?;
-        Ok(Launched {
-            child,
-            data_dir: self.data_dir,
-            port,
-            origin,
-            log_drain: drain,
-        })
+        }
     }
 
     /// Removes whatever the data directory holds (its databases' tmpfs first) and, when

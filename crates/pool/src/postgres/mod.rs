@@ -60,7 +60,7 @@ use self::initdb::Cache;
 pub use self::initdb::ADMIN_USER;
 pub use self::instance::check_databases_dir;
 use self::instance::Instance;
-use self::launch::Launch;
+use self::launch::{Launch, Launched};
 use self::run_as::RunAs;
 pub use self::running::{postmaster_status, ClusterOrigin, RunningPostgres};
 use self::server_log::ServerLog;
@@ -138,30 +138,9 @@ impl Embedded {
         run_as: RunAs,
         cache_root: PathBuf,
     ) -> Result<Embedded, StartError> {
-        let mut swept =
-            sweep::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
-        // The rooms of the databases a killed daemon left in `--databases-dir`.
-        if let Some(dir) = &config.databases_dir {
-            swept.extend(sweep::sweep_stale(dir, None));
-        }
-        if !swept.is_empty() {
-            info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
-        }
+        sweep_stale_instances(&config);
         let initdb_args = initdb::initdb_args(&config.encoding, &config.locale);
-        // The key is kept outside the snapshot directory (made at the first start in the
-        // cache root, beside the initdb cache): whoever can write the snapshots cannot
-        // forge one. A key that cannot be read fails the start: without it no snapshot
-        // could be trusted nor written.
-        let snapshot_key = match &config.snapshot_dir {
-            Some(_) => {
-                let path = config
-                    .snapshot_key_file
-                    .clone()
-                    .unwrap_or_else(|| snapshot::default_key_path(&cache_root));
-                Some(snapshot::load_or_create_key(&path)?)
-            }
-            None => None,
-        };
+        let snapshot_key = snapshot_key(&config, &cache_root)?;
         let found = config
             .snapshot_dir
             .as_deref()
@@ -172,22 +151,10 @@ impl Embedded {
             largest_template: largest_template(templates, found.as_ref().map(|f| &f.manifest)),
         };
         let instance = Instance::create(&config, &hints, &run_as)?;
-        // The log lives with WAL and the catalogs: its cap is a share of their room (the
-        // rest the databases' tmpfs leaves, else the whole file system).
-        let room = match instance.databases_space {
-            Some(split) => split.rest,
-            None => filesystem::total_bytes(&instance.dir)?,
-        };
-        let server_log = ServerLog::open(&instance.log_path, server_log::cap_for(room))
-            .map_err(|e| util::io_error("cannot open", &instance.log_path, e))?;
+        let server_log = open_server_log(&instance)?;
         let cache = Cache::open(cache_root, &binaries.version, &initdb_args);
         let generation = instance.last_generation();
-        // Only a configured, kept directory is reused, and only a cluster stopped cleanly:
-        // a postmaster.pid left behind means it crashed (or was killed) mid-flight.
-        let kept_generation = (config.keep_data && config.data_dir.is_some() && generation > 0)
-            .then(|| instance.cluster_dir(generation))
-            .filter(|dir| dir.join("PG_VERSION").exists() && !dir.join("postmaster.pid").exists())
-            .map(|_| generation);
+        let kept_generation = kept_generation(&config, &instance, generation);
         let snapshot = found.filter(|_| kept_generation.is_none());
         info!(
             instance_dir = %instance.dir.display(),
@@ -289,7 +256,17 @@ impl Embedded {
             Some(kept) => self.generation = kept,
             None => self.generation += 1,
         }
-        let launch = Launch {
+        let launch = self.launch(reuse.is_some(), snapshot);
+        let launched = blocking(move || launch.run()).await?;
+        self.last_port = Some(launched.port);
+        // From here on the value owns the child: if this future is dropped, Drop kills it.
+        let running = self.running(launched);
+        self.until_ready(running, started).await
+    }
+
+    /// What this generation's start needs, detached from `self` for a blocking thread.
+    fn launch(&self, reuse_existing: bool, snapshot: Option<snapshot::Found>) -> Launch {
+        Launch {
             binaries: self.binaries.clone(),
             run_as: self.run_as.clone(),
             instance_dir: self.instance.dir.clone(),
@@ -307,15 +284,16 @@ impl Embedded {
             config: (*self.config).clone(),
             generation: self.generation,
             previous_port: self.last_port,
-            reuse_existing: reuse.is_some(),
+            reuse_existing,
             snapshot: snapshot.zip(self.snapshot_key.clone()),
-        };
-        let launched = blocking(move || launch.run()).await?;
-        self.last_port = Some(launched.port);
-        // From here on the value owns the child: if this future is dropped, Drop kills it.
+        }
+    }
+
+    /// The spawned postmaster as a [`RunningPostgres`], which owns (and on drop kills) it.
+    fn running(&self, launched: Launched) -> RunningPostgres {
         let databases_space = Some(launched.data_dir.join(space::DIR))
             .filter(|base| filesystem::is_mount_point(base));
-        let mut running = RunningPostgres {
+        RunningPostgres {
             pid: launched.child.id(),
             port: launched.port,
             host: advertised_host(&self.config),
@@ -330,7 +308,17 @@ impl Embedded {
             databases_space,
             child: Some(launched.child),
             log_drain: launched.log_drain,
-        };
+        }
+    }
+
+    /// Waits until `running` takes connections (and, adopted from a snapshot, its roles
+    /// pass the check). A refused snapshot stops it; any other failure leaves its data
+    /// directory for inspection.
+    async fn until_ready(
+        &self,
+        mut running: RunningPostgres,
+        started: Instant,
+    ) -> Result<RunningPostgres, StartError> {
         let ready = match running.wait_ready().await {
             // An adopted cluster admits only the superuser over the socket until its roles
             // are checked (`adopted_catalog.rs`).
@@ -463,6 +451,60 @@ impl Embedded {
     pub fn cleanup(self) {
         self.instance.cleanup(self.config.keep_data);
     }
+}
+
+/// Sweeps the instances a killed daemon left (on /dev/shm, and the rooms of their databases
+/// in `--databases-dir`), and logs what went.
+fn sweep_stale_instances(config: &EmbeddedConfig) {
+    let mut swept = sweep::sweep_stale(Path::new(instance::SHM_ROOT), config.data_dir.as_deref());
+    // The rooms of the databases a killed daemon left in `--databases-dir`.
+    if let Some(dir) = &config.databases_dir {
+        swept.extend(sweep::sweep_stale(dir, None));
+    }
+    if !swept.is_empty() {
+        info!(count = swept.len(), dirs = ?swept, "swept stale pglease instances");
+    }
+}
+
+/// The key that authenticates snapshots, when there is a snapshot directory.
+///
+/// The key is kept outside the snapshot directory (made at the first start in the cache
+/// root, beside the initdb cache): whoever can write the snapshots cannot forge one. A key
+/// that cannot be read fails the start: without it no snapshot could be trusted nor
+/// written.
+fn snapshot_key(
+    config: &EmbeddedConfig,
+    cache_root: &Path,
+) -> Result<Option<snapshot::SnapshotKey>, StartError> {
+    if config.snapshot_dir.is_none() {
+        return Ok(None);
+    }
+    let path = config
+        .snapshot_key_file
+        .clone()
+        .unwrap_or_else(|| snapshot::default_key_path(cache_root));
+    Ok(Some(snapshot::load_or_create_key(&path)?))
+}
+
+/// Opens the bounded server log. The log lives with WAL and the catalogs: its cap is a
+/// share of their room (the rest the databases' tmpfs leaves, else the whole file system).
+fn open_server_log(instance: &Instance) -> Result<ServerLog, StartError> {
+    let room = match instance.databases_space {
+        Some(split) => split.rest,
+        None => filesystem::total_bytes(&instance.dir)?,
+    };
+    ServerLog::open(&instance.log_path, server_log::cap_for(room))
+        .map_err(|e| util::io_error("cannot open", &instance.log_path, e))
+}
+
+/// The generation of a kept cluster to start again instead of a fresh one. Only a
+/// configured, kept directory is reused, and only a cluster stopped cleanly: a
+/// postmaster.pid left behind means it crashed (or was killed) mid-flight.
+fn kept_generation(config: &EmbeddedConfig, instance: &Instance, generation: u32) -> Option<u32> {
+    (config.keep_data && config.data_dir.is_some() && generation > 0)
+        .then(|| instance.cluster_dir(generation))
+        .filter(|dir| dir.join("PG_VERSION").exists() && !dir.join("postmaster.pid").exists())
+        .map(|_| generation)
 }
 
 /// Runs `work` on tokio's blocking pool, re-raising its panic if it panics.

@@ -40,15 +40,40 @@ impl Session {
         current: Vec<(TemplateName, String)>,
         mode: Sweep,
     ) -> Result<(), SqlError> {
-        let keep: HashSet<String> = current
-            .iter()
-            .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())
-            .collect();
+        let mut kept = Kept {
+            databases: current
+                .iter()
+                .map(|(name, fingerprint)| DbName::template(name, fingerprint).as_str().to_owned())
+                .collect(),
+            current,
+            adopted: HashSet::new(),
+        };
+        let leftovers = self.leftover_databases().await?;
+        if mode == Sweep::Start {
+            self.keep_client_templates(&leftovers, &mut kept).await;
+        }
+        for leftover in leftovers {
+            if leftover.complete && kept.databases.contains(&leftover.name) {
+                continue;
+            }
+            if mode == Sweep::Start && self.adopt_ready_clone(&leftover, &mut kept).await {
+                continue;
+            }
+            self.drop_leftover_database(&leftover, mode).await;
+        }
         let client = self.client().await?;
-        let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        self.others_integresql_names = others_integresql_names(&client, &kept).await?;
+        // Lease roles of earlier runs; their databases are gone by now.
+        drop_leftover_roles(&client, mode, &kept.adopted).await
+    }
+
+    /// The databases of ours an earlier run (or this one, before a snapshot) left: those
+    /// with our prefix, or IntegreSQL's, that carry our marker or belong to one of our
+    /// roles.
+    async fn leftover_databases(&self) -> Result<Vec<Leftover>, SqlError> {
+        let client = self.client().await?;
         // Client-built templates' databases and roles on our own server carry IntegreSQL's
         // names; the marker and the owner role tell ours from anyone else's here too.
-        let integresql_pattern = format!("{}%", INTEGRESQL_PREFIX.replace('_', "\\_"));
         let rows = client
             .query(
                 "SELECT datname, datistemplate AND NOT datallowconn, \
@@ -58,123 +83,186 @@ impl Session {
                                  AND (shobj_description(r.oid, 'pg_authid') LIKE $2 \
                                       OR r.oid IN (SELECT m.member FROM pg_auth_members m \
                                                    JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $3))))",
-                &[&pattern, &format!("{MARKER}%"), &OWNER_ROLE, &integresql_pattern],
+                &[&our_pattern(), &format!("{MARKER}%"), &OWNER_ROLE, &integresql_pattern()],
             )
             .await
             .map_err(|e| SqlError::from_pg(&e))?;
-        drop(client);
-        // Complete client-built templates stay; their names count as current versions
-        // (a client template's fingerprint is its name), so their ready clones are adopted.
-        let mut keep = keep;
-        let mut current = current;
-        for row in &rows {
-            let (name, complete, comment): (String, bool, String) =
-                (row.get(0), row.get(1), row.get(2));
-            let client_template =
-                parse_client_template_marker(&comment).filter(|_| complete && mode == Sweep::Start);
-            if let Some(template) = client_template {
-                let db = DbName::from_server(name.clone());
-                let size = match self.database_size(&db).await {
-                    Ok(size) => size,
-                    Err(error) => {
-                        // Not kept, then: it is dropped below like any leftover.
-                        tracing::warn!(database = %name, %error, "could not size a kept client-built template");
-                        continue;
-                    }
-                };
-                tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
-                current.push((template.clone(), template.to_string()));
-                self.client_templates.push((template, db, size));
-                keep.insert(name);
-            }
-        }
-        let mut adopted: HashSet<String> = HashSet::new();
-        for row in rows {
-            let name: String = row.get(0);
-            let complete: bool = row.get(1);
-            let comment: String = row.get(2);
-            if complete && keep.contains(&name) {
+        Ok(rows
+            .iter()
+            .map(|row| Leftover {
+                name: row.get(0),
+                complete: row.get(1),
+                comment: row.get(2),
+            })
+            .collect())
+    }
+
+    /// Keeps the complete client-built templates among `leftovers` (at start only); their
+    /// names count as current versions (a client template's fingerprint is its name), so
+    /// their ready clones are adopted.
+    async fn keep_client_templates(&mut self, leftovers: &[Leftover], kept: &mut Kept) {
+        for leftover in leftovers {
+            let Some(template) =
+                parse_client_template_marker(&leftover.comment).filter(|_| leftover.complete)
+            else {
                 continue;
-            }
-            // A ready clone a clean shutdown left, of a template version still current.
-            let ready = parse_ready_marker(&comment).filter(|_| mode == Sweep::Start);
-            if let Some((template, fingerprint)) = ready {
-                let current_version = current
-                    .iter()
-                    .any(|(n, f)| *n == template && *f == fingerprint);
-                let template_db_kept = keep
-                    .contains(DbName::template(&template, &fingerprint).as_str())
-                    || self.client_templates.iter().any(|(t, _, _)| *t == template);
-                if current_version && template_db_kept {
-                    tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
-                    self.admit_shared_role(&template, &name).await;
-                    self.adoptable
-                        .push((template, fingerprint, DbName::from_server(name.clone())));
-                    adopted.insert(name);
+            };
+            let name = &leftover.name;
+            let db = DbName::from_server(name.clone());
+            let size = match self.database_size(&db).await {
+                Ok(size) => size,
+                Err(error) => {
+                    // Not kept, then: it is dropped below like any leftover.
+                    tracing::warn!(database = %name, %error, "could not size a kept client-built template");
                     continue;
                 }
-            }
-            match comment.strip_prefix(&format!("{MARKER}; template ")) {
-                // A template built from other sources than the current ones (a snapshot's,
-                // a kept data directory's, an external server's): never used.
-                Some(template) if complete => tracing::info!(
-                    database = %name,
-                    template,
-                    "dropping a template database built from other sources than the \
-                     template's current ones (or of a template no longer configured)"
-                ),
-                _ if mode == Sweep::Snapshot => {
-                    tracing::debug!(database = %name, "dropping before the snapshot");
-                }
-                _ => tracing::info!(database = %name, "dropping a database left by an earlier run"),
-            }
-            if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
-                tracing::warn!(database = %name, error = %message, "could not drop a leftover database");
-            }
+            };
+            tracing::info!(database = %name, template = %template, "keeping a client-built template of an earlier run");
+            kept.current.push((template.clone(), template.to_string()));
+            self.client_templates.push((template, db, size));
+            kept.databases.insert(name.clone());
         }
-        // Lease roles of earlier runs; their databases are gone by now.
-        let client = self.client().await?;
-        // What is left under IntegreSQL's names is not ours: a real IntegreSQL's databases,
-        // on an external server. New client-built databases take other names than these.
-        let others = client
-            .query(
-                "SELECT datname FROM pg_database WHERE datname LIKE $1",
-                &[&integresql_pattern],
-            )
-            .await
-            .map_err(|e| SqlError::from_pg(&e))?;
-        self.others_integresql_names = others
-            .iter()
-            .map(|row| DbName::from_server(row.get(0)))
-            .filter(|name| !keep.contains(name.as_str()) && !adopted.contains(name.as_str()))
-            .collect();
-        let roles = client
-            .query(
-                "SELECT rolname FROM pg_roles r WHERE (rolname LIKE $1 OR rolname LIKE $4) AND rolname <> $2 \
-                 AND (shobj_description(oid, 'pg_authid') LIKE $3 \
-                      OR oid IN (SELECT m.member FROM pg_auth_members m \
-                                 JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
-                &[&pattern, &OWNER_ROLE, &format!("{MARKER}%"), &integresql_pattern],
-            )
-            .await
-            .map_err(|e| SqlError::from_pg(&e))?;
-        for row in roles {
-            let name: String = row.get(0);
-            if adopted.contains(&name) {
-                continue;
-            }
-            if mode == Sweep::Start {
-                tracing::info!(role = %name, "dropping a role left by an earlier run");
-            }
-            let dropped = client
-                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
-                .await;
-            if let Err(error) = dropped {
-                tracing::warn!(role = %name, error = %pg_message(&error), "could not drop a leftover role");
-            }
-        }
-        Ok(())
     }
+
+    /// Adopts `leftover` if it is a ready clone a clean shutdown left (at start only), of
+    /// a template version still current whose template database is kept; says whether it
+    /// did.
+    async fn adopt_ready_clone(&mut self, leftover: &Leftover, kept: &mut Kept) -> bool {
+        let Some((template, fingerprint)) = parse_ready_marker(&leftover.comment) else {
+            return false;
+        };
+        let current_version = kept
+            .current
+            .iter()
+            .any(|(n, f)| *n == template && *f == fingerprint);
+        let template_db_kept = kept
+            .databases
+            .contains(DbName::template(&template, &fingerprint).as_str())
+            || self.client_templates.iter().any(|(t, _, _)| *t == template);
+        if !(current_version && template_db_kept) {
+            return false;
+        }
+        let name = &leftover.name;
+        tracing::info!(database = %name, template = %template, "adopting a ready clone of an earlier run");
+        self.admit_shared_role(&template, name).await;
+        self.adoptable
+            .push((template, fingerprint, DbName::from_server(name.clone())));
+        kept.adopted.insert(name.clone());
+        true
+    }
+
+    /// Drops a leftover database, saying why; a failure is logged.
+    async fn drop_leftover_database(&self, leftover: &Leftover, mode: Sweep) {
+        let name = &leftover.name;
+        match leftover
+            .comment
+            .strip_prefix(&format!("{MARKER}; template "))
+        {
+            // A template built from other sources than the current ones (a snapshot's,
+            // a kept data directory's, an external server's): never used.
+            Some(template) if leftover.complete => tracing::info!(
+                database = %name,
+                template,
+                "dropping a template database built from other sources than the \
+                 template's current ones (or of a template no longer configured)"
+            ),
+            _ if mode == Sweep::Snapshot => {
+                tracing::debug!(database = %name, "dropping before the snapshot");
+            }
+            _ => tracing::info!(database = %name, "dropping a database left by an earlier run"),
+        }
+        if let Err(message) = self.drop_database(&DbName::from_server(name.clone())).await {
+            tracing::warn!(database = %name, error = %message, "could not drop a leftover database");
+        }
+    }
+}
+
+/// A database of ours the sweep found.
+struct Leftover {
+    name: String,
+    /// A template database that was finished (`datistemplate AND NOT datallowconn`).
+    complete: bool,
+    /// Its comment (our marker, if it carries one).
+    comment: String,
+}
+
+/// What a sweep keeps, as it learns it.
+struct Kept {
+    /// The template databases kept, by name.
+    databases: HashSet<String>,
+    /// Every current template version: the configured ones, and each kept client-built
+    /// template (whose fingerprint is its name).
+    current: Vec<(TemplateName, String)>,
+    /// The ready clones adopted, by name (their roles stay).
+    adopted: HashSet<String>,
+}
+
+/// What is left under IntegreSQL's names after the sweep is not ours: a real IntegreSQL's
+/// databases, on an external server. New client-built databases take other names than
+/// these.
+async fn others_integresql_names(
+    client: &tokio_postgres::Client,
+    kept: &Kept,
+) -> Result<Vec<DbName>, SqlError> {
+    let others = client
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE $1",
+            &[&integresql_pattern()],
+        )
+        .await
+        .map_err(|e| SqlError::from_pg(&e))?;
+    Ok(others
+        .iter()
+        .map(|row| DbName::from_server(row.get(0)))
+        .filter(|name| {
+            !kept.databases.contains(name.as_str()) && !kept.adopted.contains(name.as_str())
+        })
+        .collect())
+}
+
+/// Drops the lease roles earlier runs left, save the adopted clones'; a failure to drop one
+/// is logged.
+async fn drop_leftover_roles(
+    client: &tokio_postgres::Client,
+    mode: Sweep,
+    adopted: &HashSet<String>,
+) -> Result<(), SqlError> {
+    let roles = client
+        .query(
+            "SELECT rolname FROM pg_roles r WHERE (rolname LIKE $1 OR rolname LIKE $4) AND rolname <> $2 \
+             AND (shobj_description(oid, 'pg_authid') LIKE $3 \
+                  OR oid IN (SELECT m.member FROM pg_auth_members m \
+                             JOIN pg_roles o ON o.oid = m.roleid WHERE o.rolname = $2))",
+            &[&our_pattern(), &OWNER_ROLE, &format!("{MARKER}%"), &integresql_pattern()],
+        )
+        .await
+        .map_err(|e| SqlError::from_pg(&e))?;
+    for row in roles {
+        let name: String = row.get(0);
+        if adopted.contains(&name) {
+            continue;
+        }
+        if mode == Sweep::Start {
+            tracing::info!(role = %name, "dropping a role left by an earlier run");
+        }
+        let dropped = client
+            .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&name)))
+            .await;
+        if let Err(error) = dropped {
+            tracing::warn!(role = %name, error = %pg_message(&error), "could not drop a leftover role");
+        }
+    }
+    Ok(())
+}
+
+/// A LIKE pattern for names with our prefix.
+fn our_pattern() -> String {
+    format!("{}%", PREFIX.replace('_', "\\_"))
+}
+
+/// A LIKE pattern for names with IntegreSQL's prefix.
+fn integresql_pattern() -> String {
+    format!("{}%", INTEGRESQL_PREFIX.replace('_', "\\_"))
 }
 
 impl Session {

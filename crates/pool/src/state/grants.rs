@@ -161,83 +161,119 @@ impl PoolState {
         in_use: &mut u32,
         actions: &mut Vec<Action>,
     ) {
-        let Some(entry) = self.templates.get_mut(template) else {
+        let Some(fingerprint) = self.servable_version(template) else {
             return;
         };
+        while let Some((waiter, database)) = self.next_pair(template, *in_use, now) {
+            *in_use += waiter.connections;
+            self.hand_out(template, &fingerprint, database, waiter, now, actions);
+        }
+    }
+
+    /// The fingerprint of the version of `template` that waiters may be given, if any.
+    fn servable_version(&self, template: &TemplateName) -> Option<String> {
+        let entry = self.templates.get(template)?;
         // Its sources may have changed: nobody gets a clone of a version about to be replaced.
         if entry.checking_sources {
-            return;
+            return None;
         }
-        let Some(fingerprint) = entry.current().map(|v| v.fingerprint.clone()) else {
-            return;
+        entry.current().map(|v| v.fingerprint.clone())
+    }
+
+    /// The first waiter of `template` and the ready clone it gets, taken off their queues,
+    /// when there is a clone and its connections fit beside the `in_use` ones.
+    fn next_pair(
+        &mut self,
+        template: &TemplateName,
+        in_use: u32,
+        now: Instant,
+    ) -> Option<(Waiter, DbName)> {
+        let entry = self.templates.get_mut(template)?;
+        let first = entry.waiters.front()?;
+        // The first in line waits for connections to free up; nobody overtakes it.
+        if in_use + first.connections > self.connection_budget {
+            return None;
+        }
+        let database = self.dbs.ready_front(template)?;
+        let waiter = entry.waiters.pop_front()?;
+        entry.last_used = Some(now);
+        entry.demand.taken(now);
+        Some((waiter, database))
+    }
+
+    /// Leases `database` to `waiter`: the grant goes out, or, for a lease of its own
+    /// connection limit, the limit is set first (the grant waits in the lease's record).
+    fn hand_out(
+        &mut self,
+        template: &TemplateName,
+        fingerprint: &str,
+        database: DbName,
+        waiter: Waiter,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
+        let password = self.dbs.password(&database);
+        let number = self.lease_number(template, &database, waiter.reclaimable);
+        // A lease of its own connection limit goes out once the limit is set.
+        let custom_limit = waiter.connections != self.limits.lease_connections;
+        let grant = Grant {
+            lease_id: waiter.lease_id.clone(),
+            template: template.clone(),
+            fingerprint: fingerprint.to_owned(),
+            database: database.clone(),
+            ttl: waiter.ttl,
+            connections: waiter.connections,
+            number,
+            label: waiter.label.clone(),
+            password,
         };
-        while let Some(first) = entry.waiters.front() {
-            // The first in line waits for connections to free up; nobody overtakes it.
-            if *in_use + first.connections > self.connection_budget {
-                break;
-            }
-            let Some(database) = self.dbs.ready_front(template) else {
-                break;
-            };
-            let Some(waiter) = entry.waiters.pop_front() else {
-                break;
-            };
-            *in_use += waiter.connections;
-            entry.last_used = Some(now);
-            entry.demand.taken(now);
-            // An IntegreSQL test database given back unchanged keeps its id for the next
-            // IntegreSQL client; another one gets a vacant id (or a fresh one), a native
-            // lease a fresh number, and the id it found on the database is vacant.
-            let carried = self.dbs.get(&database).and_then(|db| db.test_id);
-            let password = self.dbs.password(&database);
-            let number = match (carried, waiter.reclaimable) {
-                (Some(id), true) => id,
-                (None, true) => self.dbs.test_ids.take(template),
-                (carried, false) => {
-                    if let Some(id) = carried {
-                        self.dbs.test_ids.vacate(template, id);
-                    }
-                    self.dbs.test_ids.fresh(template)
-                }
-            };
-            // A lease of its own connection limit goes out once the limit is set.
-            let custom_limit = waiter.connections != self.limits.lease_connections;
-            let grant = Grant {
-                lease_id: waiter.lease_id.clone(),
-                template: template.clone(),
-                fingerprint: fingerprint.clone(),
+        if custom_limit {
+            actions.push(Action::SetLimit {
+                lease_id: grant.lease_id,
                 database: database.clone(),
-                ttl: waiter.ttl,
+                connections: grant.connections,
+            });
+        } else {
+            actions.push(Action::Grant {
+                waiter: waiter.id,
+                grant,
+            });
+        }
+        if let Some(db) = self.dbs.get_mut(&database) {
+            db.test_id = waiter.reclaimable.then_some(number);
+            db.phase = Phase::Leased(Box::new(LeaseRecord {
+                id: waiter.lease_id.clone(),
+                fingerprint: fingerprint.to_owned(),
+                expires_at: now + waiter.ttl,
                 connections: waiter.connections,
                 number,
+                reclaimable: waiter.reclaimable,
                 label: waiter.label.clone(),
-                password,
-            };
-            if custom_limit {
-                actions.push(Action::SetLimit {
-                    lease_id: grant.lease_id,
-                    database: database.clone(),
-                    connections: grant.connections,
-                });
-            } else {
-                actions.push(Action::Grant {
-                    waiter: waiter.id,
-                    grant,
-                });
-            }
-            if let Some(db) = self.dbs.get_mut(&database) {
-                db.test_id = waiter.reclaimable.then_some(number);
-                db.phase = Phase::Leased(Box::new(LeaseRecord {
-                    id: waiter.lease_id.clone(),
-                    fingerprint: fingerprint.clone(),
-                    expires_at: now + waiter.ttl,
-                    connections: waiter.connections,
-                    number,
-                    reclaimable: waiter.reclaimable,
-                    label: waiter.label.clone(),
-                    granted_at: now,
-                    pending: custom_limit.then_some(waiter),
-                }));
+                granted_at: now,
+                pending: custom_limit.then_some(waiter),
+            }));
+        }
+    }
+
+    /// The number a lease of `database` gets. An IntegreSQL test database given back
+    /// unchanged keeps its id for the next IntegreSQL client; another one gets a vacant id
+    /// (or a fresh one), a native lease a fresh number, and the id it found on the database
+    /// is vacant.
+    fn lease_number(
+        &mut self,
+        template: &TemplateName,
+        database: &DbName,
+        reclaimable: bool,
+    ) -> u32 {
+        let carried = self.dbs.get(database).and_then(|db| db.test_id);
+        match (carried, reclaimable) {
+            (Some(id), true) => id,
+            (None, true) => self.dbs.test_ids.take(template),
+            (carried, false) => {
+                if let Some(id) = carried {
+                    self.dbs.test_ids.vacate(template, id);
+                }
+                self.dbs.test_ids.fresh(template)
             }
         }
     }
@@ -253,70 +289,17 @@ impl PoolState {
         now: Instant,
     ) -> Vec<Action> {
         let mut actions = Vec::new();
-        let Some(database) = self.dbs.leased_db(lease_id) else {
+        let Some((database, template, waiter)) = self.take_held_back(lease_id) else {
             return actions;
         };
-        let Some(db) = self.dbs.get_mut(&database) else {
-            return actions;
-        };
-        let Phase::Leased(record) = &mut db.phase else {
-            return actions;
-        };
-        let Some(waiter) = record.pending.take() else {
-            return actions;
-        };
-        let template = db.template.clone();
-        let current = self
-            .templates
-            .get(&template)
-            .and_then(|e| e.current())
-            .is_some_and(|v| Some(&v.db) == db.made_from.as_ref());
-        // A look at the template's sources began meanwhile: the version may be replaced,
-        // so the request waits for the look like the others (first in line).
-        let checking = self
-            .templates
-            .get(&template)
-            .is_some_and(|e| e.checking_sources);
         match outcome {
-            Ok(()) if !current || checking => {
+            Ok(()) if !self.may_still_grant(&database, &template) => {
                 self.dbs.queue_drop(database, &template, 0);
-                match self.may_wait_for(&template) {
-                    Ok(()) => {
-                        if let Some(entry) = self.templates.get_mut(&template) {
-                            entry.waiters.push_front(waiter);
-                        }
-                    }
-                    Err(error) => actions.push(Action::Fail {
-                        waiter: waiter.id,
-                        error,
-                    }),
-                }
+                self.wait_again(&template, waiter, &mut actions);
                 self.serve_all_waiters(now, &mut actions);
                 self.dispatch(now, &mut actions);
             }
-            Ok(()) => {
-                // Its time to live starts when it is handed over, not when it was set aside.
-                record.expires_at = now + waiter.ttl;
-                let grant = Grant {
-                    lease_id: record.id.clone(),
-                    template: template.clone(),
-                    fingerprint: record.fingerprint.clone(),
-                    database: database.clone(),
-                    ttl: waiter.ttl,
-                    connections: record.connections,
-                    number: record.number,
-                    label: record.label.clone(),
-                    password: db
-                        .made
-                        .as_ref()
-                        .map(|m| m.password.clone())
-                        .unwrap_or_default(),
-                };
-                actions.push(Action::Grant {
-                    waiter: waiter.id,
-                    grant,
-                });
-            }
+            Ok(()) => self.grant_held_back(&database, &template, waiter, now, &mut actions),
             // A full disk is still a full disk (507), a lost connection a server away (503).
             Err(error) => {
                 actions.push(Action::Fail {
@@ -333,6 +316,86 @@ impl PoolState {
             }
         }
         actions
+    }
+
+    /// The request held back while its lease's connection limit is set, taken out of the
+    /// lease's record, with the database and its template.
+    fn take_held_back(&mut self, lease_id: &LeaseId) -> Option<(DbName, TemplateName, Waiter)> {
+        let database = self.dbs.leased_db(lease_id)?;
+        let db = self.dbs.get_mut(&database)?;
+        let Phase::Leased(record) = &mut db.phase else {
+            return None;
+        };
+        let waiter = record.pending.take()?;
+        let template = db.template.clone();
+        Some((database, template, waiter))
+    }
+
+    /// Whether a held-back grant of `database` may still go out: it is of its template's
+    /// current version, and no look at the template's sources began meanwhile (the version
+    /// may be replaced, so the request waits for the look like the others).
+    fn may_still_grant(&self, database: &DbName, template: &TemplateName) -> bool {
+        let made_from = self.dbs.get(database).and_then(|db| db.made_from.as_ref());
+        let entry = self.templates.get(template);
+        let current = entry
+            .and_then(|e| e.current())
+            .is_some_and(|v| Some(&v.db) == made_from);
+        let checking = entry.is_some_and(|e| e.checking_sources);
+        current && !checking
+    }
+
+    /// A held-back request whose database went waits again, first in line, or fails when
+    /// its template can no longer be waited for.
+    fn wait_again(&mut self, template: &TemplateName, waiter: Waiter, actions: &mut Vec<Action>) {
+        match self.may_wait_for(template) {
+            Ok(()) => {
+                if let Some(entry) = self.templates.get_mut(template) {
+                    entry.waiters.push_front(waiter);
+                }
+            }
+            Err(error) => actions.push(Action::Fail {
+                waiter: waiter.id,
+                error,
+            }),
+        }
+    }
+
+    /// Sends the grant held back while its lease's connection limit was set.
+    fn grant_held_back(
+        &mut self,
+        database: &DbName,
+        template: &TemplateName,
+        waiter: Waiter,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(db) = self.dbs.get_mut(database) else {
+            return;
+        };
+        let Phase::Leased(record) = &mut db.phase else {
+            return;
+        };
+        // Its time to live starts when it is handed over, not when it was set aside.
+        record.expires_at = now + waiter.ttl;
+        let grant = Grant {
+            lease_id: record.id.clone(),
+            template: template.clone(),
+            fingerprint: record.fingerprint.clone(),
+            database: database.clone(),
+            ttl: waiter.ttl,
+            connections: record.connections,
+            number: record.number,
+            label: record.label.clone(),
+            password: db
+                .made
+                .as_ref()
+                .map(|m| m.password.clone())
+                .unwrap_or_default(),
+        };
+        actions.push(Action::Grant {
+            waiter: waiter.id,
+            grant,
+        });
     }
 
     /// The reply carrying a grant could not be delivered (the client went away). The

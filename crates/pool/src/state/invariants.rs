@@ -5,17 +5,26 @@
 use std::collections::HashSet;
 
 use super::dbs::Phase;
-use super::{PoolState, Server};
+use super::{PoolState, Server, WaiterId};
 
 impl PoolState {
     /// Checks every promise the records must keep; the first broken one is described.
-    ///
-    /// Long on purpose: it is the list of the state's promises, one check each, read as
-    /// one list (split, the promises would be scattered over helpers named after them).
+    /// It reads as the list of the state's promises, one family per step, checked in this
+    /// order.
     // A message by design: a broken promise is a bug, and its words go to a test's panic
     // or a debug build's log; nothing decides by its kind.
     pub fn check_invariants(&self) -> Result<(), String> {
-        // A template's own databases are not records, and no two templates share one.
+        self.template_databases_are_not_records()?;
+        self.records_belong_to_templates()?;
+        self.test_ids_name_one_database_each()?;
+        let granted = self.no_database_leased_twice()?;
+        self.no_request_waits_twice(granted)?;
+        self.nothing_outlives_the_server()?;
+        self.budgets_are_respected()
+    }
+
+    /// A template's own databases are not records, and no two templates share one.
+    fn template_databases_are_not_records(&self) -> Result<(), String> {
         let mut held = HashSet::new();
         for (name, entry) in &self.templates {
             for db in entry.template_dbs() {
@@ -30,44 +39,73 @@ impl PoolState {
                 }
             }
         }
-        let mut lease_ids = HashSet::new();
-        let mut waiter_ids = HashSet::new();
-        // An IntegreSQL test id names one database of its template at a time.
-        let mut test_ids = HashSet::new();
+        Ok(())
+    }
+
+    /// A clone being made outlives a template forgotten meanwhile (its job drops it when it
+    /// reports); anything else must belong to a template.
+    fn records_belong_to_templates(&self) -> Result<(), String> {
         for (name, db) in self.dbs.iter() {
-            // A clone being made outlives a template forgotten meanwhile (its job drops it
-            // when it reports); anything else must belong to a template.
             let may_be_orphan = matches!(db.phase, Phase::Dropping(_) | Phase::Making { .. });
-            let template = self.templates.get(&db.template);
-            if !may_be_orphan && template.is_none() {
+            if !may_be_orphan && !self.templates.contains_key(&db.template) {
                 return Err(format!(
                     "{name} ({:?}) belongs to no template ({})",
                     db.phase, db.template
                 ));
             }
-            if let (Some(test_id), false) = (db.test_id, matches!(db.phase, Phase::Dropping(_))) {
-                if !test_ids.insert((db.template.clone(), test_id)) {
-                    return Err(format!(
-                        "test id {test_id} of {} names two databases ({name} is one)",
-                        db.template
-                    ));
-                }
-                // Carried ids were handed out, and are not free to be handed out again.
-                let template = &db.template;
-                if !self.dbs.test_ids.issued(template, test_id) {
-                    return Err(format!(
-                        "{name} carries test id {test_id} of {template}, never handed out"
-                    ));
-                }
-                if self.dbs.test_ids.is_vacant(template, test_id) {
-                    return Err(format!(
-                        "{name} carries test id {test_id} of {template}, which is vacant"
-                    ));
-                }
+        }
+        Ok(())
+    }
+
+    /// An IntegreSQL test id names one database of its template at a time; carried ids
+    /// were handed out, and are not free to be handed out again; a vacant id was handed out
+    /// once (so it is not fresh as well).
+    fn test_ids_name_one_database_each(&self) -> Result<(), String> {
+        let mut test_ids = HashSet::new();
+        for (name, db) in self.dbs.iter() {
+            let Some(test_id) = db.test_id else {
+                continue;
+            };
+            if matches!(db.phase, Phase::Dropping(_)) {
+                continue;
             }
+            let template = &db.template;
+            if !test_ids.insert((template.clone(), test_id)) {
+                return Err(format!(
+                    "test id {test_id} of {template} names two databases ({name} is one)"
+                ));
+            }
+            if !self.dbs.test_ids.issued(template, test_id) {
+                return Err(format!(
+                    "{name} carries test id {test_id} of {template}, never handed out"
+                ));
+            }
+            if self.dbs.test_ids.is_vacant(template, test_id) {
+                return Err(format!(
+                    "{name} carries test id {test_id} of {template}, which is vacant"
+                ));
+            }
+        }
+        for (template, id) in self.dbs.test_ids.vacant() {
+            if !self.dbs.test_ids.issued(template, id) {
+                return Err(format!(
+                    "test id {id} of {template} is vacant but never issued"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// No grant of an old version, and no database leased twice: the ready queue holds the
+    /// current version only, one record per database, one id per lease or kept database.
+    /// Returns the requests whose grant a lease holds back (its connection limit being set).
+    fn no_database_leased_twice(&self) -> Result<HashSet<WaiterId>, String> {
+        let mut lease_ids = HashSet::new();
+        let mut granted = HashSet::new();
+        for (name, db) in self.dbs.iter() {
             match &db.phase {
-                // No grant of an old version: the ready queue holds the current one only.
                 Phase::Ready { .. } => {
+                    let template = self.templates.get(&db.template);
                     let current = template.and_then(|e| e.current()).map(|v| &v.db);
                     if current.is_none() || current != db.made_from.as_ref() {
                         return Err(format!(
@@ -76,7 +114,6 @@ impl PoolState {
                         ));
                     }
                 }
-                // No database leased twice: one record per database, one id per lease.
                 Phase::Leased(record) => {
                     if !lease_ids.insert(record.id.clone()) {
                         return Err(format!("lease {} holds two databases", record.id));
@@ -91,7 +128,7 @@ impl PoolState {
                         ));
                     }
                     if let Some(waiter) = record.pending.as_ref().map(|w| w.id) {
-                        if !waiter_ids.insert(waiter) {
+                        if !granted.insert(waiter) {
                             return Err(format!("request {waiter} was granted twice"));
                         }
                     }
@@ -108,17 +145,14 @@ impl PoolState {
                 Phase::Making { .. } | Phase::Adoptable { .. } | Phase::Dropping(_) => {}
             }
         }
-        // A vacant id was handed out once (so it is not fresh as well).
-        for (template, id) in self.dbs.test_ids.vacant() {
-            if !self.dbs.test_ids.issued(template, id) {
-                return Err(format!(
-                    "test id {id} of {template} is vacant but never issued"
-                ));
-            }
-        }
+        Ok(granted)
+    }
+
+    /// A request waits once, and not once it was granted (`granted`: the grants held back).
+    fn no_request_waits_twice(&self, mut granted: HashSet<WaiterId>) -> Result<(), String> {
         for entry in self.templates.values() {
             for waiter in &entry.waiters {
-                if !waiter_ids.insert(waiter.id) {
+                if !granted.insert(waiter.id) {
                     return Err(format!(
                         "request {} waits twice (or was granted)",
                         waiter.id
@@ -126,13 +160,21 @@ impl PoolState {
                 }
             }
         }
-        if self.server != Server::Up {
+        Ok(())
+    }
+
+    /// No database record outlives its server, save while it stops.
+    fn nothing_outlives_the_server(&self) -> Result<(), String> {
+        if self.server != Server::Up && self.server != Server::Stopping {
             if let Some((name, db)) = self.dbs.iter().next() {
-                if self.server != Server::Stopping {
-                    return Err(format!("{name} ({:?}) outlived its server", db.phase));
-                }
+                return Err(format!("{name} ({:?}) outlived its server", db.phase));
             }
         }
+        Ok(())
+    }
+
+    /// The budgets hold: connections, concurrent drops, bytes, clones per template.
+    fn budgets_are_respected(&self) -> Result<(), String> {
         let in_use = self.connections_in_use();
         if in_use > self.connection_budget {
             return Err(format!(
