@@ -317,14 +317,30 @@ class Template:
 PHASES = {}
 # (workload, way) the phases are recorded for; main sets it (None: not recorded).
 CURRENT = [None]
+# PHASE_CPU=1: each step's server CPU too (a read of /proc per step, which adds to the
+# script's CPU; the server's is what this is for). [postmaster pid, CPU at the last step].
+PHASE_CPU = os.environ.get('PHASE_CPU') == '1'
+PHASE_PM = [None, 0.0]
 
 
 def phase(name, t0):
-    """Adds the wall time since `t0` to phase `name` of the current (workload, way); returns now."""
+    """Adds the wall time since `t0` to phase `name` of the current (workload, way) (with
+    PHASE_CPU=1 also the server's CPU since the previous step); returns now."""
     t = time.perf_counter()
     if CURRENT[0] is not None:
         PHASES.setdefault(CURRENT[0], {}).setdefault(name, []).append((t - t0) * 1000)
+        if PHASE_CPU:
+            cpu = tree_cpu(PHASE_PM[0])
+            PHASES[CURRENT[0]].setdefault(name + ' [server CPU]', []).append((cpu - PHASE_PM[1]) * 1000)
+            PHASE_PM[1] = cpu
+            t = time.perf_counter()
     return t
+
+
+def phase_start():
+    """With PHASE_CPU=1: the server's CPU the first step counts from."""
+    if PHASE_CPU and CURRENT[0] is not None:
+        PHASE_PM[1] = tree_cpu(PHASE_PM[0])
 
 
 def truncate_and_compare(c, tpl, written, catalogs, by_filenode, t):
@@ -365,6 +381,7 @@ def reset(admin, tpl, db, oid, stamp):
     """The reset and its proof. `stamp` is (files, the clone's filenode map) at its last
     stamp. Returns the new stamp; raises Refused when anything is unsure."""
     a = admin.cursor()
+    phase_start()
     t = time.perf_counter()
     a.execute('CHECKPOINT')
     t = phase('1 checkpoint', t)
@@ -413,6 +430,7 @@ def restore(admin, tpl, db, oid, stamp):
     """The restore and its proof; raises Refused when anything is unsure. The stamp it
     compares with is left as it was (see new_stamp)."""
     a = admin.cursor()
+    phase_start()
     t = time.perf_counter()
     a.execute('CHECKPOINT')
     t = phase('1 checkpoint', t)
@@ -457,6 +475,7 @@ def new_stamp(admin, oid, by_filenode):
     own writes reach the files) and a listing. Could be deferred: the next release's own
     CHECKPOINT flushes them, and its listing against the older stamp lists these files as
     changed, which the restore's proof (against the template, not the stamp) allows."""
+    phase_start()
     t = time.perf_counter()
     admin.cursor().execute('CHECKPOINT')
     t = phase('5 checkpoint (new stamp)', t)
@@ -610,8 +629,10 @@ def report(admin, results, refused, unequal, leftover):
             print(f"{wname:9} clone ÷ {way}: wall {med(x[0] for x in c) / med(x[0] for x in rs):.2f}, "
                   f"mean server+script CPU {statistics.mean(x[1] + x[2] for x in c) / statistics.mean(x[1] + x[2] for x in rs):.2f}")
     for (wname, way), steps in sorted(PHASES.items()):
-        print(f'{wname} {way} steps, median wall ms:',
-              ', '.join(f'{k} {med(v):.2f}' for k, v in sorted(steps.items())))
+        # CPU in whole ticks: its mean says more than its median.
+        print(f'{wname} {way} steps, median wall ms (mean server CPU ms):',
+              ', '.join(f'{k} {statistics.mean(v):.2f}' if k.endswith('CPU]') else f'{k} {med(v):.2f}'
+                        for k, v in sorted(steps.items())))
     for key, reasons in sorted(refused.items()):
         if reasons:
             print(f'refused {key}: {reasons}')
@@ -716,6 +737,7 @@ def main():
     admin = build_template()
     tpl = Template()
     pm = postmaster_pid()
+    PHASE_PM[0] = pm
     if os.environ.get('ADV') == '1':
         adversarial(admin, tpl)
     else:
