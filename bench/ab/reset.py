@@ -3,6 +3,10 @@
     python3 bench/ab/reset.py [ROUNDS]      # from the repository's root, as root; default 200
     FK=1 python3 bench/ab/reset.py [ROUNDS] # the written tables reference a filled one
     PAD_MB=200 python3 bench/ab/reset.py 30 # a template with 200 MB more in a filled table
+    SPLIT=1 PHASE_CPU=1 python3 bench/ab/reset.py 60  # the restore's steps apart, with server CPU
+    DEFER=1 python3 bench/ab/reset.py 60    # the restore takes no new stamp
+    ADV=1 ADV_ROUNDS=5 python3 bench/ab/reset.py  # adversarial rounds (below)
+    CONN_COST=1 python3 bench/ab/reset.py   # a bare connection into a clone, 300 times
 
 Starts a private PostgreSQL 15 (pglease's TUNED_SETTINGS, on /dev/shm, as the `postgres`
 user, unix socket only) and builds one template: the bench fixture (bench/fixtures/migrations)
@@ -732,6 +736,27 @@ def trigger_in_the_way(admin, tpl):
     return out
 
 
+def connection_cost(admin, tpl, pm):
+    """What a put-back's own connection into the clone costs: connect, `SELECT 1`, close, and
+    the wait until the backend has left (as after a test), 300 times after 20 of warm-up."""
+    Clone(admin, tpl, 'c_conn')
+    cur = admin.cursor()
+    for label, n in (('warm-up', 20), ('measured', 300)):
+        cpu0, t0 = tree_cpu(pm), time.perf_counter()
+        for _ in range(n):
+            c = conn('c_conn')
+            c.cursor().execute('SELECT 1')
+            c.close()
+            for _ in range(5000):
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = 'c_conn'")
+                if cur.fetchone()[0] == 0:
+                    break
+                time.sleep(0.0005)
+        cpu1, t1 = tree_cpu(pm), time.perf_counter()
+        print(f'{label}: {n} connections, per connection: server CPU {(cpu1 - cpu0) * 1000 / n:.2f} ms '
+              f'(the admin session\'s polling included), wall {(t1 - t0) * 1000 / n:.2f} ms')
+
+
 def main():
     start()
     admin = build_template()
@@ -740,6 +765,8 @@ def main():
     PHASE_PM[0] = pm
     if os.environ.get('ADV') == '1':
         adversarial(admin, tpl)
+    elif os.environ.get('CONN_COST') == '1':
+        connection_cost(admin, tpl, pm)
     else:
         report(admin, *measure(admin, tpl, pm))
 
