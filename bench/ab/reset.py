@@ -1,4 +1,4 @@
-"""Drop + clone against truncate + proof, for a database a test wrote (issue 44).
+"""Drop + clone, truncate + proof and delete + row proof, for a database a test wrote (issue 44).
 
     python3 bench/ab/reset.py [ROUNDS]      # from the repository's root, as root; default 200
     FK=1 python3 bench/ab/reset.py [ROUNDS] # the written tables reference a filled one
