@@ -1,8 +1,12 @@
-"""Drop + clone against truncate + proof, for a database a test wrote (issue 44).
+"""Drop + clone, truncate + proof and delete + row proof, for a database a test wrote (issue 44).
 
     python3 bench/ab/reset.py [ROUNDS]      # from the repository's root, as root; default 200
     FK=1 python3 bench/ab/reset.py [ROUNDS] # the written tables reference a filled one
     PAD_MB=200 python3 bench/ab/reset.py 30 # a template with 200 MB more in a filled table
+    SPLIT=1 PHASE_CPU=1 python3 bench/ab/reset.py 60  # the restore's steps apart, with server CPU
+    DEFER=1 python3 bench/ab/reset.py 60    # the restore takes no new stamp
+    ADV=1 ADV_ROUNDS=5 python3 bench/ab/reset.py  # adversarial rounds (below)
+    CONN_COST=1 python3 bench/ab/reset.py   # a bare connection into a clone, 300 times
 
 Starts a private PostgreSQL 15 (pglease's TUNED_SETTINGS, on /dev/shm, as the `postgres`
 user, unix socket only) and builds one template: the bench fixture (bench/fixtures/migrations)
@@ -23,19 +27,45 @@ goes through each way of putting it back, the two ways alternating in the same r
           every changed catalog (and pg_class, which the TRUNCATE rewrites) and the state of
           every sequence with the template's; CHECKPOINT; stamp the files again.
 
+* restore: a logical restore with a row-level proof, which also covers tables the template
+          fills: CHECKPOINT; list and map the changed files as the reset does, refusing a
+          file no relation of the stamp had; one superuser connection into the clone and
+          one multi-statement string (SPLIT=1: three round trips, timed apart): a DO block
+          that compares every changed catalog's fingerprint with the template's and raises
+          before anything runs in the clone as superuser; then, with
+          session_replication_role = replica (no trigger runs, no cascade writes elsewhere),
+          a DELETE of every row of a written table whose xmin is newer than the template's
+          seal, setval of every written sequence to the template's state; then one SELECT:
+          per written table a fingerprint of its visible rows with their ctids, in ctid order,
+          and each written sequence's state, equal to the template's. What the next release's
+          proof of an unchanged clone needs (CHECKPOINT and a listing: a new stamp) is timed
+          apart ("stamp"), as it could be deferred to the next release's CHECKPOINT.
+
 Workloads (each after the holder's sessions ended):
 * w10:   the bench marker row + 10 rows into `reset_events` (the issue's 10 inserts, into a
          table empty in the template: the fixture's `orders`, which leasebench writes, is not
          empty in the template, so a reset cannot put it back; see the report);
-* w1000: the marker + 1,000 rows into each of `reset_events`, `reset_notes`, `reset_audit`.
+* w1000: the marker + 1,000 rows into each of `reset_events`, `reset_notes`, `reset_audit`;
+* orders10: leasebench's test (crates/bench/src/scenarios/throughput.rs, `work`): the marker
+         check, the marker, 10 inserts into `orders` (filled in the template, with foreign keys
+         to `customers` and `addresses`, whose referenced rows the inserts lock) and the select.
+
+ADV=1 runs adversarial rounds instead: orders10, then one change a restore must notice or
+undo (ADVERSARIAL below), ADV_ROUNDS (default 3) rounds per change; prints per change how
+often the restore refused (and why), proved the clone, and whether a proven clone passed
+the full check. One more case puts a trigger in the way of each way's own statements.
 
 Prints, per workload and way, the medians of wall time, the server's CPU (postmaster and
 every backend, reaped ones included, from /proc) and this script's CPU (the part the daemon
-would do), and the ratio clone ÷ reset. Every reset database is also checked against the
-template by a full catalog+data query, independently of the proof.
+would do), the ratios clone ÷ reset and clone ÷ restore, the server's CPU of the test itself,
+and the median of each step. Every reset or restored database is also checked against the
+template by a full catalog+data query after every round, independently of the proof.
 """
 import glob, hashlib, os, shutil, signal, statistics, subprocess, sys, time
 import psycopg2
+
+from restore_plan import (Refused, classify_for_restore, filenode_of, restore_sql,
+                          row_fingerprint_sql, sequence_state_sql)
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 PGBIN = os.environ.get('PGBIN', '/usr/lib/postgresql/15/bin')
@@ -100,15 +130,6 @@ def files(oid):
         st = e.stat(follow_symlinks=False)
         out[e.name] = (st.st_size, st.st_ino, st.st_mtime_ns)
     return out
-
-
-def filenode_of(name):
-    """`16384`, `16384_fsm`, `16384.1` → 16384; anything else → None (unsure)."""
-    base = name.split('.')[0]
-    for fork in ('_fsm', '_vm', '_init'):
-        if base.endswith(fork):
-            base = base[:-len(fork)]
-    return int(base) if base.isdigit() else None
 
 
 # What a relation's file belongs to: the owning table of an index, a TOAST table (and its
@@ -232,6 +253,8 @@ def build_template():
             customer_id int NOT NULL {FK}, body text NOT NULL,
             created_at timestamptz NOT NULL DEFAULT now());
             CREATE INDEX ON {t} (customer_id)""")
+    # A sequence no table owns (a `nextval` of it is one of the adversarial changes).
+    cur.execute('CREATE SEQUENCE reset_free_seq')
     if PAD_MB:
         # About 1 KB per row of incompressible text.
         cur.execute("CREATE TABLE reset_pad AS SELECT g AS id, (SELECT string_agg(md5(g::text || x::text), '') "
@@ -269,22 +292,59 @@ class Template:
             cur.execute(sql)
             self.fingerprints[name] = (sql, cur.fetchone()[0])
         self.sequences = sequence_state(cur)
+        self.restore_facts(cur)
         c.close()
         self.full = full_check('tpl')
 
-
-class Refused(Exception):
-    pass
+    def restore_facts(self, cur):
+        """What the restore compares with: every relation's kind and quoted name, each user
+        table's fingerprint of rows with ctids, each sequence's state, and the seal's xid."""
+        cur.execute("SELECT c.oid, c.relkind, c.relpersistence, format('%I.%I', n.nspname, c.relname) "
+                    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace")
+        self.rels = {r[0]: (r[1], r[2], r[3]) for r in cur.fetchall()}
+        self.row_fp = {}
+        for oid, (kind, persistence, name) in self.rels.items():
+            if kind == 'r' and persistence == 'p' and oid >= 16384:
+                cur.execute(row_fingerprint_sql(name))
+                self.row_fp[oid] = cur.fetchone()[0]
+        self.seq_state = {}
+        for oid, (kind, _, name) in self.rels.items():
+            if kind == 'S':
+                cur.execute(f'SELECT {sequence_state_sql(name)}')
+                self.seq_state[oid] = cur.fetchone()[0]
+        # A transaction id taken after the seal: every row of the template is older, every
+        # row a clone's holder wrote is newer (in the cluster's one xid counter).
+        cur.execute('SELECT pg_current_xact_id()::xid::text')
+        self.seal_xid = int(cur.fetchone()[0])
 
 
 PHASES = {}
+# (workload, way) the phases are recorded for; main sets it (None: not recorded).
+CURRENT = [None]
+# PHASE_CPU=1: each step's server CPU too (a read of /proc per step, which adds to the
+# script's CPU; the server's is what this is for). [postmaster pid, CPU at the last step].
+PHASE_CPU = os.environ.get('PHASE_CPU') == '1'
+PHASE_PM = [None, 0.0]
 
 
 def phase(name, t0):
-    """Adds the wall time since `t0` to phase `name`; returns now."""
+    """Adds the wall time since `t0` to phase `name` of the current (workload, way) (with
+    PHASE_CPU=1 also the server's CPU since the previous step); returns now."""
     t = time.perf_counter()
-    PHASES.setdefault(name, []).append((t - t0) * 1000)
+    if CURRENT[0] is not None:
+        PHASES.setdefault(CURRENT[0], {}).setdefault(name, []).append((t - t0) * 1000)
+        if PHASE_CPU:
+            cpu = tree_cpu(PHASE_PM[0])
+            PHASES[CURRENT[0]].setdefault(name + ' [server CPU]', []).append((cpu - PHASE_PM[1]) * 1000)
+            PHASE_PM[1] = cpu
+            t = time.perf_counter()
     return t
+
+
+def phase_start():
+    """With PHASE_CPU=1: the server's CPU the first step counts from."""
+    if PHASE_CPU and CURRENT[0] is not None:
+        PHASE_PM[1] = tree_cpu(PHASE_PM[0])
 
 
 def truncate_and_compare(c, tpl, written, catalogs, by_filenode, t):
@@ -325,6 +385,7 @@ def reset(admin, tpl, db, oid, stamp):
     """The reset and its proof. `stamp` is (files, the clone's filenode map) at its last
     stamp. Returns the new stamp; raises Refused when anything is unsure."""
     a = admin.cursor()
+    phase_start()
     t = time.perf_counter()
     a.execute('CHECKPOINT')
     t = phase('1 checkpoint', t)
@@ -364,87 +425,350 @@ def reset(admin, tpl, db, oid, stamp):
     return new
 
 
-def test(admin, db, rows, tables):
+# ---- The restore: delete what the holder added, prove rows and places equal ----
+
+SPLIT = os.environ.get('SPLIT') == '1'
+
+
+def restore(admin, tpl, db, oid, stamp):
+    """The restore and its proof; raises Refused when anything is unsure. The stamp it
+    compares with is left as it was (see new_stamp)."""
+    a = admin.cursor()
+    phase_start()
+    t = time.perf_counter()
+    a.execute('CHECKPOINT')
+    t = phase('1 checkpoint', t)
+    before, by_filenode = stamp
+    now = files(oid)
+    changed = {n for n in set(now) | set(before) if now.get(n) != before.get(n)}
+    tables, sequences, catalogs = classify_for_restore(tpl, changed, by_filenode)
+    guard, restore_stmts, proof, expected, what = restore_sql(tpl, tables, sequences, catalogs)
+    t = phase('2 files listed and classified', t)
+    c = conn(db)
+    t = phase('3 connect to the clone', t)
+    try:
+        cur = c.cursor()
+        if SPLIT:
+            if guard:
+                cur.execute(guard)
+            t = phase('4a catalog guard', t)
+            cur.execute(restore_stmts)
+            t = phase('4b delete + setval', t)
+            cur.execute(proof)
+            got = cur.fetchone()
+            t = phase('4c proof', t)
+        else:
+            # One round trip: psycopg2 sends the string as one simple query (one implicit
+            # transaction; the guard's exception aborts what follows) and returns the last
+            # statement's row.
+            cur.execute('; '.join(x for x in (guard, restore_stmts, proof) if x))
+            got = cur.fetchone()
+            t = phase('4 guard + restore + proof (one round trip)', t)
+    except psycopg2.Error as e:
+        raise Refused(e.diag.message_primary or str(e)) from None
+    finally:
+        c.close()
+    for name, g, e in zip(what, got, expected):
+        if g != e:
+            raise Refused(f'{name} differ' + ('' if name.startswith('rows') else 's'))
+    return tables, sequences, catalogs
+
+
+def new_stamp(admin, oid, by_filenode):
+    """What the next release's proof of an unchanged clone needs: CHECKPOINT (the restore's
+    own writes reach the files) and a listing. Could be deferred: the next release's own
+    CHECKPOINT flushes them, and its listing against the older stamp lists these files as
+    changed, which the restore's proof (against the template, not the stamp) allows."""
+    phase_start()
+    t = time.perf_counter()
+    admin.cursor().execute('CHECKPOINT')
+    t = phase('5 checkpoint (new stamp)', t)
+    stamp = files(oid), by_filenode
+    phase('6 listing (new stamp)', t)
+    return stamp
+
+
+# The three workloads: name, rows per table, tables (None: leasebench's test into `orders`).
+WORKLOADS = [('w10', 10, EMPTY_TABLES[:1]), ('w1000', 1000, EMPTY_TABLES), ('orders10', 10, None)]
+
+
+def test(admin, db, workload, rnd, extra=()):
+    """The holder's test, then the wait until its backend has exited (the recycle waits for
+    that; otherwise its CPU, counted when the postmaster reaps it, would fall into the
+    timing). Returns False when the clone still had a marker (a put-back that left a row)."""
+    _, rows, tables = workload
     c = conn(db)
     cur = c.cursor()
     cur.execute('BEGIN')
-    cur.execute("INSERT INTO bench_marker (lease_id) VALUES ('x')")
-    for t in tables:
-        cur.execute(f"INSERT INTO {t} (customer_id, body) SELECT 1 + g %% 100, 'row ' || g "
-                    f"FROM generate_series(1, %s) g", (rows,))
-    cur.execute('COMMIT')
+    cur.execute('SELECT lease_id FROM bench_marker')
+    clean = not cur.fetchall()
+    if clean:
+        cur.execute("INSERT INTO bench_marker (lease_id) VALUES ('x')")
+        if tables is None:
+            # leasebench's statements (throughput.rs, `work`), one round trip each.
+            customer = (rnd * 7919) % 600 + 1
+            for i in range(10):
+                cur.execute("INSERT INTO orders (customer_id, address_id, status, total) "
+                            "VALUES (%s, %s, 'paid', %s::float8)", (customer, customer, i * 10.5 + 1.0))
+            cur.execute('SELECT count(*), coalesce(sum(total), 0)::float8 FROM orders '
+                        'WHERE customer_id = %s', (customer,))
+            cur.fetchone()
+        else:
+            for t in tables:
+                cur.execute(f"INSERT INTO {t} (customer_id, body) SELECT 1 + g %% 100, 'row ' || g "
+                            f"FROM generate_series(1, %s) g", (rows,))
+    cur.execute('COMMIT' if clean else 'ROLLBACK')
+    for statement in extra:
+        cur.execute(statement)
     c.close()
-    # Both ways start once the holder's backend has exited (the recycle waits for that):
-    # otherwise its CPU, counted when the postmaster reaps it, would fall into the timing.
     cur = admin.cursor()
     for _ in range(5000):
         cur.execute('SELECT count(*) FROM pg_stat_activity WHERE datname = %s', (db,))
         if cur.fetchone()[0] == 0:
             break
         time.sleep(0.001)
+    return clean
+
+
+class Clone:
+    """One clone a way puts back, with its oid and its stamp (files, filenode map)."""
+
+    def __init__(self, admin, tpl, name):
+        self.admin, self.tpl, self.name = admin, tpl, name
+        self.admin.cursor().execute(f'CREATE DATABASE {name} TEMPLATE tpl STRATEGY FILE_COPY')
+        self.stamp_fresh()
+
+    def stamp_fresh(self):
+        a = self.admin.cursor()
+        a.execute('SELECT oid FROM pg_database WHERE datname = %s', (self.name,))
+        self.oid = a.fetchone()[0]
+        a.execute('CHECKPOINT')
+        self.stamp = files(self.oid), self.tpl.by_filenode
+
+    def drop_and_clone(self, stamp=True):
+        a = self.admin.cursor()
+        a.execute(f'DROP DATABASE {self.name}')
+        a.execute(f'CREATE DATABASE {self.name} TEMPLATE tpl STRATEGY FILE_COPY')
+        if stamp:
+            self.stamp_fresh()
+
+
+DEFER = os.environ.get('DEFER') == '1'
+
+
+def put_back(way, d, tpl, refused):
+    """One way's put-back of clone `d`; a refusal counts and falls back to drop + clone.
+    Returns True when the clone was put back in place (and is to be checked)."""
+    try:
+        if way == 'clone':
+            d.drop_and_clone(stamp=False)
+            return False
+        if way == 'reset':
+            d.stamp = reset(d.admin, tpl, d.name, d.oid, d.stamp)
+        else:
+            restore(d.admin, tpl, d.name, d.oid, d.stamp)
+        return True
+    except Refused as e:
+        refused[str(e)] = refused.get(str(e), 0) + 1
+        d.drop_and_clone()
+        return False
+
+
+def measure(admin, tpl, pm):
+    dbs = {way: Clone(admin, tpl, f'c_{way}') for way in ('clone', 'reset', 'restore')}
+    results, refused, unequal, leftover = {}, {}, {}, {}
+    for workload in WORKLOADS:
+        wname = workload[0]
+        for rnd in range(ROUNDS + 5):
+            ways = ('clone', 'reset', 'restore')
+            for way in ways[rnd % 3:] + ways[:rnd % 3]:
+                d = dbs[way]
+                warm = rnd < 5  # the first rounds warm caches
+                CURRENT[0] = None
+                cpu_a = tree_cpu(pm)
+                if not test(admin, d.name, workload, rnd):
+                    leftover[way] = leftover.get(way, 0) + 1
+                cpu_b = tree_cpu(pm)
+                CURRENT[0] = None if warm else (wname, way)
+                cpu0, own0, t0 = tree_cpu(pm), time.process_time(), time.perf_counter()
+                in_place = put_back(way, d, tpl, refused.setdefault((wname, way), {}))
+                t1, own1, cpu1 = time.perf_counter(), time.process_time(), tree_cpu(pm)
+                sample = [((t1 - t0) * 1000, (cpu1 - cpu0) * 1000, (own1 - own0) * 1000)]
+                if way == 'restore' and in_place and not DEFER:
+                    own1, t1 = time.process_time(), time.perf_counter()
+                    d.stamp = new_stamp(admin, d.oid, d.stamp[1])
+                    t2, own2, cpu2 = time.perf_counter(), time.process_time(), tree_cpu(pm)
+                    if not warm:
+                        results.setdefault((wname, 'stamp'), []).append(
+                            ((t2 - t1) * 1000, (cpu2 - cpu1) * 1000, (own2 - own1) * 1000))
+                CURRENT[0] = None
+                if not warm:
+                    results.setdefault((wname, way), []).extend(sample)
+                    results.setdefault((wname, 'test'), []).append((0, (cpu_b - cpu_a) * 1000, 0))
+                if in_place and full_check(d.name) != tpl.full:
+                    unequal[way] = unequal.get(way, 0) + 1
+    return results, refused, unequal, leftover
+
+
+def report(admin, results, refused, unequal, leftover):
+    med = statistics.median
+    print(f'rounds per workload and way: {ROUNDS}; foreign keys to customers: {bool(FK)}; '
+          f'template {pg_size(admin)}; postgres {PGBIN}; restore in one round trip: {not SPLIT}; '
+          f'new stamp deferred: {DEFER}; CPU from /proc in ticks of {1000 // HZ} ms')
+    print(f"{'workload':9} {'way':8} {'wall ms':>8} {'server CPU ms':>14} {'script CPU ms':>14} "
+          f"{'mean server CPU':>16} {'refused':>8}")
+    for wname, _, _ in WORKLOADS:
+        for way in ('clone', 'reset', 'restore', 'stamp', 'test'):
+            r = results.get((wname, way))
+            if not r:
+                continue
+            label = {'stamp': '+stamp', 'test': '(test)'}.get(way, way)
+            n = sum(refused.get((wname, way), {}).values())
+            print(f"{wname:9} {label:8} {med(x[0] for x in r):8.2f} {med(x[1] for x in r):14.1f} "
+                  f"{med(x[2] for x in r):14.2f} {statistics.mean(x[1] for x in r):16.2f} "
+                  f"{n if way in ('reset', 'restore') else '':>8}")
+        c = results[(wname, 'clone')]
+        for way in ('reset', 'restore'):
+            rs = results[(wname, way)]
+            print(f"{wname:9} clone ÷ {way}: wall {med(x[0] for x in c) / med(x[0] for x in rs):.2f}, "
+                  f"mean server+script CPU {statistics.mean(x[1] + x[2] for x in c) / statistics.mean(x[1] + x[2] for x in rs):.2f}")
+    for (wname, way), steps in sorted(PHASES.items()):
+        # CPU in whole ticks: its mean says more than its median.
+        print(f'{wname} {way} steps, median wall ms (mean server CPU ms):',
+              ', '.join(f'{k} {statistics.mean(v):.2f}' if k.endswith('CPU]') else f'{k} {med(v):.2f}'
+                        for k, v in sorted(steps.items())))
+    for key, reasons in sorted(refused.items()):
+        if reasons:
+            print(f'refused {key}: {reasons}')
+    print(f'put back in place but unequal to the template (full check after every round): {unequal or 0}')
+    print(f'markers left in a put-back clone: {leftover or 0}')
+
+
+# ---- Adversarial rounds (ADV=1) ----
+
+ADV_ROUNDS = int(os.environ.get('ADV_ROUNDS', '3'))
+# After leasebench's test (the marker and 10 orders), the holder also does one of these.
+ADVERSARIAL = [
+    ('nothing more (the workload alone)', []),
+    ('a template row updated to itself', ['UPDATE orders SET status = status WHERE id = 5']),
+    ('a template row deleted, an equal one inserted',
+     ['WITH d AS (DELETE FROM order_items WHERE id = 7 RETURNING *) INSERT INTO order_items SELECT * FROM d']),
+    ('a template row changed and changed back',
+     ["UPDATE customers SET phone = 'x' WHERE id = 4", "UPDATE customers SET phone = '+1-555-0004' WHERE id = 4"]),
+    ('a template row deleted', ['DELETE FROM reviews WHERE id = 9']),
+    ('a template row locked FOR UPDATE', ['SELECT 1 FROM customers WHERE id = 3 FOR UPDATE']),
+    ('a row inserted into a filled table, deleted again',
+     ['INSERT INTO reviews (product_id, customer_id, stars) VALUES (1, 1, 5)',
+      "DELETE FROM reviews WHERE id = currval('reviews_id_seq')"]),
+    ('setval of an owned sequence', ["SELECT setval('payments_id_seq', 5000)"]),
+    ('nextval of an unowned sequence', ["SELECT nextval('reset_free_seq')"]),
+    ('a sequence restarted', ['ALTER SEQUENCE orders_id_seq RESTART WITH 5000']),
+    ('a column default changed', ["ALTER TABLE orders ALTER COLUMN status SET DEFAULT 'paid'"]),
+    ('an index added', ['CREATE INDEX ON orders (total)']),
+    ('a view (catalog rows only)', ['CREATE VIEW adv_view AS SELECT 1 AS x']),
+    ('a comment', ["COMMENT ON TABLE orders IS 'seen'"]),
+    ('a grant', ['GRANT SELECT ON orders TO PUBLIC']),
+    ('a large object', ['SELECT lo_create(0)']),
+    ('a storage option (fillfactor)', ['ALTER TABLE orders SET (fillfactor = 70)']),
+    ('a filled table truncated', ['TRUNCATE reviews']),
+    ('ANALYZE of the written table', ['ANALYZE orders']),
+]
+
+
+def adversarial(admin, tpl):
+    d = Clone(admin, tpl, 'c_adv')
+    orders10 = WORKLOADS[2]
+    table = []
+    for name, extra in ADVERSARIAL:
+        seen = {}
+        for rnd in range(ADV_ROUNDS):
+            clean = test(admin, d.name, orders10, rnd, extra)
+            try:
+                restore(admin, tpl, d.name, d.oid, d.stamp)
+                d.stamp = new_stamp(admin, d.oid, d.stamp[1])
+                outcome = 'proven, equal' if full_check(d.name) == tpl.full else 'PROVEN, UNEQUAL'
+            except Refused as e:
+                outcome = f'refused ({e})'
+                d.drop_and_clone()
+            if not clean:
+                outcome += ', MARKER LEFT'
+            seen[outcome] = seen.get(outcome, 0) + 1
+        table.append((name, seen))
+    table.extend(trigger_in_the_way(admin, tpl))
+    print(f'adversarial rounds: {ADV_ROUNDS} per change, after leasebench\'s test; '
+          f'restore in one round trip: {not SPLIT}')
+    print('| the holder also | outcome (rounds) |')
+    print('|---|---|')
+    for name, seen in table:
+        print(f"| {name} | {'; '.join(f'{k}: {v}' for k, v in sorted(seen.items()))} |")
+
+
+def trigger_in_the_way(admin, tpl):
+    """A holder's trigger on the statement a way itself runs in the clone as superuser (the
+    reset's TRUNCATE, the restore's DELETE; ENABLE ALWAYS fires under
+    session_replication_role = replica too). The function writes a file as whoever runs it:
+    the file existing afterwards means the holder's code ran as the way's superuser."""
+    out = []
+    for way in ('reset', 'restore'):
+        d = Clone(admin, tpl, f'c_trig_{way}')
+        seen = {}
+        for rnd in range(ADV_ROUNDS):
+            mark = f'{root}/trigger-ran-{way}-{rnd}'
+            extra = [f"""CREATE FUNCTION adv_ran() RETURNS trigger LANGUAGE plpgsql AS $f$
+                         BEGIN COPY (SELECT current_user) TO '{mark}'; RETURN NULL; END $f$""",
+                     'CREATE TRIGGER adv_t BEFORE TRUNCATE ON reset_events EXECUTE FUNCTION adv_ran()',
+                     'CREATE TRIGGER adv_d BEFORE DELETE ON reset_events EXECUTE FUNCTION adv_ran()',
+                     'ALTER TABLE reset_events ENABLE ALWAYS TRIGGER adv_t',
+                     'ALTER TABLE reset_events ENABLE ALWAYS TRIGGER adv_d']
+            test(admin, d.name, WORKLOADS[0], rnd, extra)
+            try:
+                if way == 'reset':
+                    d.stamp = reset(admin, tpl, d.name, d.oid, d.stamp)
+                else:
+                    restore(admin, tpl, d.name, d.oid, d.stamp)
+                outcome = 'proven, equal' if full_check(d.name) == tpl.full else 'PROVEN, UNEQUAL'
+            except Refused as e:
+                outcome = f'refused ({e})'
+                d.drop_and_clone()
+            outcome += '; the trigger RAN as superuser' if os.path.exists(mark) else '; the trigger did not run'
+            seen[outcome] = seen.get(outcome, 0) + 1
+        out.append((f'w10 + an ALWAYS trigger on reset_events, then the {way}', seen))
+    return out
+
+
+def connection_cost(admin, tpl, pm):
+    """What a put-back's own connection into the clone costs: connect, `SELECT 1`, close, and
+    the wait until the backend has left (as after a test), 300 times after 20 of warm-up."""
+    Clone(admin, tpl, 'c_conn')
+    cur = admin.cursor()
+    for label, n in (('warm-up', 20), ('measured', 300)):
+        cpu0, t0 = tree_cpu(pm), time.perf_counter()
+        for _ in range(n):
+            c = conn('c_conn')
+            c.cursor().execute('SELECT 1')
+            c.close()
+            for _ in range(5000):
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = 'c_conn'")
+                if cur.fetchone()[0] == 0:
+                    break
+                time.sleep(0.0005)
+        cpu1, t1 = tree_cpu(pm), time.perf_counter()
+        print(f'{label}: {n} connections, per connection: server CPU {(cpu1 - cpu0) * 1000 / n:.2f} ms '
+              f'(the admin session\'s polling included), wall {(t1 - t0) * 1000 / n:.2f} ms')
 
 
 def main():
     start()
     admin = build_template()
     tpl = Template()
-    a = admin.cursor()
     pm = postmaster_pid()
-    workloads = [('w10', 10, EMPTY_TABLES[:1]), ('w1000', 1000, EMPTY_TABLES)]
-    for db in ('c_clone', 'c_reset'):
-        a.execute(f'CREATE DATABASE {db} TEMPLATE tpl STRATEGY FILE_COPY')
-    a.execute("SELECT oid FROM pg_database WHERE datname = 'c_reset'")
-    reset_oid = a.fetchone()[0]
-    a.execute('CHECKPOINT')
-    stamp = files(reset_oid), tpl.by_filenode
-    results, refused, unequal = {}, {}, 0
-    # The marker table is empty in the template: a reset truncates it too. Its write is
-    # part of every workload.
-    for wname, rows, tables in workloads:
-        for rnd in range(ROUNDS + 5):
-            for way in (('clone', 'reset') if rnd % 2 else ('reset', 'clone')):
-                db = f'c_{way}'
-                test(admin, db, rows, tables)
-                cpu0, own0, t0 = tree_cpu(pm), time.process_time(), time.perf_counter()
-                if way == 'clone':
-                    a.execute(f'DROP DATABASE {db}')
-                    a.execute(f'CREATE DATABASE {db} TEMPLATE tpl STRATEGY FILE_COPY')
-                else:
-                    try:
-                        stamp = reset(admin, tpl, db, reset_oid, stamp)
-                    except Refused as e:
-                        refused[str(e)] = refused.get(str(e), 0) + 1
-                        a.execute(f'DROP DATABASE {db}')
-                        a.execute(f'CREATE DATABASE {db} TEMPLATE tpl STRATEGY FILE_COPY')
-                        a.execute(f"SELECT oid FROM pg_database WHERE datname = '{db}'")
-                        reset_oid = a.fetchone()[0]
-                        a.execute('CHECKPOINT')
-                        stamp = files(reset_oid), tpl.by_filenode
-                t1, own1, cpu1 = time.perf_counter(), time.process_time(), tree_cpu(pm)
-                if rnd >= 5:  # the first rounds warm caches
-                    results.setdefault((wname, way), []).append(
-                        ((t1 - t0) * 1000, (cpu1 - cpu0) * 1000, (own1 - own0) * 1000))
-                if way == 'reset' and rnd % 20 == 0 and full_check(db) != tpl.full:
-                    unequal += 1
-    print(f'rounds per workload and way: {ROUNDS}; foreign keys to customers: {bool(FK)}; '
-          f'template {pg_size(admin)}; postgres {PGBIN}; '
-          f'CPU from /proc in ticks of {1000 // HZ} ms (medians of many rounds)')
-    print(f"{'workload':8} {'way':6} {'wall ms':>8} {'server CPU ms':>14} {'script CPU ms':>14} "
-          f"{'mean server CPU':>16}")
-    for wname, _, _ in workloads:
-        for way in ('clone', 'reset'):
-            r = results[(wname, way)]
-            print(f"{wname:8} {way:6} {statistics.median(x[0] for x in r):8.2f} "
-                  f"{statistics.median(x[1] for x in r):14.1f} "
-                  f"{statistics.median(x[2] for x in r):14.2f} "
-                  f"{statistics.mean(x[1] for x in r):16.2f}")
-        c, rs = results[(wname, 'clone')], results[(wname, 'reset')]
-        print(f"{wname:8} clone ÷ reset: wall {statistics.median(x[0] for x in c) / statistics.median(x[0] for x in rs):.2f}, "
-              f"mean server+script CPU {statistics.mean(x[1] + x[2] for x in c) / statistics.mean(x[1] + x[2] for x in rs):.2f}")
-    print('reset phases, median wall ms over both workloads:',
-          ', '.join(f'{k} {statistics.median(v):.2f}' for k, v in sorted(PHASES.items())))
-    print(f'resets refused (fell back to drop + clone): {refused or 0}')
-    print(f'reset databases unequal to the template (checked every 20th round): {unequal}')
+    PHASE_PM[0] = pm
+    if os.environ.get('ADV') == '1':
+        adversarial(admin, tpl)
+    elif os.environ.get('CONN_COST') == '1':
+        connection_cost(admin, tpl, pm)
+    else:
+        report(admin, *measure(admin, tpl, pm))
 
 
 # SIGTERM ends the run as an interrupt does: postgres is stopped and its directory removed.
