@@ -29,7 +29,10 @@
 //!    holder truncated or rewrote a relation), a name that is not a relation file — refuses.
 //!    So every relation that was non-empty in the template still has its template's files,
 //!    untouched: its contents are the template's.
-//! 3. On a connection to the clone: `TRUNCATE <the listed tables> RESTART IDENTITY`, which
+//! 3. On a connection to the clone, step 4's comparison first (all but `pg_statistic`):
+//!    the truncate runs as a superuser, and a holder's `BEFORE TRUNCATE` trigger on a
+//!    written table would run with it; its `pg_trigger` row refuses before that. Then
+//!    `TRUNCATE <the listed tables> RESTART IDENTITY`, which
 //!    gives each its new, empty files and puts its owned sequences back to their start; then
 //!    each listed table (and its TOAST table) must have zero bytes. Their rows in
 //!    `pg_statistic` are deleted: autovacuum analyzes a table a test filled, a truncate

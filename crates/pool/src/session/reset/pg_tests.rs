@@ -249,27 +249,65 @@ async fn round(
     outcome.map(|_| ()).map_err(|e| e.to_string())
 }
 
-#[tokio::test]
-async fn a_reset_is_proven_only_when_it_gives_the_template_back() {
-    let server = Server::start().await;
-    let admin = server.connect("postgres").await;
+/// Builds and seals the template `pglease_reset_tpl`; its proof's facts and its contents.
+async fn template(server: &Server, admin: &Client) -> (TemplateProof, Vec<Option<String>>) {
     admin
         .batch_execute("CREATE DATABASE pglease_reset_tpl")
         .await
         .expect("template");
-    let (template, expected) = {
-        let client = server.connect("pglease_reset_tpl").await;
-        client.batch_execute(TEMPLATE_SQL).await.expect("build");
-        // VACUUM refuses to run in the implicit transaction of several statements.
-        client
-            .batch_execute("VACUUM (FREEZE)")
-            .await
-            .expect("freeze");
-        let template = TemplateProof::read(&client).await.expect("template facts");
-        drop(client);
-        (template, contents(&server, "pglease_reset_tpl").await)
-    };
-    until_no_session(&admin, "pglease_reset_tpl").await;
+    let client = server.connect("pglease_reset_tpl").await;
+    client.batch_execute(TEMPLATE_SQL).await.expect("build");
+    // VACUUM refuses to run in the implicit transaction of several statements.
+    client
+        .batch_execute("VACUUM (FREEZE)")
+        .await
+        .expect("freeze");
+    let template = TemplateProof::read(&client).await.expect("template facts");
+    drop(client);
+    let expected = contents(server, "pglease_reset_tpl").await;
+    until_no_session(admin, "pglease_reset_tpl").await;
+    (template, expected)
+}
+
+/// A holder's `BEFORE TRUNCATE` trigger on a table it wrote would run inside the reset's
+/// truncate, as the reset's superuser: the catalogs are compared first, so the reset
+/// refuses before the trigger can run.
+#[tokio::test]
+async fn a_holders_truncate_trigger_is_refused_before_it_can_run() {
+    let server = Server::start().await;
+    let admin = server.connect("postgres").await;
+    let (template, _) = template(&server, &admin).await;
+    let clone = "pglease_reset_trigger";
+    let change = "CREATE FUNCTION witness() RETURNS trigger LANGUAGE plpgsql AS \
+                    $$BEGIN INSERT INTO filled (body) VALUES ('ran as ' || current_user); \
+                    RETURN NULL; END$$; \
+                  CREATE TRIGGER witness BEFORE TRUNCATE ON empty_a \
+                    FOR EACH STATEMENT EXECUTE FUNCTION witness()";
+    let outcome = round(&server, &admin, &template, clone, change).await;
+    let ran: i64 = server
+        .connect(clone)
+        .await
+        .query_one(
+            "SELECT count(*) FROM filled WHERE body LIKE 'ran as %'",
+            &[],
+        )
+        .await
+        .expect("the witness rows")
+        .get(0);
+    drop(admin);
+    server.stop().await;
+    assert!(outcome.is_err(), "a changed pg_trigger must refuse");
+    assert_eq!(
+        ran, 0,
+        "the holder's trigger ran inside the reset ({outcome:?})"
+    );
+}
+
+#[tokio::test]
+async fn a_reset_is_proven_only_when_it_gives_the_template_back() {
+    let server = Server::start().await;
+    let admin = server.connect("postgres").await;
+    let (template, expected) = template(&server, &admin).await;
     assert!(
         template.facts.empty_tables.len() == 2,
         "the template's empty tables: {:?}",

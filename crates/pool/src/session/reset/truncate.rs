@@ -161,6 +161,15 @@ pub(crate) async fn truncate_and_compare(
     plan: &ResetPlan,
     template: &TemplateProof,
 ) -> Result<Owners, ResetError> {
+    // The catalogs first, before anything runs as this superuser: a holder's trigger on a
+    // written table (a TRUNCATE trigger would run in the truncate, as the reset's role)
+    // shows in `pg_trigger` and refuses here. Only the statistics wait for the truncate,
+    // which deletes a written table's, and `pg_class` is compared again after it.
+    let (before, after): (Vec<&String>, Vec<&String>) = plan
+        .compare_catalogs
+        .iter()
+        .partition(|catalog| catalog.as_str() != "pg_statistic");
+    compare_catalogs(client, before, template).await?;
     let tables: Vec<u32> = plan.truncate.iter().copied().collect();
     if !tables.is_empty() {
         // NULL when none of the tables is there any more: nothing to truncate is unsure.
@@ -205,12 +214,32 @@ pub(crate) async fn truncate_and_compare(
             .await
             .map_err(failed("deleting the statistics"))?;
     }
-    for catalog in &plan.compare_catalogs {
+    compare_catalogs(
+        client,
+        after
+            .into_iter()
+            .chain(plan.compare_catalogs.get("pg_class")),
+        template,
+    )
+    .await?;
+    if sequence_state(client).await? != template.sequences {
+        return Err(Refusal::SequencesDiffer.into());
+    }
+    owners(client).await
+}
+
+/// Refuses unless each of `catalogs` has the template's fingerprint.
+async fn compare_catalogs<'a>(
+    client: &Client,
+    catalogs: impl IntoIterator<Item = &'a String>,
+    template: &TemplateProof,
+) -> Result<(), ResetError> {
+    for catalog in catalogs {
+        let differs = || Refusal::CatalogDiffers {
+            catalog: catalog.clone(),
+        };
         let Some((sql, expected)) = template.fingerprints.get(catalog) else {
-            return Err(Refusal::CatalogDiffers {
-                catalog: catalog.clone(),
-            }
-            .into());
+            return Err(differs().into());
         };
         let print: String = client
             .query_one(sql, &[])
@@ -218,14 +247,8 @@ pub(crate) async fn truncate_and_compare(
             .map_err(failed("fingerprinting a catalog"))?
             .get(0);
         if &print != expected {
-            return Err(Refusal::CatalogDiffers {
-                catalog: catalog.clone(),
-            }
-            .into());
+            return Err(differs().into());
         }
     }
-    if sequence_state(client).await? != template.sequences {
-        return Err(Refusal::SequencesDiffer.into());
-    }
-    owners(client).await
+    Ok(())
 }
