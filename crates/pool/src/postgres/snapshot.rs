@@ -35,10 +35,12 @@ use tracing::{info, warn};
 
 use super::space;
 
+mod error;
 mod key;
 mod seal;
 mod unpack;
 
+pub use error::{Refusal, Step, UnpackError};
 pub use key::{
     default_path as default_key_path, load as load_key, load_or_create as load_or_create_key,
 };
@@ -287,7 +289,7 @@ pub fn open(path: &Path, key: &SnapshotKey) -> Result<Found, OpenError> {
 
 /// Reads only the manifest (the first entry) of an authenticated file.
 fn read_manifest(sealed: &Sealed, key: &SnapshotKey) -> Result<Manifest, String> {
-    let mut archive = archive(sealed.reader(key))?;
+    let mut archive = archive(sealed.reader(key)).map_err(|e| format!("not a snapshot: {e}"))?;
     let mut entries = archive
         .entries()
         .map_err(|e| format!("not a snapshot (tar): {e}"))?;
@@ -340,14 +342,12 @@ fn open_file(path: &Path) -> Result<File, String> {
     Ok(file)
 }
 
-/// The archive in an authenticated file's stream.
+/// The archive in an authenticated file's stream; an error when it is not zstd.
 fn archive(
     reader: seal::Reader<'_>,
-) -> Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<seal::Reader<'_>>>>, String>
+) -> std::io::Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<seal::Reader<'_>>>>>
 {
-    let decoder =
-        zstd::stream::read::Decoder::new(reader).map_err(|e| format!("not a snapshot: {e}"))?;
-    Ok(tar::Archive::new(decoder))
+    Ok(tar::Archive::new(zstd::stream::read::Decoder::new(reader)?))
 }
 
 /// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist, or be empty
@@ -366,16 +366,12 @@ pub fn extract(
     data_dir: &Path,
     owner: Option<(u32, u32)>,
     room: Option<&Path>,
-) -> Result<u64, String> {
+) -> Result<u64, UnpackError> {
     let started = Instant::now();
     let snapshot = &found.path;
-    let mut archive = archive(found.sealed.reader(key))?;
-    match std::fs::create_dir(data_dir) {
-        // Made already, empty, with its databases' tmpfs (`space.rs`): the handle below
-        // refuses a link.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        result => result.map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?,
-    }
+    let mut archive =
+        archive(found.sealed.reader(key)).map_err(|source| UnpackError::NotZstd { source })?;
+    make_data_dir(data_dir)?;
     // Everything below happens through this handle, never by a path someone could swap.
     let root = unpack::open_directory(data_dir)?;
     // With the cluster's room in `--databases-dir`, `base` and `pg_notify` are links into
@@ -396,7 +392,7 @@ pub fn extract(
     };
     let entries = archive
         .entries()
-        .map_err(|e| format!("cannot read the archive: {e}"))?;
+        .map_err(|source| UnpackError::Archive { source })?;
     let bytes = unpack::unpack(entries, &into, Path::new(MANIFEST_ENTRY), owner)?;
     // The rest of the stream and the trailer, hashed: the tag must be the checked one.
     archive
@@ -404,13 +400,13 @@ pub fn extract(
         .finish()
         .into_inner()
         .finish()
-        .map_err(|e| e.to_string())?;
+        .map_err(UnpackError::Trailer)?;
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
-        return Err("the archive holds no complete cluster (PG_VERSION, global/pg_control)".into());
+        return Err(UnpackError::Incomplete);
     }
-    unpack::make_private(&root, owner)?;
+    unpack::make_private(&root, data_dir, owner)?;
     info!(
         snapshot = %snapshot.display(),
         to = %data_dir.display(),
@@ -419,6 +415,19 @@ pub fn extract(
         "unpacked the snapshot"
     );
     Ok(bytes)
+}
+
+/// Makes the data directory `data_dir`, unless it is there already.
+fn make_data_dir(data_dir: &Path) -> Result<(), UnpackError> {
+    match std::fs::create_dir(data_dir) {
+        // Made already, empty, with its databases' tmpfs (`space.rs`): the handle the
+        // caller opens on it refuses a link.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        result => result.map_err(|source| UnpackError::CreateDataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// Writes the stopped cluster at `cluster` with `manifest` as `path` (through a temporary

@@ -213,7 +213,9 @@ fn a_hostile_entry_under_base_is_refused_in_the_room_too() {
             ],
         );
         let found = open(&path, &key()).expect("open");
-        let error = extract(&found, &key(), &out, None, Some(&room)).expect_err("a link");
+        let error = extract(&found, &key(), &out, None, Some(&room))
+            .expect_err("a link")
+            .to_string();
         assert!(
             error.contains(&format!("\"{top}/1\"")) && error.contains("symbolic link"),
             "{error}"
@@ -306,7 +308,7 @@ fn manifest_of(path: &Path) -> Result<Manifest, String> {
 /// Unpacks `path` as a start does: opened and checked under [`key`], then extracted.
 fn extract_file(path: &Path, out: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let found = open(path, &key()).map_err(|e| e.to_string())?;
-    extract(&found, &key(), out, owner, None)
+    extract(&found, &key(), out, owner, None).map_err(|e| e.to_string())
 }
 
 /// `stream` with a valid trailer under `key` appended.
@@ -601,6 +603,12 @@ fn a_link_already_in_the_data_directory_is_not_followed() {
         "something was put outside"
     );
     let error = result.expect_err("unpacked through a link");
+    assert!(
+        matches!(&error, UnpackError::UnderNonDirectory { entry, under }
+            if entry == Path::new("base/1259") && *under == out.join("base")),
+        "{error:?}"
+    );
+    let error = error.to_string();
     assert!(
         error.contains("\"base/1259\"") && error.contains("which is not a directory"),
         "{error}"
