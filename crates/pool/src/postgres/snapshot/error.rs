@@ -1,9 +1,13 @@
-//! What can go wrong with a snapshot's archive once its MAC is checked: unpacking it into a
-//! data directory ([`UnpackError`]). The MAC's own failures are `seal.rs`'s, the key's
-//! `key.rs`'s. Each variant keeps what a caller decides by (the entry, the path inside the
-//! archive, the `io::Error` with its kind: a full disk stays `StorageFull`) and none quotes
-//! a file's content: only names from the archive, shown quoted and escaped (`{:?}`), as they
-//! end up in the log. This file decides nothing; `unpack.rs` and `snapshot.rs` raise these.
+//! What can go wrong with a snapshot: opening one and reading its manifest
+//! ([`OpenError`]), unpacking it into a data directory ([`UnpackError`]), writing one
+//! ([`WriteError`]). The MAC's own failures are `seal.rs`'s, the key's `key.rs`'s.
+//!
+//! Each variant keeps what a caller decides by (the entry, the path inside the archive, the
+//! `io::Error` with its kind: a full disk stays `StorageFull`). None quotes a file's bytes:
+//! names from an archive are shown quoted and escaped (`{:?}`), as they end up in the log;
+//! only a manifest's parse error may quote a value of it, and a manifest is read only from
+//! an authenticated file (ours). This file decides nothing; `unpack.rs` and `snapshot.rs`
+//! raise these.
 
 use std::fmt;
 use std::io;
@@ -213,4 +217,160 @@ fn describe(kind: EntryType) -> String {
         EntryType::GNUSparse => "a sparse file".into(),
         other => format!("an entry of type {other:?}"),
     }
+}
+
+/// Why [`open`](super::open) found no usable snapshot: not authenticated (nothing in it was
+/// read), or authenticated but not readable as a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Its MAC is missing, another key's or wrong: nothing in it was read.
+    #[error("not authenticated: {0}")]
+    Unauthenticated(SealError),
+    /// The file is a symbolic link: pglease renames a regular file into place, so someone
+    /// else put it there.
+    #[error("refusing {}: it is a symbolic link, not a snapshot file", path.display())]
+    Link {
+        /// The snapshot file.
+        path: PathBuf,
+    },
+    /// The file is not a regular file (a FIFO would hang the start).
+    #[error("refusing {}: it is not a regular file", path.display())]
+    NotAFile {
+        /// The snapshot file.
+        path: PathBuf,
+    },
+    /// The file cannot be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The open file cannot be stat'ed.
+    #[error("cannot stat {}: {source}", path.display())]
+    Stat {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// Reading the file to check its MAC failed.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// Its stream is not zstd.
+    #[error("not a snapshot: {source}")]
+    NotZstd {
+        /// The decoder's error.
+        source: io::Error,
+    },
+    /// Its stream is not a tar archive.
+    #[error("not a snapshot (tar): {source}")]
+    NotTar {
+        /// The reader's error.
+        source: io::Error,
+    },
+    /// The archive holds no entry at all.
+    #[error("an empty archive, not a snapshot")]
+    Empty,
+    /// The archive's first entry is not the manifest.
+    #[error(
+        "not a pglease snapshot: its first entry is {first:?}, not {}",
+        super::MANIFEST_ENTRY
+    )]
+    NoManifest {
+        /// The first entry's path inside the archive.
+        first: PathBuf,
+    },
+    /// The manifest's bytes cannot be read.
+    #[error("cannot read its manifest: {source}")]
+    ManifestUnreadable {
+        /// The reader's error.
+        source: io::Error,
+    },
+    /// The manifest is not the JSON this code reads.
+    #[error("its manifest is not valid: {source}")]
+    ManifestInvalid {
+        /// The parser's error (a line and column; the file is authenticated, ours).
+        source: serde_json::Error,
+    },
+}
+
+/// Why [`write`](super::write) wrote no snapshot. Its temporary file is removed; the
+/// snapshot in place, if any, stays. On a full disk the `io::Error` is `StorageFull`.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The snapshot directory cannot be made.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateDir {
+        /// The snapshot directory.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The temporary file cannot be made.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateFile {
+        /// The temporary file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The compressor cannot be set up.
+    #[error("zstd: {source}")]
+    Compressor {
+        /// The compressor's error.
+        source: io::Error,
+    },
+    /// The manifest cannot be serialized.
+    #[error("manifest: {source}")]
+    Manifest {
+        /// The serializer's error.
+        source: serde_json::Error,
+    },
+    /// The stopped cluster's directory cannot be listed.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadCluster {
+        /// The cluster's directory.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// One of the cluster's top-level entries cannot be stat'ed.
+    #[error("cannot stat {}: {source}", path.display())]
+    Stat {
+        /// The entry on disk.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// One of the cluster's top-level entries cannot be read into the archive.
+    #[error("cannot archive {}: {source}", path.display())]
+    Archive {
+        /// The entry on disk.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The temporary file cannot be written, sealed or synced.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The temporary file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The finished temporary file cannot be renamed into place.
+    #[error("cannot rename {} into place: {source}", path.display())]
+    Rename {
+        /// The temporary file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
 }
