@@ -17,7 +17,7 @@ use tokio_postgres::NoTls;
 use crate::config::{IntegresqlRole, TemplateSource};
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
-use crate::session::{mark_ready, NotReused, Session, Stamp};
+use crate::session::{mark_ready, NotReused, Session, Stamp, StampError};
 use crate::sql_error::SqlError;
 use crate::state::Built;
 use crate::template;
@@ -68,14 +68,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         clone: &'a DbName,
         standard_scram: bool,
     ) -> Work<'a, Result<String, SqlError>>;
-    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>>;
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>>;
     /// Stamps `clone` again after a recycle, from `previous` (what it was when last made
     /// ready) where nothing shows its files changed since; a fresh stamp otherwise.
     fn restamp<'a>(
         &'a self,
         clone: &'a DbName,
         previous: Stamp,
-    ) -> Work<'a, Result<Stamp, String>> {
+    ) -> Work<'a, Result<Stamp, StampError>> {
         let _ = previous;
         self.stamp(clone)
     }
@@ -212,14 +212,14 @@ impl Backend for Session {
             standard_scram,
         ))
     }
-    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>> {
         Box::pin(Session::stamp(self, clone))
     }
     fn restamp<'a>(
         &'a self,
         clone: &'a DbName,
         previous: Stamp,
-    ) -> Work<'a, Result<Stamp, String>> {
+    ) -> Work<'a, Result<Stamp, StampError>> {
         Box::pin(Session::restamp(self, clone, previous))
     }
     fn recycle<'a>(

@@ -20,7 +20,7 @@ use crate::config::TemplateSource;
 use crate::error::StartError;
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
-use crate::session::{NotReused, Stamp};
+use crate::session::{NotReused, Stamp, StampError};
 use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::state::Built;
 use crate::types::BuildProgress;
@@ -367,8 +367,9 @@ impl Backend for FakeBackend {
             Ok(world.new_password(clone))
         }))
     }
-    fn stamp<'a>(&'a self, _clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
-        Box::pin(async { Err("the fake server proves nothing".into()) })
+    fn stamp<'a>(&'a self, _clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>> {
+        // It has no files to stamp (and says so: `proves_unchanged` is false).
+        Box::pin(async { Err(StampError::NotOurFiles) })
     }
     fn recycle<'a>(
         &'a self,

@@ -124,6 +124,9 @@ pub(super) async fn stamp_of(
     };
     match stamped {
         Ok(stamp) => Some(stamp),
+        // Whatever failed (`StampError`: a query, with its SQLSTATE, or the listing), only
+        // this clone goes unproven: a lost server or a full disk is met, and decided on, by
+        // the jobs that need the server, not by a stamp.
         Err(error) => {
             tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
             None
