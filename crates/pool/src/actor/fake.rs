@@ -440,11 +440,15 @@ impl Backend for FakeBackend {
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>> {
         Box::pin(async move {
             let mut world = self.server.world();
             if !world.up || world.life != self.life {
-                return Err("connection refused".into());
+                return Err(SqlError {
+                    kind: SqlErrorKind::ConnectionLost,
+                    sqlstate: None,
+                    message: "connection refused".into(),
+                });
             }
             let closed = Arc::new(AtomicBool::new(false));
             world.monitor = Some(closed.clone());

@@ -80,7 +80,7 @@ pub(super) enum JobResult {
     },
     /// A second look at a server whose monitor connection closed: `Ok` is a new monitor.
     Probed {
-        outcome: Result<Box<dyn Monitor>, String>,
+        outcome: Result<Box<dyn Monitor>, SqlError>,
     },
     /// The sources of `template` were checked (off the actor: it is file I/O) for lease
     /// requests that wait on the answer.
