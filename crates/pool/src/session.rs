@@ -6,7 +6,8 @@
 //! server, `sweep` clears what an earlier run left, `clone` makes a clone and its lease
 //! role, `drop` drops a database and its role,
 //! `facts` reads sizes and sessions. Beside them: `recycle` readies a clone for its next
-//! holder, `proof` proves a released one unchanged, `reset` says
+//! holder, `proof` proves a released one unchanged (`stamp_error` says why a clone could
+//! not be stamped), `reset` says
 //! when truncating what a holder wrote is proven to give the template back, `settings` re-applies a template's
 //! database-level settings, `lock` keeps a second pglease off the server, `bounded` puts a
 //! time bound on each admin operation, `integresql` makes the IntegreSQL clients' role,
@@ -44,11 +45,13 @@ mod recycle;
 mod reset;
 mod settings;
 mod snapshot;
+mod stamp_error;
 mod sweep;
 mod watch;
 
 pub use proof::Stamp;
 pub use recycle::NotReused;
+pub use stamp_error::StampError;
 pub(crate) use sweep::{client_template_marker, mark_ready, Sweep};
 
 pub use bounded::DEFAULT_ADMIN_TIMEOUT;

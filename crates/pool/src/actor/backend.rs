@@ -17,7 +17,7 @@ use tokio_postgres::NoTls;
 use crate::config::{IntegresqlRole, TemplateSource};
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
-use crate::session::{mark_ready, NotReused, Session, Stamp};
+use crate::session::{mark_ready, NotReused, Session, Stamp, StampError};
 use crate::sql_error::SqlError;
 use crate::state::Built;
 use crate::template;
@@ -68,14 +68,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         clone: &'a DbName,
         standard_scram: bool,
     ) -> Work<'a, Result<String, SqlError>>;
-    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>>;
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>>;
     /// Stamps `clone` again after a recycle, from `previous` (what it was when last made
     /// ready) where nothing shows its files changed since; a fresh stamp otherwise.
     fn restamp<'a>(
         &'a self,
         clone: &'a DbName,
         previous: Stamp,
-    ) -> Work<'a, Result<Stamp, String>> {
+    ) -> Work<'a, Result<Stamp, StampError>> {
         let _ = previous;
         self.stamp(clone)
     }
@@ -114,8 +114,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, SqlError>>;
     /// Every database's size in bytes.
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>>;
-    /// A second look at the server: `Ok` is a new watch on it.
-    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>>;
+    /// A second look at the server: `Ok` is a new watch on it; `Err` is why none could be
+    /// opened, as postgres or the driver said it (its SQLSTATE and kind kept).
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>>;
     /// Whether the server refuses a new connection as it shuts down (SQLSTATE 57P03, as a
     /// server in smart shutdown does while it keeps the sessions it has): `Some` is
     /// postgres' words. Anything else (a connection, no slot free, no answer) is `None`: a
@@ -212,14 +213,14 @@ impl Backend for Session {
             standard_scram,
         ))
     }
-    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
+    fn stamp<'a>(&'a self, clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>> {
         Box::pin(Session::stamp(self, clone))
     }
     fn restamp<'a>(
         &'a self,
         clone: &'a DbName,
         previous: Stamp,
-    ) -> Work<'a, Result<Stamp, String>> {
+    ) -> Work<'a, Result<Stamp, StampError>> {
         Box::pin(Session::restamp(self, clone, previous))
     }
     fn recycle<'a>(
@@ -270,12 +271,12 @@ impl Backend for Session {
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(Session::database_sizes(self))
     }
-    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>> {
         Box::pin(async move {
             match tokio::time::timeout(PROBE_TIMEOUT, connect_monitor(&self.admin_config)).await {
                 Ok(Ok(monitor)) => Ok(Box::new(monitor) as Box<dyn Monitor>),
-                Ok(Err(error)) => Err(crate::sql_error::pg_message(&error)),
-                Err(_) => Err("the server did not answer".into()),
+                Ok(Err(error)) => Err(SqlError::from_pg(&error)),
+                Err(_) => Err(SqlError::timeout("the server did not answer")),
             }
         })
     }

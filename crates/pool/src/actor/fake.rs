@@ -20,7 +20,7 @@ use crate::config::TemplateSource;
 use crate::error::StartError;
 use crate::names::{DbName, TemplateName};
 use crate::postgres::snapshot::SnapshotTemplate;
-use crate::session::{NotReused, Stamp};
+use crate::session::{NotReused, Stamp, StampError};
 use crate::sql_error::{SqlError, SqlErrorKind};
 use crate::state::Built;
 use crate::types::BuildProgress;
@@ -367,8 +367,9 @@ impl Backend for FakeBackend {
             Ok(world.new_password(clone))
         }))
     }
-    fn stamp<'a>(&'a self, _clone: &'a DbName) -> Work<'a, Result<Stamp, String>> {
-        Box::pin(async { Err("the fake server proves nothing".into()) })
+    fn stamp<'a>(&'a self, _clone: &'a DbName) -> Work<'a, Result<Stamp, StampError>> {
+        // It has no files to stamp (and says so: `proves_unchanged` is false).
+        Box::pin(async { Err(StampError::NotOurFiles) })
     }
     fn recycle<'a>(
         &'a self,
@@ -439,11 +440,15 @@ impl Backend for FakeBackend {
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
-    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, String>> {
+    fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>> {
         Box::pin(async move {
             let mut world = self.server.world();
             if !world.up || world.life != self.life {
-                return Err("connection refused".into());
+                return Err(SqlError {
+                    kind: SqlErrorKind::ConnectionLost,
+                    sqlstate: None,
+                    message: "connection refused".into(),
+                });
             }
             let closed = Arc::new(AtomicBool::new(false));
             world.monitor = Some(closed.clone());

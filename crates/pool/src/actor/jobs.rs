@@ -80,7 +80,7 @@ pub(super) enum JobResult {
     },
     /// A second look at a server whose monitor connection closed: `Ok` is a new monitor.
     Probed {
-        outcome: Result<Box<dyn Monitor>, String>,
+        outcome: Result<Box<dyn Monitor>, SqlError>,
     },
     /// The sources of `template` were checked (off the actor: it is file I/O) for lease
     /// requests that wait on the answer.
@@ -124,6 +124,9 @@ pub(super) async fn stamp_of(
     };
     match stamped {
         Ok(stamp) => Some(stamp),
+        // Whatever failed (`StampError`: a query, with its SQLSTATE, or the listing), only
+        // this clone goes unproven: a lost server or a full disk is met, and decided on, by
+        // the jobs that need the server, not by a stamp.
         Err(error) => {
             tracing::debug!(database = %clone, %error, "cannot stamp a clone; its release will drop it");
             None

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use super::backend::Monitor;
 use super::jobs::{JobResult, Report};
 use super::start::{bring_up, Up};
-use super::{Actor, NOT_RUNNING, POSTGRES_STOP_TIMEOUT};
+use super::{not_running, Actor, POSTGRES_STOP_TIMEOUT};
+use crate::sql_error::SqlError;
 use crate::state::Built;
 
 /// How often the postmaster's status line is read. A server in smart shutdown keeps its
@@ -135,7 +136,7 @@ impl Actor {
             self.spawn_job(move |session| async move {
                 let outcome = match session {
                     Some(session) => session.probe().await,
-                    None => Err(NOT_RUNNING.into()),
+                    None => Err(not_running()),
                 };
                 JobResult::Probed { outcome }
             });
@@ -231,7 +232,7 @@ impl Actor {
     }
 
     /// The second look at the server ended: a new monitor connection, or the server is lost.
-    pub(super) fn probed(&mut self, outcome: Result<Box<dyn Monitor>, String>) {
+    pub(super) fn probed(&mut self, outcome: Result<Box<dyn Monitor>, SqlError>) {
         match outcome {
             Ok(monitor) => {
                 tracing::info!("postgres still answers; watching it on a new connection");
@@ -242,8 +243,9 @@ impl Actor {
                 // A killed postmaster closes its sockets (so its sessions end and new
                 // connections are refused) a moment before it can be reaped. The next look
                 // tells that exit, the cause, from a postmaster that is there but does not
-                // answer.
-                self.state.probe_ended(Err(error));
+                // answer. The state keeps only the words: it reports them, and decides by
+                // nothing else (`state/server.rs`).
+                self.state.probe_ended(Err(error.to_string()));
                 if self.running.is_none() {
                     self.check_server();
                 }

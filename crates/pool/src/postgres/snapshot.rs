@@ -35,10 +35,12 @@ use tracing::{info, warn};
 
 use super::space;
 
+mod error;
 mod key;
 mod seal;
 mod unpack;
 
+pub use error::{OpenError, Refusal, Step, UnpackError, WriteError};
 pub use key::{
     default_path as default_key_path, load as load_key, load_or_create as load_or_create_key,
 };
@@ -203,7 +205,7 @@ pub fn find(dir: &Path, version: &str, initdb_args: &[String], key: &SnapshotKey
             );
             return None;
         }
-        Err(OpenError::Unreadable(error)) => {
+        Err(error) => {
             warn!(snapshot = %path.display(), %error, "ignoring an unreadable snapshot; it is replaced at the next clean stop");
             return None;
         }
@@ -258,26 +260,15 @@ fn remove_abandoned(dir: &Path) {
     }
 }
 
-/// Why [`open`] found no usable snapshot.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    /// Its MAC is missing, another key's or wrong: nothing in it was read.
-    #[error("not authenticated: {0}")]
-    Unauthenticated(SealError),
-    /// Authenticated, but it cannot be opened or read as a snapshot.
-    #[error("{0}")]
-    Unreadable(String),
-}
-
 /// Opens the snapshot file `path` once, checks its MAC under `key`, then reads its manifest
 /// (the first entry) from the same descriptor.
 pub fn open(path: &Path, key: &SnapshotKey) -> Result<Found, OpenError> {
-    let file = open_file(path).map_err(OpenError::Unreadable)?;
+    let file = open_file(path)?;
     let sealed = Sealed::verify(file, path, key).map_err(|error| match error {
-        SealError::Io { .. } => OpenError::Unreadable(error.to_string()),
+        SealError::Io { path, source } => OpenError::Read { path, source },
         other => OpenError::Unauthenticated(other),
     })?;
-    let manifest = read_manifest(&sealed, key).map_err(OpenError::Unreadable)?;
+    let manifest = read_manifest(&sealed, key)?;
     Ok(Found {
         path: path.to_path_buf(),
         manifest,
@@ -286,68 +277,56 @@ pub fn open(path: &Path, key: &SnapshotKey) -> Result<Found, OpenError> {
 }
 
 /// Reads only the manifest (the first entry) of an authenticated file.
-fn read_manifest(sealed: &Sealed, key: &SnapshotKey) -> Result<Manifest, String> {
-    let mut archive = archive(sealed.reader(key))?;
-    let mut entries = archive
-        .entries()
-        .map_err(|e| format!("not a snapshot (tar): {e}"))?;
-    let first = entries
-        .next()
-        .ok_or("an empty archive, not a snapshot")?
-        .map_err(|e| format!("not a snapshot (tar): {e}"))?;
-    let name = first
-        .path()
-        .map_err(|e| format!("not a snapshot (tar): {e}"))?
-        .into_owned();
+fn read_manifest(sealed: &Sealed, key: &SnapshotKey) -> Result<Manifest, OpenError> {
+    let not_tar = |source| OpenError::NotTar { source };
+    let mut archive =
+        archive(sealed.reader(key)).map_err(|source| OpenError::NotZstd { source })?;
+    let mut entries = archive.entries().map_err(not_tar)?;
+    let first = entries.next().ok_or(OpenError::Empty)?.map_err(not_tar)?;
+    let name = first.path().map_err(not_tar)?.into_owned();
     if name != Path::new(MANIFEST_ENTRY) {
-        return Err(format!(
-            "not a pglease snapshot: its first entry is {}, not {MANIFEST_ENTRY}",
-            name.display()
-        ));
+        return Err(OpenError::NoManifest { first: name });
     }
     let mut text = String::new();
     first
         .take(MANIFEST_LIMIT)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read its manifest: {e}"))?;
-    serde_json::from_str(&text).map_err(|e| format!("its manifest is not valid: {e}"))
+        .map_err(|source| OpenError::ManifestUnreadable { source })?;
+    serde_json::from_str(&text).map_err(|source| OpenError::ManifestInvalid { source })
 }
 
 /// The snapshot file `path`, opened once. It must be a regular file, not a link: pglease
 /// renames a regular file into place, so a link or a FIFO there was put by someone else
 /// (and a FIFO would hang the start).
-fn open_file(path: &Path) -> Result<File, String> {
+fn open_file(path: &Path) -> Result<File, OpenError> {
+    let path_buf = || path.to_path_buf();
     let file = File::options()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(nix::libc::ELOOP) => format!(
-                "refusing {}: it is a symbolic link, not a snapshot file",
-                path.display()
-            ),
-            _ => format!("cannot open {}: {e}", path.display()),
+        .map_err(|source| match source.raw_os_error() {
+            Some(nix::libc::ELOOP) => OpenError::Link { path: path_buf() },
+            _ => OpenError::Open {
+                path: path_buf(),
+                source,
+            },
         })?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    let meta = file.metadata().map_err(|source| OpenError::Stat {
+        path: path_buf(),
+        source,
+    })?;
     if !meta.is_file() {
-        return Err(format!(
-            "refusing {}: it is not a regular file",
-            path.display()
-        ));
+        return Err(OpenError::NotAFile { path: path_buf() });
     }
     Ok(file)
 }
 
-/// The archive in an authenticated file's stream.
+/// The archive in an authenticated file's stream; an error when it is not zstd.
 fn archive(
     reader: seal::Reader<'_>,
-) -> Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<seal::Reader<'_>>>>, String>
+) -> std::io::Result<tar::Archive<zstd::stream::read::Decoder<'static, BufReader<seal::Reader<'_>>>>>
 {
-    let decoder =
-        zstd::stream::read::Decoder::new(reader).map_err(|e| format!("not a snapshot: {e}"))?;
-    Ok(tar::Archive::new(decoder))
+    Ok(tar::Archive::new(zstd::stream::read::Decoder::new(reader)?))
 }
 
 /// Unpacks the cluster of `snapshot` into `data_dir` (which must not exist, or be empty
@@ -366,16 +345,12 @@ pub fn extract(
     data_dir: &Path,
     owner: Option<(u32, u32)>,
     room: Option<&Path>,
-) -> Result<u64, String> {
+) -> Result<u64, UnpackError> {
     let started = Instant::now();
     let snapshot = &found.path;
-    let mut archive = archive(found.sealed.reader(key))?;
-    match std::fs::create_dir(data_dir) {
-        // Made already, empty, with its databases' tmpfs (`space.rs`): the handle below
-        // refuses a link.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        result => result.map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?,
-    }
+    let mut archive =
+        archive(found.sealed.reader(key)).map_err(|source| UnpackError::NotZstd { source })?;
+    make_data_dir(data_dir)?;
     // Everything below happens through this handle, never by a path someone could swap.
     let root = unpack::open_directory(data_dir)?;
     // With the cluster's room in `--databases-dir`, `base` and `pg_notify` are links into
@@ -396,7 +371,7 @@ pub fn extract(
     };
     let entries = archive
         .entries()
-        .map_err(|e| format!("cannot read the archive: {e}"))?;
+        .map_err(|source| UnpackError::Archive { source })?;
     let bytes = unpack::unpack(entries, &into, Path::new(MANIFEST_ENTRY), owner)?;
     // The rest of the stream and the trailer, hashed: the tag must be the checked one.
     archive
@@ -404,13 +379,13 @@ pub fn extract(
         .finish()
         .into_inner()
         .finish()
-        .map_err(|e| e.to_string())?;
+        .map_err(UnpackError::Trailer)?;
     let complete = data_dir.join("PG_VERSION").is_file()
         && data_dir.join("global").join("pg_control").is_file();
     if !complete {
-        return Err("the archive holds no complete cluster (PG_VERSION, global/pg_control)".into());
+        return Err(UnpackError::Incomplete);
     }
-    unpack::make_private(&root, owner)?;
+    unpack::make_private(&root, data_dir, owner)?;
     info!(
         snapshot = %snapshot.display(),
         to = %data_dir.display(),
@@ -419,6 +394,19 @@ pub fn extract(
         "unpacked the snapshot"
     );
     Ok(bytes)
+}
+
+/// Makes the data directory `data_dir`, unless it is there already.
+fn make_data_dir(data_dir: &Path) -> Result<(), UnpackError> {
+    match std::fs::create_dir(data_dir) {
+        // Made already, empty, with its databases' tmpfs (`space.rs`): the handle the
+        // caller opens on it refuses a link.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        result => result.map_err(|source| UnpackError::CreateDataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// Writes the stopped cluster at `cluster` with `manifest` as `path` (through a temporary
@@ -430,7 +418,7 @@ pub fn write(
     manifest: &Manifest,
     path: &Path,
     key: &SnapshotKey,
-) -> Result<u64, String> {
+) -> Result<u64, WriteError> {
     let started = Instant::now();
     let dir = path.parent().unwrap_or(Path::new("."));
     // Private to the service user: a snapshot holds the whole cluster, password verifiers
@@ -439,7 +427,10 @@ pub fn write(
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        .map_err(|source| WriteError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
         path.file_name()
@@ -447,8 +438,10 @@ pub fn write(
         super::util::random_hex(4)
     ));
     let result = write_archive(cluster, manifest, &tmp, key).and_then(|()| {
-        std::fs::rename(&tmp, path)
-            .map_err(|e| format!("cannot rename {} into place: {e}", tmp.display()))
+        std::fs::rename(&tmp, path).map_err(|source| WriteError::Rename {
+            path: tmp.clone(),
+            source,
+        })
     });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -465,30 +458,38 @@ pub fn write(
     Ok(size)
 }
 
+/// Writes the archive of `cluster`, `manifest` first, sealed under `key`, into the new file
+/// `tmp`, and syncs it.
 fn write_archive(
     cluster: &Path,
     manifest: &Manifest,
     tmp: &Path,
     key: &SnapshotKey,
-) -> Result<(), String> {
+) -> Result<(), WriteError> {
     let file = File::options()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(tmp)
-        .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        .map_err(|source| WriteError::CreateFile {
+            path: tmp.to_path_buf(),
+            source,
+        })?;
+    let write_failed = |source| WriteError::Write {
+        path: tmp.to_path_buf(),
+        source,
+    };
     // Every byte of the stream goes through the MAC on its way to the file.
     let sealing = seal::Sealing::new(BufWriter::new(file), key);
-    let mut encoder =
-        zstd::stream::write::Encoder::new(sealing, ZSTD_LEVEL).map_err(|e| format!("zstd: {e}"))?;
+    let compressor = |source| WriteError::Compressor { source };
+    let mut encoder = zstd::stream::write::Encoder::new(sealing, ZSTD_LEVEL).map_err(compressor)?;
     // Both cores: a save runs while nothing else does (at stop).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    encoder
-        .multithread(threads)
-        .map_err(|e| format!("zstd: {e}"))?;
+    encoder.multithread(threads).map_err(compressor)?;
     let mut builder = tar::Builder::new(encoder);
     builder.follow_symlinks(false);
-    let json = serde_json::to_vec_pretty(manifest).map_err(|e| format!("manifest: {e}"))?;
+    let json =
+        serde_json::to_vec_pretty(manifest).map_err(|source| WriteError::Manifest { source })?;
     let mut header = tar::Header::new_gnu();
     header.set_size(json.len() as u64);
     header.set_mode(0o644);
@@ -496,28 +497,49 @@ fn write_archive(
     header.set_cksum();
     builder
         .append_data(&mut header, MANIFEST_ENTRY, json.as_slice())
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    let entries = std::fs::read_dir(cluster)
-        .map_err(|e| format!("cannot read {}: {e}", cluster.display()))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read {}: {e}", cluster.display()))?;
+        .map_err(write_failed)?;
+    append_cluster(&mut builder, cluster, manifest.created_unix)?;
+    let encoder = builder.into_inner().map_err(write_failed)?;
+    let mut writer = encoder
+        .finish()
+        .and_then(seal::Sealing::seal)
+        .map_err(write_failed)?;
+    writer.flush().map_err(write_failed)?;
+    writer.get_ref().sync_all().map_err(write_failed)
+}
+
+/// Appends the stopped cluster's top-level entries (`postmaster.*` aside) to `builder`:
+/// `pg_wal` with only the segments a start needs, `pg_notify` empty, the databases' room
+/// as `base`.
+fn append_cluster<W: Write>(
+    builder: &mut tar::Builder<W>,
+    cluster: &Path,
+    created_unix: u64,
+) -> Result<(), WriteError> {
+    let unreadable = |source| WriteError::ReadCluster {
+        path: cluster.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(cluster).map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
         let name = entry.file_name();
         // Written by each start; a stale one would only mislead.
         if name == "postmaster.pid" || name == "postmaster.opts" {
             continue;
         }
         let from = entry.path();
-        let kind = entry
-            .file_type()
-            .map_err(|e| format!("cannot stat {}: {e}", from.display()))?;
+        let kind = match entry.file_type() {
+            Ok(kind) => kind,
+            Err(source) => return Err(WriteError::Stat { path: from, source }),
+        };
         let written = if name == "pg_wal" && kind.is_dir() {
-            append_wal(&mut builder, cluster, &from)
+            append_wal(builder, cluster, &from)
         } else if name == space::NOTIFY_QUEUE_DIR {
             // LISTEN/NOTIFY's queue, which postgres empties at its start: only the
             // directory goes in, whatever it holds (up to gigabytes of notifications nobody
             // read) and whatever it is here (a directory, a tmpfs, a link into the
             // databases' room, `room.rs`), so that any daemon can unpack it.
-            append_empty_dir(&mut builder, &name, manifest.created_unix)
+            append_empty_dir(builder, &name, created_unix)
         } else if name == "base" && kind.is_symlink() {
             // The databases' room in `--databases-dir` (`room.rs`): what it holds goes in,
             // as a directory `base`, never the link (which no unpacking would take).
@@ -527,22 +549,11 @@ fn write_archive(
         } else {
             builder.append_path_with_name(&from, &name)
         };
-        written.map_err(|e| format!("cannot archive {}: {e}", from.display()))?;
+        if let Err(source) = written {
+            return Err(WriteError::Archive { path: from, source });
+        }
     }
-    let encoder = builder
-        .into_inner()
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    let mut writer = encoder
-        .finish()
-        .and_then(seal::Sealing::seal)
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    writer
-        .flush()
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    writer
-        .get_ref()
-        .sync_all()
-        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))
+    Ok(())
 }
 
 /// Appends an empty directory `name` (mode 0700, as postgres makes its directories).

@@ -36,6 +36,7 @@ use deadpool_postgres::Object;
 use tokio::time::Instant;
 
 use super::bounded::query_one_prepared;
+use super::stamp_error::StampError;
 use super::Session;
 use crate::names::DbName;
 use crate::sql_error::SqlError;
@@ -138,9 +139,9 @@ impl Session {
     }
 
     /// Stamps `clone` as it is now (made ready, nobody connected).
-    pub async fn stamp(&self, clone: &DbName) -> Result<Stamp, String> {
+    pub async fn stamp(&self, clone: &DbName) -> Result<Stamp, StampError> {
         let Some(data_dir) = self.proof_dir.clone() else {
-            return Err("this server's files are not pglease's".into());
+            return Err(StampError::NotOurFiles);
         };
         let (oid, catalog, rows_written) = self.stamp_row(clone).await?;
         // Watched before the listing: a change between the two is not missed.
@@ -167,7 +168,7 @@ impl Session {
     ///
     /// The new stamp is as sound as a fresh one: a write since `previous` would have shown
     /// in the watch, and one from now on will, as it would in a fresh watch.
-    pub async fn restamp(&self, clone: &DbName, previous: Stamp) -> Result<Stamp, String> {
+    pub async fn restamp(&self, clone: &DbName, previous: Stamp) -> Result<Stamp, StampError> {
         let unchanged = previous.watch.filter(|watch| {
             self.watches
                 .as_ref()
@@ -189,19 +190,18 @@ impl Session {
     }
 
     /// [`STAMP_SQL`]'s answer: the clone's OID, its shared catalogs' rows, the rows written.
-    async fn stamp_row(&self, clone: &DbName) -> Result<(u32, String, i64), String> {
-        self.bounded(
-            || format!("stamping {clone}"),
-            async |client| {
-                let row = query_one_prepared(client, STAMP_SQL, &[&clone.as_str()]).await?;
-                let (oid, catalog) = oid_and_catalog(&row, clone)?;
-                Ok::<_, SqlError>((oid, catalog, row.get::<_, i64>(2)))
-            },
-        )
-        .await
-        // A stamp that cannot be taken only means the clone is not proven later: its
-        // callers log the words and nothing decides by the kind.
-        .map_err(|error| error.to_string())
+    async fn stamp_row(&self, clone: &DbName) -> Result<(u32, String, i64), StampError> {
+        let row = self
+            .bounded(
+                || format!("stamping {clone}"),
+                async |client| {
+                    let row = query_one_prepared(client, STAMP_SQL, &[&clone.as_str()]).await?;
+                    let (oid, catalog) = oid_and_catalog(&row, clone)?;
+                    Ok::<_, SqlError>((oid, catalog, row.get::<_, i64>(2)))
+                },
+            )
+            .await?;
+        Ok(row)
     }
 
     /// Why `clone` is not what `stamp` says, or `None` when it is exactly that. Its holder's
@@ -255,7 +255,9 @@ impl Session {
         if let (Some(watch), Some(watches)) = (watched, &self.watches) {
             return Ok(watches.changed(&watch));
         }
-        let files = files_of(data_dir, oid).await.map_err(SqlError::other)?;
+        let files = files_of(data_dir, oid)
+            .await
+            .map_err(|error| SqlError::other(error.to_string()))?;
         if files != stamp.files {
             return Ok(Some(describe_file_change(&stamp.files, &files)));
         }
@@ -343,26 +345,30 @@ fn clone_dir(data_dir: &Path, oid: u32) -> PathBuf {
 }
 
 /// The files of [`clone_dir`], on a thread that may block.
-async fn files_of(data_dir: PathBuf, oid: u32) -> Result<Vec<FileStamp>, String> {
+async fn files_of(data_dir: PathBuf, oid: u32) -> Result<Vec<FileStamp>, StampError> {
     tokio::task::spawn_blocking(move || list_files(&clone_dir(&data_dir, oid)))
         .await
-        .map_err(|e| format!("listing files failed: {e}"))?
+        .map_err(StampError::Listing)?
 }
 
-pub(super) fn list_files(dir: &Path) -> Result<Vec<FileStamp>, String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+/// The files of the clone directory `dir` but the relation cache's, sorted by name.
+pub(super) fn list_files(dir: &Path) -> Result<Vec<FileStamp>, StampError> {
+    let unreadable = |source| StampError::ListDirectory {
+        path: dir.to_path_buf(),
+        source,
+    };
     let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name == RELCACHE_INIT {
             continue;
         }
         // A file that goes between the listing and its stat is a change too.
-        let meta = entry
-            .metadata()
-            .map_err(|e| format!("cannot stat {name}: {e}"))?;
+        let meta = entry.metadata().map_err(|source| StampError::Stat {
+            path: entry.path(),
+            source,
+        })?;
         files.push((
             name,
             meta.len(),

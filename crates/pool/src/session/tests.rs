@@ -839,3 +839,57 @@ async fn a_restamp_carries_the_files_forward_only_while_nothing_changed() {
     drop(admin);
     server.stop().await;
 }
+
+/// Issue 43: a stamp that fails keeps what failed. A query postgres refuses keeps its
+/// SQLSTATE and kind (here 55P03, `lock_not_available`: the shared catalog the stamp reads is
+/// locked by someone else and the session's connections give up after `lock_timeout`);
+/// a listing that fails names the clone's directory and keeps the system's error.
+#[tokio::test]
+async fn a_failed_stamp_keeps_the_sqlstate_and_the_directory() {
+    let server = Server::start().await;
+    let admin = server.superuser().await;
+    // Every connection the session opens from now on gives up on a lock after 100 ms.
+    admin
+        .batch_execute("ALTER ROLE CURRENT_USER SET lock_timeout = '100ms'")
+        .await
+        .expect("set lock_timeout");
+    let mut params = server.params();
+    // A directory that does not exist: the query succeeds, the listing cannot.
+    let missing = server.running.data_dir.join("no-such-dir");
+    params.proof_dir = Some(missing.clone());
+    let session = Session::open(params).await.expect("open a session");
+    let postgres = DbName::from_server("postgres".into());
+
+    let oid: u32 = admin
+        .query_one(
+            "SELECT oid FROM pg_database WHERE datname = 'postgres'",
+            &[],
+        )
+        .await
+        .expect("oid")
+        .get(0);
+    match session.stamp(&postgres).await {
+        Err(StampError::ListDirectory { path, source }) => {
+            assert_eq!(path, missing.join("base").join(oid.to_string()));
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "{source}");
+        }
+        other => panic!("a listing of a missing directory: {other:?}"),
+    }
+
+    // The stamp's query reads pg_shdescription; someone else holds it locked.
+    admin
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_shdescription IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock a shared catalog");
+    match session.stamp(&postgres).await {
+        Err(StampError::Sql(error)) => {
+            assert_eq!(error.sqlstate.as_deref(), Some("55P03"), "{error}");
+            assert_eq!(error.kind, SqlErrorKind::Other, "{error}");
+        }
+        other => panic!("a stamp behind a lock: {other:?}"),
+    }
+    admin.batch_execute("ROLLBACK").await.expect("unlock");
+    drop(session);
+    drop(admin);
+    server.stop().await;
+}

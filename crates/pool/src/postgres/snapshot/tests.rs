@@ -213,7 +213,9 @@ fn a_hostile_entry_under_base_is_refused_in_the_room_too() {
             ],
         );
         let found = open(&path, &key()).expect("open");
-        let error = extract(&found, &key(), &out, None, Some(&room)).expect_err("a link");
+        let error = extract(&found, &key(), &out, None, Some(&room))
+            .expect_err("a link")
+            .to_string();
         assert!(
             error.contains(&format!("\"{top}/1\"")) && error.contains("symbolic link"),
             "{error}"
@@ -243,6 +245,10 @@ fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
     std::fs::write(&path, b"not a snapshot at all").expect("test step");
     let error = manifest_of(&path).expect_err("an error");
     assert!(error.contains("not a pglease snapshot at all"), "{error}");
+    assert!(matches!(
+        open(&path, &key()),
+        Err(OpenError::Unauthenticated(SealError::NotASnapshot))
+    ));
     assert!(find(&root, "15.14", &[], &key()).is_none());
     // A valid zstd tar whose first entry is something else.
     let mut builder = tar::Builder::new(Vec::new());
@@ -263,6 +269,10 @@ fn garbage_or_a_foreign_archive_is_not_a_snapshot() {
     .expect("test step");
     let error = manifest_of(&path).expect_err("an error");
     assert!(error.contains("not a pglease snapshot"), "{error}");
+    assert!(
+        matches!(open(&path, &key()), Err(OpenError::NoManifest { first }) if first == Path::new("hello")),
+        "{error}"
+    );
     // A cut-off file fails extraction with a message, not a panic.
     let cluster = root.join("cluster");
     fake_cluster(&cluster);
@@ -306,7 +316,7 @@ fn manifest_of(path: &Path) -> Result<Manifest, String> {
 /// Unpacks `path` as a start does: opened and checked under [`key`], then extracted.
 fn extract_file(path: &Path, out: &Path, owner: Option<(u32, u32)>) -> Result<u64, String> {
     let found = open(path, &key()).map_err(|e| e.to_string())?;
-    extract(&found, &key(), out, owner, None)
+    extract(&found, &key(), out, owner, None).map_err(|e| e.to_string())
 }
 
 /// `stream` with a valid trailer under `key` appended.
@@ -602,6 +612,12 @@ fn a_link_already_in_the_data_directory_is_not_followed() {
     );
     let error = result.expect_err("unpacked through a link");
     assert!(
+        matches!(&error, UnpackError::UnderNonDirectory { entry, under }
+            if entry == Path::new("base/1259") && *under == out.join("base")),
+        "{error:?}"
+    );
+    let error = error.to_string();
+    assert!(
         error.contains("\"base/1259\"") && error.contains("which is not a directory"),
         "{error}"
     );
@@ -646,11 +662,19 @@ fn a_snapshot_file_that_is_a_link_or_a_fifo_is_not_read() {
     std::os::unix::fs::symlink(&real, &path).expect("symlink");
     let error = manifest_of(&path).expect_err("read through a link");
     assert!(error.contains("it is a symbolic link"), "{error}");
+    assert!(
+        matches!(open(&path, &key()), Err(OpenError::Link { path: named }) if named == path),
+        "not refused as a link"
+    );
     assert!(find(&snaps, "15.14", &manifest().initdb_args, &key()).is_none());
     std::fs::remove_file(&path).expect("remove");
     nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     let error = manifest_of(&path).expect_err("read a FIFO");
     assert!(error.contains("it is not a regular file"), "{error}");
+    assert!(
+        matches!(open(&path, &key()), Err(OpenError::NotAFile { .. })),
+        "not refused as a FIFO"
+    );
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -693,6 +717,16 @@ fn a_snapshot_file_is_private_to_its_user() {
     let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(&root.join("snaps")), 0o700);
+    // Where the directory cannot be made (a file is in the way), the error names it.
+    let blocked = root.join("blocked");
+    std::fs::write(&blocked, b"").expect("write");
+    let error = write(&cluster, &manifest(), &path_for(&blocked, 15), &key())
+        .expect_err("written under a file");
+    assert!(
+        matches!(&error, WriteError::CreateDir { path, .. } if *path == blocked),
+        "{error:?}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 // Issue 41, step 2: defence in depth for a snapshot whose MAC is valid (a leaked key). Only

@@ -25,11 +25,12 @@
 //! room only its mode and owner set, as the data directory's `pg_notify` is then a link
 //! into the room.
 //!
-//! Entry names are shown quoted and escaped (`{:?}`) in errors: they come from the archive
-//! and end up in the log. This file does not read the manifest or decide whether a
-//! snapshot is used.
+//! Entry names are shown quoted and escaped (`{:?}`) in errors (`error.rs`'s
+//! [`UnpackError`], which names the entry, the path on the way, and the system's error):
+//! they come from the archive and end up in the log. This file does not read the manifest
+//! or decide whether a snapshot is used.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -41,6 +42,8 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
 use tar::EntryType;
+
+use super::error::{Refusal, Step, UnpackError};
 
 /// The modes postgres requires of a cluster it did not make with group access (`initdb -g`
 /// is not used): files owner-only, directories owner-only.
@@ -96,7 +99,7 @@ enum Place {
 
 /// Where the entry `name` (of `kind`, its first component `top`) belongs, or why it cannot
 /// be unpacked.
-fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, String> {
+fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, UnpackError> {
     let top_text = top.to_string_lossy();
     let is_top = name
         .components()
@@ -110,12 +113,12 @@ fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, String> {
     if !is_top && top_text == NOTIFY_QUEUE {
         return Ok(Place::Skip);
     }
-    let why = if top_text.ends_with(".signal") {
-        "a signal file would start recovery (which runs restore_command)"
+    let reason = if top_text.ends_with(".signal") {
+        Refusal::SignalFile
     } else if top_text.starts_with("postmaster.") {
-        "a postmaster file belongs to a running server"
+        Refusal::PostmasterFile
     } else if top_text == "backup_label" || top_text == "tablespace_map" {
-        "a backup's file would start recovery from a backup"
+        Refusal::BackupFile
     } else {
         match TOP_LEVEL.iter().find(|(known, _)| *known == top_text) {
             // A known directory holds anything, and is a directory itself; a known file
@@ -124,27 +127,40 @@ fn place(name: &Path, top: &OsStr, kind: EntryType) -> Result<Place, String> {
                 return Ok(Place::Cluster)
             }
             Some((_, false)) if is_top && kind == EntryType::Regular => return Ok(Place::Cluster),
-            Some(_) => "it is not of the kind postgres makes there",
-            None => "it is no part of a postgres data directory",
+            Some(_) => Refusal::WrongKind,
+            None => Refusal::Foreign,
         }
     };
-    Err(format!("the archive holds {name:?}: {why}"))
-}
-
-/// Opens the directory `path` for `*at` calls, refusing a link at its last component.
-pub(super) fn open_directory(path: &Path) -> Result<OwnedFd, String> {
-    nix::fcntl::open(path, directory_flags(), Mode::empty()).map_err(|e| {
-        format!(
-            "cannot open {}: {}",
-            path.display(),
-            std::io::Error::from(e)
-        )
+    Err(UnpackError::NotPostgres {
+        entry: name.to_path_buf(),
+        reason,
     })
 }
 
-/// Gives the directory behind `dir` mode 0700 and `owner`, through the handle.
-pub(super) fn make_private(dir: &OwnedFd, owner: Option<(u32, u32)>) -> Result<(), String> {
-    set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
+/// Opens the directory `path` for `*at` calls, refusing a link at its last component.
+pub(super) fn open_directory(path: &Path) -> Result<OwnedFd, UnpackError> {
+    nix::fcntl::open(path, directory_flags(), Mode::empty()).map_err(|e| {
+        UnpackError::OpenDirectory {
+            path: path.to_path_buf(),
+            source: io_error(e),
+        }
+    })
+}
+
+/// Gives the data directory behind `dir` (named `path` in errors) mode 0700 and `owner`,
+/// through the handle.
+pub(super) fn make_private(
+    dir: &OwnedFd,
+    path: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<(), UnpackError> {
+    set_mode_and_owner(dir.as_fd(), DIR_MODE, owner).map_err(|(step, source)| {
+        UnpackError::DataDir {
+            path: path.to_path_buf(),
+            step,
+            source,
+        }
+    })
 }
 
 /// Where a snapshot is unpacked: handles opened by the caller.
@@ -163,128 +179,186 @@ pub(super) struct Into<'a> {
     pub data_dir: &'a Path,
 }
 
+impl Into<'_> {
+    /// The part of the cluster's room that the top-level directory entry `last` is, when
+    /// it is one (`base`, `pg_notify` with a room): made already, empty.
+    fn room_of(&self, last: &OsStr) -> Option<&OwnedFd> {
+        match last.to_str() {
+            Some(BASE) => self.base,
+            Some(NOTIFY_QUEUE) => self.notify_queue,
+            _ => None,
+        }
+    }
+}
+
+/// An entry that passed every check: its path inside the archive, its kind (a regular file
+/// or a directory), and that path split into its parent (plain components, empty for the
+/// top level) and its last component.
+struct Checked {
+    name: PathBuf,
+    kind: EntryType,
+    parent: PathBuf,
+    last: OsString,
+}
+
 /// Unpacks every entry of `entries` but the manifest (`skip`) into the empty directory
 /// `into.root` (the data directory, named `into.data_dir` in errors), owned by `owner` when
-/// set. Returns the bytes unpacked.
+/// set. Returns the bytes unpacked. Entries are read one at a time: each is checked
+/// ([`check`]) before anything of it is made, then made ([`make_directory`],
+/// [`write_file`]) under its parent.
 pub(super) fn unpack<R: Read>(
     entries: tar::Entries<'_, R>,
     into: &Into<'_>,
     skip: &Path,
     owner: Option<(u32, u32)>,
-) -> Result<u64, String> {
+) -> Result<u64, UnpackError> {
     let mut bytes = 0u64;
     // The parent of the last entry, open: a cluster's files come directory by directory,
     // so most entries reuse it instead of walking their parents again.
     let mut last_parent: Option<(PathBuf, OwnedFd)> = None;
     for entry in entries {
-        let mut entry = entry.map_err(|e| format!("cannot read the archive: {e}"))?;
+        let mut entry = entry.map_err(|source| UnpackError::Archive { source })?;
         let name = entry
             .path()
-            .map_err(|e| format!("cannot read the archive: {e}"))?
+            .map_err(|source| UnpackError::Archive { source })?
             .into_owned();
         if name == skip {
             continue;
         }
         // Every check comes before anything is made.
-        let kind = entry.header().entry_type();
-        if !matches!(kind, EntryType::Regular | EntryType::Directory) {
-            return Err(format!(
-                "the archive holds {name:?} as {}: a snapshot holds only files and directories",
-                describe(kind)
-            ));
-        }
-        let (parent, last) = plain_path(&name)?;
-        let top = parent.components().next().map_or(last, |c| c.as_os_str());
-        if let Place::Skip = place(&name, top, kind)? {
+        let Some(checked) = check(name, entry.header().entry_type())? else {
             continue;
-        }
-        if kind == EntryType::Directory && parent.as_os_str().is_empty() {
-            let room = match last.to_str() {
-                Some(BASE) => into.base,
-                Some(NOTIFY_QUEUE) => into.notify_queue,
-                _ => None,
-            };
-            if let Some(room) = room {
+        };
+        let is_directory = checked.kind == EntryType::Directory;
+        if is_directory && checked.parent.as_os_str().is_empty() {
+            if let Some(room) = into.room_of(&checked.last) {
                 // A part of the cluster's room: made already, empty; only its mode and
                 // owner are set.
                 set_mode_and_owner(room.as_fd(), DIR_MODE, owner)
-                    .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+                    .map_err(|(step, source)| checked.failed(step, source))?;
                 continue;
             }
         }
         let parent_dir = match last_parent.take() {
-            Some((path, fd)) if path == parent => fd,
-            _ => open_parent(into, &parent, &name)?,
+            Some((path, fd)) if path == checked.parent => fd,
+            _ => open_parent(into, &checked.parent, &checked.name)?,
         };
-        let failed = |action: &str, e: Errno| {
-            format!("cannot {action} {name:?}: {}", std::io::Error::from(e))
-        };
-        if kind == EntryType::Directory {
-            // mkdirat makes the directory or fails: it never follows a link at `last`. One
-            // there already (`base/`, the databases' tmpfs) is opened below, never a link.
-            match nix::sys::stat::mkdirat(&parent_dir, last, Mode::from_bits_truncate(DIR_MODE)) {
-                Ok(()) | Err(Errno::EEXIST) => {}
-                Err(e) => return Err(failed("unpack", e)),
-            }
-            let dir = nix::fcntl::openat(&parent_dir, last, directory_flags(), Mode::empty())
-                .map_err(|e| failed("open", e))?;
-            set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
-                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+        if is_directory {
+            make_directory(&parent_dir, &checked, owner)?;
         } else {
-            let flags = OFlag::O_WRONLY
-                | OFlag::O_CREAT
-                | OFlag::O_EXCL
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_CLOEXEC;
-            let fd = nix::fcntl::openat(
-                &parent_dir,
-                last,
-                flags,
-                Mode::from_bits_truncate(FILE_MODE),
-            )
-            .map_err(|e| failed("unpack", e))?;
-            let mut file = File::from(fd);
-            bytes += std::io::copy(&mut entry, &mut file)
-                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
-            if let Ok(mtime) = entry.header().mtime() {
-                // As the cluster had it; nothing depends on it, but a copy is faithful.
-                let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
-            }
-            set_mode_and_owner(file.as_fd(), FILE_MODE, owner)
-                .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+            bytes += write_file(&mut entry, &parent_dir, &checked, owner)?;
         }
-        last_parent = Some((parent, parent_dir));
+        last_parent = Some((checked.parent, parent_dir));
     }
+    Ok(bytes)
+}
+
+/// The entry `name` of `kind` checked: `None` when it is skipped (a configuration file,
+/// the queue's content), else where it goes; an error when it is not a plain file or
+/// directory of a cluster, inside it.
+fn check(name: PathBuf, kind: EntryType) -> Result<Option<Checked>, UnpackError> {
+    if !matches!(kind, EntryType::Regular | EntryType::Directory) {
+        return Err(UnpackError::NotFileOrDirectory { entry: name, kind });
+    }
+    let (parent, last) = plain_path(&name)?;
+    let top = parent.components().next().map_or(last, |c| c.as_os_str());
+    if let Place::Skip = place(&name, top, kind)? {
+        return Ok(None);
+    }
+    let last = last.to_os_string();
+    Ok(Some(Checked {
+        name,
+        kind,
+        parent,
+        last,
+    }))
+}
+
+impl Checked {
+    /// `step` of making this entry failed with `source`.
+    fn failed(&self, step: Step, source: std::io::Error) -> UnpackError {
+        UnpackError::Entry {
+            entry: self.name.clone(),
+            step,
+            source,
+        }
+    }
+}
+
+/// Makes the directory entry `checked` in `parent_dir`, mode 0700, owned by `owner`.
+fn make_directory(
+    parent_dir: &OwnedFd,
+    checked: &Checked,
+    owner: Option<(u32, u32)>,
+) -> Result<(), UnpackError> {
+    let last = checked.last.as_os_str();
+    let failed = |step, e: Errno| checked.failed(step, io_error(e));
+    // mkdirat makes the directory or fails: it never follows a link at `last`. One
+    // there already (`base/`, the databases' tmpfs) is opened below, never a link.
+    match nix::sys::stat::mkdirat(parent_dir, last, Mode::from_bits_truncate(DIR_MODE)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(failed(Step::MakeDirectory, e)),
+    }
+    let dir = nix::fcntl::openat(parent_dir, last, directory_flags(), Mode::empty())
+        .map_err(|e| failed(Step::OpenDirectory, e))?;
+    set_mode_and_owner(dir.as_fd(), DIR_MODE, owner)
+        .map_err(|(step, source)| checked.failed(step, source))
+}
+
+/// Writes the file entry `checked`, whose bytes `entry` reads, as a new file in
+/// `parent_dir` (never through something already there), mode 0600, owned by `owner`.
+/// Returns its size.
+fn write_file<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    parent_dir: &OwnedFd,
+    checked: &Checked,
+    owner: Option<(u32, u32)>,
+) -> Result<u64, UnpackError> {
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::openat(
+        parent_dir,
+        checked.last.as_os_str(),
+        flags,
+        Mode::from_bits_truncate(FILE_MODE),
+    )
+    .map_err(|e| checked.failed(Step::CreateFile, io_error(e)))?;
+    let mut file = File::from(fd);
+    let bytes = std::io::copy(entry, &mut file)
+        .map_err(|source| checked.failed(Step::WriteFile, source))?;
+    if let Ok(mtime) = entry.header().mtime() {
+        // As the cluster had it; nothing depends on it, but a copy is faithful.
+        let _ = file.set_modified(UNIX_EPOCH + Duration::from_secs(mtime));
+    }
+    set_mode_and_owner(file.as_fd(), FILE_MODE, owner)
+        .map_err(|(step, source)| checked.failed(step, source))?;
     Ok(bytes)
 }
 
 /// `name` split into its parent (plain components, `.` dropped; empty for the top level)
 /// and its last component, or why it cannot be unpacked.
-fn plain_path(name: &Path) -> Result<(PathBuf, &OsStr), String> {
+fn plain_path(name: &Path) -> Result<(PathBuf, &OsStr), UnpackError> {
+    let entry = || name.to_path_buf();
     let mut parts = Vec::new();
     for component in name.components() {
         match component {
             Component::Normal(part) => parts.push(part),
             Component::CurDir => {}
             Component::RootDir | Component::Prefix(_) => {
-                return Err(format!("the archive names {name:?} by an absolute path"))
+                return Err(UnpackError::Absolute { entry: entry() })
             }
-            Component::ParentDir => {
-                return Err(format!(
-                    "the archive names {name:?}, which leads out of the cluster"
-                ))
-            }
+            Component::ParentDir => return Err(UnpackError::OutOfCluster { entry: entry() }),
         }
     }
     let Some(last) = parts.pop() else {
-        return Err(format!("the archive holds an entry named {name:?}"));
+        return Err(UnpackError::Unnamed { entry: entry() });
     };
     Ok((parts.iter().collect(), last))
 }
 
 /// The directory `parent` below `root`, opened one component at a time without following
 /// links: each component must be a directory this unpacking made.
-fn open_parent(into: &Into<'_>, parent: &Path, name: &Path) -> Result<OwnedFd, String> {
+fn open_parent(into: &Into<'_>, parent: &Path, name: &Path) -> Result<OwnedFd, UnpackError> {
     let mut components = parent.components().peekable();
     let mut walked = into.data_dir.to_path_buf();
     // Under `base/` with the databases' room: from the room's handle.
@@ -296,36 +370,33 @@ fn open_parent(into: &Into<'_>, parent: &Path, name: &Path) -> Result<OwnedFd, S
         }
         _ => into.root,
     };
-    let mut dir = start
-        .try_clone()
-        .map_err(|e| format!("cannot unpack {name:?}: {e}"))?;
+    let mut dir = start.try_clone().map_err(|source| UnpackError::Entry {
+        entry: name.to_path_buf(),
+        step: Step::OpenParent,
+        source,
+    })?;
     for component in components {
         walked.push(component);
-        dir = match nix::fcntl::openat(
+        dir = nix::fcntl::openat(
             &dir,
             component.as_os_str(),
             directory_flags(),
             Mode::empty(),
-        ) {
-            Ok(next) => next,
-            // ENOTDIR: a file, or a link (Linux checks O_DIRECTORY first); ELOOP: a link.
-            Err(Errno::ELOOP | Errno::ENOTDIR) => {
-                return Err(format!(
-                    "the archive puts {name:?} under {walked:?}, which is not a directory"
-                ))
+        )
+        .map_err(|e| {
+            let (entry, under) = (name.to_path_buf(), walked.clone());
+            match e {
+                // ENOTDIR: a file, or a link (Linux checks O_DIRECTORY first); ELOOP: a
+                // link.
+                Errno::ELOOP | Errno::ENOTDIR => UnpackError::UnderNonDirectory { entry, under },
+                Errno::ENOENT => UnpackError::UnderMissing { entry, under },
+                e => UnpackError::Parent {
+                    entry,
+                    under,
+                    source: io_error(e),
+                },
             }
-            Err(Errno::ENOENT) => {
-                return Err(format!(
-                    "the archive puts {name:?} under {walked:?}, which it does not hold"
-                ))
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot open {walked:?}: {}",
-                    std::io::Error::from(e)
-                ))
-            }
-        };
+        })?;
     }
     Ok(dir)
 }
@@ -337,30 +408,22 @@ fn directory_flags() -> OFlag {
 
 /// `fchmod` to `mode` (whatever the umask left at creation), then `fchown` to `owner`:
 /// both through the handle, so they act on what was made, whatever its name is now.
+/// A failure names the step; the caller names what it was done to.
 fn set_mode_and_owner(
     fd: BorrowedFd<'_>,
     mode: u32,
     owner: Option<(u32, u32)>,
-) -> Result<(), String> {
+) -> Result<(), (Step, std::io::Error)> {
     nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode))
-        .map_err(|e| format!("cannot chmod: {}", std::io::Error::from(e)))?;
+        .map_err(|e| (Step::Chmod, io_error(e)))?;
     if let Some((uid, gid)) = owner {
         nix::unistd::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-            .map_err(|e| format!("cannot chown: {}", std::io::Error::from(e)))?;
+            .map_err(|e| (Step::Chown, io_error(e)))?;
     }
     Ok(())
 }
 
-/// "a symbolic link", for errors.
-fn describe(kind: EntryType) -> String {
-    match kind {
-        EntryType::Symlink => "a symbolic link".into(),
-        EntryType::Link => "a hard link".into(),
-        EntryType::Char => "a character device".into(),
-        EntryType::Block => "a block device".into(),
-        EntryType::Fifo => "a FIFO".into(),
-        EntryType::Continuous => "a contiguous file".into(),
-        EntryType::GNUSparse => "a sparse file".into(),
-        other => format!("an entry of type {other:?}"),
-    }
+/// `errno` as the `io::Error` errors carry (its kind tells a full disk, `StorageFull`).
+fn io_error(errno: Errno) -> std::io::Error {
+    std::io::Error::from(errno)
 }
