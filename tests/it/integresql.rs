@@ -1010,6 +1010,17 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
 /// each test database's), so what a dump loaded with `psql` made, the migrations and the
 /// tests change; the databases have IntegreSQL's names, save one someone else's database
 /// already has, which is left alone.
+/// A daemon attached to `server` whose IntegreSQL answers carry the server's own login
+/// (compose's layout: `--integresql-pg-user` is the `--postgres-url`'s user).
+async fn server_login_daemon(server: &crate::support::PlainPostgres) -> TestDaemon {
+    TestDaemon::builder()
+        .args(["--postgres-url", &server.url()])
+        .args(["--integresql-pg-user", "postgres"])
+        .args(["--integresql-pg-password", "trust-ignores-it"])
+        .start()
+        .await
+}
+
 /// Test databases answered with the server's own login hold no connections of a role of
 /// their own: the budget keeps none for them, so a suite that never gives its databases
 /// back is not cut off from the one it is using when more are out than the budget has
@@ -1017,12 +1028,7 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
 #[tokio::test]
 async fn with_the_servers_own_user_test_databases_reserve_no_connections() {
     let server = crate::support::PlainPostgres::start("integresql-server-login-budget");
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-url", &server.url()])
-        .args(["--integresql-pg-user", "postgres"])
-        .args(["--integresql-pg-password", "trust-ignores-it"])
-        .start()
-        .await;
+    let daemon = server_login_daemon(&server).await;
     let compat = Compat::new(&daemon);
     let hash = "b0d9e7";
     let (status, template) = compat.initialize(hash).await;
@@ -1067,12 +1073,7 @@ async fn on_a_shared_server_its_own_user_is_the_integresql_user_and_others_datab
             .await
             .expect("someone else's database");
     }
-    let daemon = TestDaemon::builder()
-        .args(["--postgres-url", &server.url()])
-        .args(["--integresql-pg-user", "postgres"])
-        .args(["--integresql-pg-password", "trust-ignores-it"])
-        .start()
-        .await;
+    let daemon = server_login_daemon(&server).await;
     let compat = Compat::new(&daemon);
     let (status, template) = compat.initialize(hash).await;
     assert_eq!(status, 200, "{template}");
