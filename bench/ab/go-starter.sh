@@ -33,15 +33,24 @@ pg_bin=${PGLEASE_PG_BIN_DIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sor
 [ -x "$pg_bin/postgres" ] || { echo "go-starter.sh: no postgres binaries: set PGLEASE_PG_BIN_DIR" >&2; exit 1; }
 
 work=$(mktemp -d /var/tmp/pglease-go-starter.XXXXXX)
-data=/dev/shm/pglease-go-starter-$$
+# Made afresh by mktemp (never a name someone could have put a link at): it is chowned
+# to postgres as root.
+data=
 tools=$repo/target/go-starter-tools
 server_pid=
 stop_all() {
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  server_pid=
-  [ -d "$data/pgdata" ] && runuser -u postgres -- "$pg_bin/pg_ctl" -D "$data/pgdata" -m fast stop >/dev/null 2>&1
-  rm -rf "$data"
-  return 0
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=
+  fi
+  if [ -n "$data" ]; then
+    if [ -d "$data/pgdata" ]; then
+      runuser -u postgres -- "$pg_bin/pg_ctl" -D "$data/pgdata" -m fast stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$data"
+    data=
+  fi
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 
@@ -88,7 +97,8 @@ export PROJECT_ROOT_DIR=$app PGTZ=UTC INTEGRESQL_CLIENT_BASE_URL=http://127.0.0.
 # A postgres as compose's, afresh, with the app's two databases migrated.
 fresh_postgres() {
   stop_all
-  mkdir -p "$data" && chown postgres "$data"
+  data=$(mktemp -d /dev/shm/pglease-go-starter.XXXXXX)
+  chown postgres "$data"
   echo dbpass >"$data/pw" && chown postgres "$data/pw"
   runuser -u postgres -- "$pg_bin/initdb" -D "$data/pgdata" --nosync -U dbuser --pwfile="$data/pw" \
     -A scram-sha-256 >/dev/null
