@@ -7,24 +7,17 @@
 //! denied to create database`): the hook is what makes it work.
 //!
 //! The template command runs as the daemon's child user (`nobody` under root), so the
-//! Python it runs must be one that user can run: `PGLEASE_DJANGO_PYTHON` names it (`.ci/run`
-//! makes /opt/pglease-django, a venv of the system's python3), else `python3`.
+//! Python it runs must be one that user can run: `PGLEASE_TEST_PYTHON` names it (`.ci/run`
+//! makes /opt/pglease-python, a venv of the system's python3), else `python3`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::support::{scratch_dir, TestDaemon, REQUIRE_TOOLS};
-
-/// The variable naming the python that runs the project and the template command.
-const PYTHON_ENV: &str = "PGLEASE_DJANGO_PYTHON";
-
-/// What a machine needs for these tests (what `.ci/run` does).
-const INSTALL: &str = "python3 -m venv /opt/pglease-django && /opt/pglease-django/bin/pip install \
-     'django>=5.2,<6' pytest-django pytest-xdist 'psycopg[binary]' && \
-     /opt/pglease-django/bin/pip install --no-deps ./clients/python && \
-     export PGLEASE_DJANGO_PYTHON=/opt/pglease-django/bin/python";
+use crate::support::{
+    scratch_dir, test_python, TestDaemon, REQUIRE_TOOLS, TEST_PYTHON_INSTALL as INSTALL,
+};
 
 /// The template's command, exactly as docs/using-from-tests.md tells Django users to write it.
 const MIGRATE: &str = "python manage.py migrate --noinput";
@@ -46,7 +39,7 @@ fn missing(test: &str, why: &str) -> Option<PathBuf> {
 /// The interpreter (its real path) that has Django, pytest-django, pytest-xdist, psycopg and
 /// the plugin, and that the template command's user can run; `None` when the test skips.
 fn django_python(test: &str) -> Option<PathBuf> {
-    let python = std::env::var(PYTHON_ENV).unwrap_or_else(|_| "python3".to_owned());
+    let python = test_python();
     let found = Command::new(&python)
         .args([
             "-c",

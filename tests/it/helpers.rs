@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{tool_available, TestDaemon};
+use crate::support::{test_python, tool_available, TestDaemon, TEST_PYTHON_INSTALL};
 
 fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("clients")
@@ -86,22 +86,22 @@ async fn the_go_helper_suite_passes_against_a_real_daemon() {
     assert!(daemon.stop().await.success());
 }
 
-/// Whether python3 can import the plugin and what its tests use (installed by `.ci/run`).
+/// Whether the tests' Python ([`test_python`]) can import the plugin and what its tests use
+/// (installed by `.ci/run`).
 fn python_suite_ready(test: &str) -> bool {
-    // --no-deps: the plugin's dependency pglease-bin is the daemon's wheel; the tests start
-    // this checkout's binary instead.
-    const INSTALL: &str =
-        "pip install --no-deps ./clients/python && pip install 'psycopg[binary]' pytest-xdist";
-    let found = std::process::Command::new("python3")
-        .args(["-c", "import pytest_pglease, psycopg, xdist"])
+    let found = std::process::Command::new(test_python())
+        .args([
+            "-c",
+            "import pytest_pglease, psycopg, xdist, django, pytest_django",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
         assert!(
             std::env::var_os(crate::support::REQUIRE_TOOLS).is_none(),
-            "pytest-pglease, psycopg and pytest-xdist are required here: {INSTALL}"
+            "pytest-pglease and what its tests use are required here: {TEST_PYTHON_INSTALL}"
         );
-        eprintln!("SKIPPED {test}: {INSTALL}");
+        eprintln!("SKIPPED {test}: {TEST_PYTHON_INSTALL}");
     }
     found
 }
@@ -116,7 +116,7 @@ async fn the_pytest_plugin_suite_passes_against_a_real_daemon() {
     run_suite(
         &daemon,
         clients_dir().join("python"),
-        "python3",
+        &test_python(),
         &["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
     )
     .await;

@@ -769,6 +769,23 @@ pub async fn wait_until_dropped(lease: &Value, what: &str) {
 /// Set by `.ci/run`: tools the tests use must be there, not skipped.
 pub const REQUIRE_TOOLS: &str = "PGLEASE_REQUIRE_TOOLS";
 
+/// The variable naming the Python the Python suites run with (the pytest plugin's, the Django
+/// project's): one whose environment holds the plugin from this checkout, pytest, pytest-xdist,
+/// psycopg, Django and pytest-django. `.ci/run` makes a venv for it (/opt/pglease-python);
+/// without it, `python3`.
+pub const TEST_PYTHON_ENV: &str = "PGLEASE_TEST_PYTHON";
+
+/// What a machine needs for the Python suites (what `.ci/run` does).
+pub const TEST_PYTHON_INSTALL: &str = "python3 -m venv /opt/pglease-python && \
+     /opt/pglease-python/bin/pip install 'django>=5.2,<6' pytest-django 'pytest>=7' pytest-xdist \
+     'psycopg[binary]' && /opt/pglease-python/bin/pip install --no-deps ./clients/python && \
+     export PGLEASE_TEST_PYTHON=/opt/pglease-python/bin/python";
+
+/// The Python named by [`TEST_PYTHON_ENV`], else `python3`.
+pub fn test_python() -> String {
+    std::env::var(TEST_PYTHON_ENV).unwrap_or_else(|_| "python3".to_owned())
+}
+
 /// Whether `program --version` runs. When it does not, the test is skipped with a loud
 /// message — unless `REQUIRE_TOOLS` is set (CI), where a missing tool fails the test.
 pub fn tool_available(program: &str, test: &str, install_hint: &str) -> bool {
