@@ -34,14 +34,16 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pglease-initdb-cache")
 }
 
-/// A fresh scratch directory for one test.
+/// A fresh scratch directory for one test, as its real path: the daemon and the commands it
+/// starts see the directory as it is (their `$PWD`, their paths in messages), and `target/`
+/// may be a link (CI's shared target directory, `.ci/run`).
 pub fn scratch_dir(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join("scratch")
         .join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    std::fs::canonicalize(&dir).expect("the scratch dir's real path")
 }
 
 /// The `pglease` binary under test, without the variables that pick a template or a
