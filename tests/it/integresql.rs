@@ -1003,13 +1003,6 @@ async fn a_role_the_server_already_has_is_not_taken_over() {
     );
 }
 
-/// Issue 42, compose's layout (go-starter's): IntegreSQL and the app share one server and
-/// its user, which the suite's PG* variables name. pglease attached to that server with
-/// `--integresql-pg-user` naming the `--postgres-url`'s own user takes IntegreSQL's place:
-/// the role is left as it is, every answer carries its credentials (the initialize's and
-/// each test database's), so what a dump loaded with `psql` made, the migrations and the
-/// tests change; the databases have IntegreSQL's names, save one someone else's database
-/// already has, which is left alone.
 /// A daemon attached to `server` whose IntegreSQL answers carry the server's own login
 /// (compose's layout: `--integresql-pg-user` is the `--postgres-url`'s user).
 async fn server_login_daemon(server: &crate::support::PlainPostgres) -> TestDaemon {
@@ -1058,6 +1051,13 @@ async fn with_the_servers_own_user_test_databases_reserve_no_connections() {
     assert!(daemon.stop().await.success());
 }
 
+/// Issue 42, compose's layout (go-starter's): IntegreSQL and the app share one server and
+/// its user, which the suite's PG* variables name. pglease attached to that server with
+/// `--integresql-pg-user` naming the `--postgres-url`'s own user takes IntegreSQL's place:
+/// the role is left as it is, every answer carries its credentials (the initialize's and
+/// each test database's), so what a dump loaded with `psql` made, the migrations and the
+/// tests change; the databases have IntegreSQL's names, save one someone else's database
+/// already has, which is left alone.
 #[tokio::test]
 async fn on_a_shared_server_its_own_user_is_the_integresql_user_and_others_databases_stay() {
     let server = crate::support::PlainPostgres::start("integresql-server-login");
