@@ -180,6 +180,13 @@ async fn malformed_and_invalid_requests_get_json_errors() {
             422,
             "invalid_value",
         ),
+        (
+            "POST",
+            "/lease?template=nope",
+            String::new(),
+            400,
+            "malformed_request",
+        ),
         ("GET", "/no/such/route", String::new(), 404, "not_found"),
         ("GET", "/lease", String::new(), 405, "method_not_allowed"),
     ];

@@ -465,6 +465,47 @@ async fn release_of_a_malformed_id_is_404_without_asking_the_pool() {
     assert!(actor.try_recv().is_none(), "the pool was asked");
 }
 
+/// `POST /lease?template=app` reads like a lease of `app`; answering it with a database of
+/// the default template, as if the query were not there, would hand a test the wrong schema.
+#[tokio::test]
+async fn a_query_string_on_an_endpoint_that_takes_a_body_is_400_without_asking_the_pool() {
+    let (app, mut actor) = app();
+    for (method, uri, body) in [
+        ("POST", "/lease?template=app", ""),
+        ("POST", "/lease?template=app", "{\"template\": \"app\"}"),
+        ("POST", &format!("/leases/{LEASE_ID}/renew?ttl_secs=60"), ""),
+        ("PUT", "/templates/app?sql=schema.sql", ""),
+    ] {
+        let response =
+            tokio::time::timeout(COMMAND_TIMEOUT, send(&app, request(method, uri, body)))
+                .await
+                .unwrap_or_else(|_| panic!("{method} {uri} waited for the pool"));
+        let (status, _, answer) = read(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri}: {answer}");
+        assert_eq!(error_code(&answer), "malformed_request", "{method} {uri}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        let query = uri.split_once('?').map_or("", |(_, q)| q);
+        assert!(
+            message.contains("JSON body") && message.contains(query),
+            "{method} {uri}: {message}"
+        );
+    }
+    assert!(actor.try_recv().is_none(), "the pool was asked");
+}
+
+#[tokio::test]
+async fn a_long_refused_query_string_is_quoted_in_part() {
+    let (app, _actor) = app();
+    let uri = format!("/lease?template={}", "x".repeat(5_000));
+    let response = tokio::time::timeout(COMMAND_TIMEOUT, send(&app, request("POST", &uri, "")))
+        .await
+        .expect("answered without waiting for the pool");
+    let (status, _, answer) = read(response).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.len() < 400 && message.contains("…"), "{message}");
+}
+
 #[tokio::test]
 async fn renew_answers_the_new_expiry() {
     let (app, mut actor) = app();

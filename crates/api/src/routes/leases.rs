@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
 use pglease_pool::{Lease, LeaseId, LeaseRequest, TemplateName};
@@ -23,7 +23,7 @@ const MAX_LEASE_CONNECTIONS: u32 = 10_000;
 #[utoipa::path(post, path = "/lease", request_body(content = Option<LeaseBody>, description = "All fields optional; an empty body means all defaults"),
     responses(
         (status = 201, description = "A database leased", body = LeaseResponse),
-        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 400, description = "The body is not JSON, or a query string was sent", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No such template", body = ErrorBody),
         (status = 410, description = "The template was discarded by its IntegreSQL client", body = ErrorBody),
@@ -36,12 +36,13 @@ const MAX_LEASE_CONNECTIONS: u32 = 10_000;
     ))]
 pub async fn lease(
     State(state): State<AppState>,
+    query: RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<LeaseResponse>), ApiError> {
     if state.is_shutting_down() {
         return Err(ApiError::shutting_down());
     }
-    let body: LeaseBody = parse_body(body)?;
+    let body: LeaseBody = parse_body(query, body)?;
     let template = match body.template.as_deref() {
         None => TemplateName::default_name(),
         Some(name) => TemplateName::new(name).map_err(|e| ApiError::invalid(e.to_string()))?,
@@ -134,7 +135,7 @@ pub async fn release(
     request_body(content = Option<RenewBody>, description = "Optional; the default time to live when empty"),
     responses(
         (status = 200, description = "Renewed", body = RenewResponse),
-        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 400, description = "The body is not JSON, or a query string was sent", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 404, description = "No open lease with this id", body = ErrorBody),
         (status = 410, description = "The lease was lost when postgres restarted (lease_lost), or ended because its database grew past --lease-max-bytes (lease_exceeded_max_bytes)", body = ErrorBody),
@@ -145,9 +146,10 @@ pub async fn release(
 pub async fn renew(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    query: RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RenewResponse>, ApiError> {
-    let body: RenewBody = parse_body(body)?;
+    let body: RenewBody = parse_body(query, body)?;
     let ttl = body
         .ttl_secs
         .map(|secs| validate_ttl(&state, secs))

@@ -1,8 +1,10 @@
 //! Handlers, one module per resource, and the shared body parsing: JSON that does not parse
-//! is 400, JSON of the wrong shape or with bad values is 422, an oversized body is 413.
+//! is 400, JSON of the wrong shape or with bad values is 422, an oversized body is 413, and a
+//! query string where the parameters belong in the body is 400.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::RawQuery;
 use axum::http::{StatusCode, Uri};
 use serde::de::DeserializeOwned;
 
@@ -14,10 +16,29 @@ pub mod leases;
 pub mod status;
 pub mod templates;
 
-/// Parses an optional JSON body: empty means all defaults.
+/// Longest part of a refused query string an error quotes back.
+const QUOTED_QUERY_CHARS: usize = 80;
+
+/// Parses an optional JSON body: empty means all defaults. The endpoints that take a body
+/// take no query string: `POST /lease?template=app` would otherwise lease the default
+/// template's database as if the parameter were not there, so a query is refused (400).
 fn parse_body<T: DeserializeOwned + Default>(
+    RawQuery(query): RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
+    if let Some(query) = query.filter(|q| !q.is_empty()) {
+        let quoted: String = query.chars().take(QUOTED_QUERY_CHARS).collect();
+        let ellipsis = if quoted.len() < query.len() {
+            "…"
+        } else {
+            ""
+        };
+        return Err(ApiError::malformed(format!(
+            "this endpoint takes its parameters as a JSON body, not in the query string \
+             (got ?{quoted}{ellipsis}): send the same fields in the JSON body, as in \
+             {{\"template\": \"app\"}}"
+        )));
+    }
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use pglease_pool::config::{one_source_kind, CommandOrigin, DEFAULT_COMMAND_TIMEOUT};
@@ -95,7 +95,7 @@ pub async fn rebuild(
     responses(
         (status = 200, description = "Replaced or unchanged", body = TemplateJson),
         (status = 201, description = "Registered", body = TemplateJson),
-        (status = 400, description = "The body is not JSON", body = ErrorBody),
+        (status = 400, description = "The body is not JSON, or a query string was sent", body = ErrorBody),
         (status = 401, description = "A token is required", body = ErrorBody),
         (status = 403, description = "forbidden: commands over HTTP are not allowed; template_is_configured: the operator defined the template (--template or the configuration file), and only a holder of the API's token may replace it", body = ErrorBody),
         (status = 409, description = "The template is built by an IntegreSQL client", body = ErrorBody),
@@ -107,6 +107,7 @@ pub async fn register(
     State(state): State<AppState>,
     shown: Option<Extension<TokenShown>>,
     Path(name): Path<String>,
+    query: RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<TemplateJson>), ApiError> {
     if state.is_shutting_down() {
@@ -118,7 +119,7 @@ pub async fn register(
             "the template \"default\" is the empty database and cannot be replaced",
         ));
     }
-    let body: TemplateBody = parse_body(body)?;
+    let body: TemplateBody = parse_body(query, body)?;
     let postgres_version = parse_postgres_version(body.postgres_version.as_deref())?;
     let source = template_source(&state, body)?;
     // Whose the template is, the pool knows; the API says only who asks.
