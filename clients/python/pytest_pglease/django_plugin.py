@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from .plugin import SETTINGS, _lease, _release
+from .leasing import SETTINGS, lease as _lease, release as _release
 
 #: The name this plugin is registered under (and `-p no:` blocks).
 PLUGIN_NAME = "pglease_django"
