@@ -493,6 +493,27 @@ async fn a_query_string_on_an_endpoint_that_takes_a_body_is_400_without_asking_t
     assert!(actor.try_recv().is_none(), "the pool was asked");
 }
 
+/// `curl -d template=app` sends a form: the 400 says so and shows the JSON to send instead.
+#[tokio::test]
+async fn a_form_body_is_400_with_the_json_to_send_instead() {
+    let (app, _actor) = app();
+    for (body, hinted) in [
+        ("template=app", true),
+        ("template=app&ttl_secs=60", true),
+        ("{not json", false),
+        ("template", false),
+    ] {
+        let response =
+            tokio::time::timeout(COMMAND_TIMEOUT, send(&app, request("POST", "/lease", body)))
+                .await
+                .expect("answered without waiting for the pool");
+        let (status, _, answer) = read(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(message.contains("curl -d"), hinted, "{body}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn a_long_refused_query_string_is_quoted_in_part() {
     let (app, _actor) = app();

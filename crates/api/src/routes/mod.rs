@@ -49,13 +49,32 @@ fn parse_body<T: DeserializeOwned + Default>(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    let value: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::malformed(format!("request body is not valid JSON: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        let hint = if looks_like_a_form(&bytes) {
+            " (it reads as a form, `name=value`, which is what `curl -d` sends without \
+             JSON: send e.g. -d '{\"template\": \"app\"}')"
+        } else {
+            ""
+        };
+        ApiError::malformed(format!("request body is not valid JSON: {e}{hint}"))
+    })?;
     if !value.is_object() {
         return Err(ApiError::invalid("request body must be a JSON object"));
     }
     serde_json::from_value(value)
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+}
+
+/// Whether a body that is not JSON has a form's shape: `name=value` pairs joined by `&`.
+fn looks_like_a_form(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim();
+    !text.starts_with(['{', '[', '"'])
+        && text.split('&').all(|pair| {
+            pair.split_once('=').is_some_and(|(name, _)| {
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
+        })
 }
 
 /// JSON 404 for paths no route serves.
