@@ -382,6 +382,39 @@ async fn test_databases_never_given_back_are_recreated_when_the_template_is_full
     assert_eq!(compat.call("POST", &path, None).await.0, 404);
 }
 
+/// IntegreSQL's clients never say when a test is done with its database. Of those a full
+/// template may recreate, one nobody has been connected to for a while goes first: here
+/// the longest-held still has a running test's session, and keeps it.
+#[tokio::test]
+async fn a_full_template_recreates_a_test_database_nobody_is_connected_to_first() {
+    let daemon = TestDaemon::builder()
+        .args(["--min-ready", "0", "--max-total", "2"])
+        .start()
+        .await;
+    let compat = Compat::new(&daemon);
+    build(&compat, "busy").await;
+    let (_, first) = compat.test_database("busy").await;
+    let running = connect(&first).await.expect("connect to the first");
+    let (_, second) = compat.test_database("busy").await;
+    let ended = connect(&second).await.expect("connect to the second");
+    assert_eq!(count_items(&ended).await, 1);
+    drop(ended);
+    // The daemon looks for sessions on test databases a few times a second, and counts a
+    // database without one as idle once it has been held for two seconds.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (status, third) = compat.test_database("busy").await;
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(
+        count_items(&running).await,
+        1,
+        "the running test's database is still there"
+    );
+    assert!(
+        connect(&second).await.is_err(),
+        "the one nobody was connected to was recreated"
+    );
+}
+
 #[tokio::test]
 async fn the_reset_forgets_every_client_template_and_its_databases() {
     let daemon = TestDaemon::start().await;

@@ -114,6 +114,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn sizes_of<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<(String, i64)>, SqlError>>;
     /// Every database's size in bytes.
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>>;
+    /// Those of `dbs` that have a session.
+    fn with_sessions<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<String>, SqlError>>;
     /// A second look at the server: `Ok` is a new watch on it; `Err` is why none could be
     /// opened, as postgres or the driver said it (its SQLSTATE and kind kept).
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>>;
@@ -270,6 +272,9 @@ impl Backend for Session {
     }
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(Session::database_sizes(self))
+    }
+    fn with_sessions<'a>(&'a self, dbs: &'a [DbName]) -> Work<'a, Result<Vec<String>, SqlError>> {
+        Box::pin(Session::with_sessions(self, dbs))
     }
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>> {
         Box::pin(async move {

@@ -440,6 +440,9 @@ impl Backend for FakeBackend {
     fn database_sizes(&self) -> Work<'_, Result<Vec<(String, i64)>, SqlError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+    fn with_sessions<'a>(&'a self, _dbs: &'a [DbName]) -> Work<'a, Result<Vec<String>, SqlError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn probe(&self) -> Work<'_, Result<Box<dyn Monitor>, SqlError>> {
         Box::pin(async move {
             let mut world = self.server.world();

@@ -28,9 +28,13 @@ pub(super) enum JobResult {
         sizes: Result<Vec<(String, i64)>, SqlError>,
     },
     /// The leased databases were measured for `--lease-max-bytes`: each lease, the
-    /// database it held and its size (a database gone meanwhile is left out).
+    /// database it held and its size (a database gone meanwhile is left out); and the
+    /// reclaimable leases' databases looked at for sessions: each lease, its database and
+    /// whether it had one, in a look begun at `since`.
     LeaseSizes {
         sizes: Result<Vec<(LeaseId, DbName, u64)>, SqlError>,
+        sessions: Result<Vec<(LeaseId, DbName, bool)>, SqlError>,
+        since: tokio::time::Instant,
     },
     Built {
         template: TemplateName,

@@ -78,7 +78,11 @@ impl Actor {
                 let actions = self.state.space_filled(sizes, SystemTime::now(), now);
                 self.apply(actions);
             }
-            JobResult::LeaseSizes { sizes } => self.lease_sizes_measured(sizes, now),
+            JobResult::LeaseSizes {
+                sizes,
+                sessions,
+                since,
+            } => self.lease_sizes_measured(sizes, sessions, since, now),
             // A look of the lost server's time is not applied: the state ended it then
             // (its waiters were failed), and a new look may be under way.
             JobResult::SourcesChecked {

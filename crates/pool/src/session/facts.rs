@@ -157,6 +157,28 @@ impl Session {
         .await
     }
 
+    /// Those of `dbs` that have a session (other than this one): one query for all of them,
+    /// a few times a second while IntegreSQL test databases are out, so that the one
+    /// recreated to make room is one whose test has ended (`state/expiry.rs`).
+    pub async fn with_sessions(&self, dbs: &[DbName]) -> Result<Vec<String>, SqlError> {
+        let names: Vec<&str> = dbs.iter().map(DbName::as_str).collect();
+        self.bounded(
+            || "looking for sessions on the test databases".to_string(),
+            async |client| {
+                let rows = client
+                    .query(
+                        "SELECT DISTINCT datname::text FROM pg_stat_activity \
+                         WHERE datname::text = ANY($1::text[]) AND pid <> pg_backend_pid()",
+                        &[&names],
+                    )
+                    .await
+                    .map_err(|e| SqlError::from_pg(&e))?;
+                Ok(rows.iter().map(|row| row.get(0)).collect())
+            },
+        )
+        .await
+    }
+
     /// Ends every session connected to `db`.
     pub async fn terminate_sessions(&self, db: &DbName) -> Result<(), SqlError> {
         self.bounded(

@@ -6,6 +6,7 @@
 use tokio::time::Instant;
 
 use super::dbs::Phase;
+use super::expiry::Reclaim;
 use super::lifecycle::{ClientBuild, Lifecycle, TemplateEntry, Version};
 use super::{Action, Built, PoolState, Server};
 use crate::error::{LeaseError, TemplateOpError};
@@ -440,16 +441,16 @@ impl PoolState {
             .map(|(name, _)| name.clone())
             .collect();
         for name in full {
-            let oldest = self
-                .dbs
-                .leases()
-                .filter(|(_, db, r)| db.template == name && r.reclaimable && r.pending.is_none())
-                .min_by_key(|(_, _, r)| r.granted_at)
-                .map(|(database, _, r)| (database.clone(), r.id.clone()));
-            let Some((database, id)) = oldest else {
+            let Some(Reclaim {
+                database,
+                id,
+                seen_idle,
+                ..
+            }) = self.reclaim_candidate(Some(&name))
+            else {
                 continue;
             };
-            tracing::info!(template = %name, lease_id = %id, database = %database, "template full: recreating its longest-held test database");
+            tracing::info!(template = %name, lease_id = %id, database = %database, seen_idle, "template full: recreating its longest-held test database, one without a session at the last look if there is one");
             // Only handed-over leases are reclaimed: no request to fail.
             self.end_lease(database, || LeaseError::Discarded(name.clone()), actions);
         }

@@ -113,6 +113,10 @@ pub(super) struct LeaseRecord {
     /// The request it was granted to, while its own connection limit is being set and it
     /// has not been handed over yet.
     pub pending: Option<Waiter>,
+    /// A reclaimable lease's database had no session at the last look, taken once its
+    /// client had had time to connect (`PoolState::lease_sessions`): its test has ended,
+    /// and it is recreated before one a test may still be using.
+    pub seen_idle: bool,
 }
 
 /// A database kept after its lease ended.

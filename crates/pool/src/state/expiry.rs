@@ -1,10 +1,14 @@
 //! Time passing: `tick` expires leases, times out waiting requests (saying what blocked
 //! them), resumes paused clones and retries failed drops; `next_deadline` says when it next
 //! has something to do. Reclaiming is here too: when the connection budget alone keeps a
-//! request waiting, the longest-held IntegreSQL test database is ended for its connections.
+//! request waiting, the longest-held IntegreSQL test database is ended for its connections
+//! (of those seen without a session at the actor's last look, if any: `lease_sessions`).
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::dbs::Phase;
 use super::lifecycle::Waiter;
 use super::{Action, PoolState};
 use crate::error::{Blocked, LeaseError};
@@ -151,19 +155,79 @@ impl PoolState {
     /// Ends the longest-held IntegreSQL test database nobody gave back (its client never
     /// does), for the connections it holds; false when there is none.
     pub(super) fn reclaim_oldest(&mut self, now: Instant, actions: &mut Vec<Action>) -> bool {
-        let oldest = self
-            .dbs
-            .leases()
-            .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
-            .min_by_key(|(_, _, r)| r.granted_at)
-            .map(|(database, db, r)| (database.clone(), db.template.clone(), r.id.clone()));
-        let Some((database, template, id)) = oldest else {
+        let Some(Reclaim {
+            database,
+            template,
+            id,
+            seen_idle,
+        }) = self.reclaim_candidate(None)
+        else {
             return false;
         };
-        tracing::info!(template = %template, lease_id = %id, database = %database, "connection budget full: recreating the longest-held IntegreSQL test database");
+        tracing::info!(template = %template, lease_id = %id, database = %database, seen_idle, "connection budget full: recreating the longest-held IntegreSQL test database, one without a session at the last look if there is one");
         self.reclaimed += 1;
         self.end_lease(database, || LeaseError::Discarded(template), actions);
         self.serve_all_waiters(now, actions);
         true
     }
+
+    /// The IntegreSQL test database to recreate to make room (of `template`, or of any):
+    /// the longest-held of those seen without a session at the last look, else the
+    /// longest-held of all (a test may still be on it: IntegreSQL's clients never say when
+    /// they are done). A lease being handed over is never taken back.
+    pub(super) fn reclaim_candidate(&self, template: Option<&TemplateName>) -> Option<Reclaim> {
+        self.dbs
+            .leases()
+            .filter(|(_, db, r)| {
+                r.reclaimable && r.pending.is_none() && template.is_none_or(|t| db.template == *t)
+            })
+            .min_by_key(|(_, _, r)| (!r.seen_idle, r.granted_at))
+            .map(|(database, db, r)| Reclaim {
+                database: database.clone(),
+                template: db.template.clone(),
+                id: r.id.clone(),
+                seen_idle: r.seen_idle,
+            })
+    }
+
+    /// A look at the sessions on the reclaimable leases' databases, begun at `since`: each
+    /// lease still held under the id it was looked at for is marked seen idle when its
+    /// database had no session and it had been held [`STARTING_GRACE`] by then (its
+    /// client may not have connected before), else not.
+    pub fn lease_sessions(&mut self, seen: &[(LeaseId, DbName, bool)], since: Instant) {
+        for (id, database, has_sessions) in seen {
+            let Some(db) = self.dbs.get_mut(database) else {
+                continue;
+            };
+            let Phase::Leased(record) = &mut db.phase else {
+                continue;
+            };
+            if record.id == *id {
+                record.seen_idle = !has_sessions && since >= record.granted_at + STARTING_GRACE;
+            }
+        }
+    }
+
+    /// The reclaimable leases handed over, each with its database: those whose sessions
+    /// the actor looks at (`actor/space.rs`).
+    pub fn leases_to_look_at(&self) -> Vec<(LeaseId, DbName)> {
+        self.dbs
+            .leases()
+            .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
+            .map(|(database, _, r)| (r.id.clone(), database.clone()))
+            .collect()
+    }
+}
+
+/// How long a test database is held before a look that finds no session on it counts:
+/// an IntegreSQL client connects right after it gets one.
+pub(super) const STARTING_GRACE: Duration = Duration::from_secs(2);
+
+/// The test database [`PoolState::reclaim_candidate`] chose.
+pub(super) struct Reclaim {
+    pub database: DbName,
+    pub template: TemplateName,
+    pub id: LeaseId,
+    /// It had no session at the last look.
+    pub seen_idle: bool,
 }

@@ -251,6 +251,7 @@ impl PoolState {
                 label: waiter.label.clone(),
                 granted_at: now,
                 pending: custom_limit.then_some(waiter),
+                seen_idle: false,
             }));
         }
     }

@@ -111,6 +111,11 @@ enum Event {
         index: usize,
         over: bool,
     },
+    /// The actor's look for sessions on the test databases comes back: bit `i % 8` of
+    /// `busy` says whether the `i`th it looked at had one.
+    SessionsSeen {
+        busy: u8,
+    },
     ServerLost,
     /// The server is back, with `leftovers` ready clones an earlier run left for each
     /// configured template (half of them of the version its build will make).
@@ -156,6 +161,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => Just(Event::FailedLookBegins),
         1 => (index.clone(), prop::bool::weighted(0.5)).prop_map(|(index, changed)| Event::FailedLookEnds { index, changed }),
         2 => (index.clone(), any::<bool>()).prop_map(|(index, over)| Event::Measured { index, over }),
+        1 => any::<u8>().prop_map(|busy| Event::SessionsSeen { busy }),
         1 => Just(Event::ServerLost),
         2 => (0usize..4).prop_map(|leftovers| Event::ServerUp { leftovers }),
         2 => (0usize..2).prop_map(|client| Event::Initialize { client }),
@@ -179,6 +185,7 @@ fn client_event() -> impl Strategy<Value = Event> {
         1 => (index.clone(), any::<bool>()).prop_map(|(index, reuse)| Event::Release { index, reuse }),
         12 => (index.clone(), prop::bool::weighted(0.9)).prop_map(|(index, ok)| Event::Complete { index, ok }),
         1 => (1u64..40_000).prop_map(|ms| Event::Advance { ms }),
+        2 => any::<u8>().prop_map(|busy| Event::SessionsSeen { busy }),
         1 => Just(Event::ServerLost),
         2 => Just(Event::ServerUp { leftovers: 0 }),
         3 => (0usize..2).prop_map(|client| Event::Initialize { client }),
@@ -610,6 +617,16 @@ impl World {
                 } else if open {
                     assert!(renewed.is_ok(), "{renewed:?}");
                 }
+            }
+            Event::SessionsSeen { busy } => {
+                let seen: Vec<(LeaseId, DbName, bool)> = self
+                    .state
+                    .leases_to_look_at()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (id, db))| (id, db, busy & (1 << (i % 8)) != 0))
+                    .collect();
+                self.state.lease_sessions(&seen, now);
             }
             Event::Cancel { index } => {
                 let waiting: Vec<WaiterId> = self.open.iter().copied().collect();

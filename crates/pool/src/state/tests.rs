@@ -6,6 +6,7 @@ use crate::config::{PoolLimits, TemplateConfig, TemplateSource};
 use crate::error::{LeaseOpError, TemplateOpError};
 use crate::template::SourceStamp;
 use crate::types::{LeaseRequest, TemplateStatus};
+use expiry::STARTING_GRACE;
 use refill::CLONE_RETRY_DELAY;
 
 fn name(text: &str) -> TemplateName {
@@ -1171,6 +1172,90 @@ fn a_full_client_template_recreates_its_longest_held_test_database() {
     driver.settle();
     assert!(driver.grant_of(held).is_some());
     assert!(driver.grant_of(blocked).is_none());
+}
+
+/// IntegreSQL's clients never say when a test is done with its database: of the test
+/// databases a full template may recreate, one seen without a session goes before an older
+/// one a test may still be using, and one held too briefly to have been connected to does
+/// not count as idle.
+#[test]
+fn a_full_client_template_recreates_a_test_database_seen_without_a_session_first() {
+    let mut driver = Driver::new(pool(0, 3));
+    driver.settle();
+    initialize(&mut driver, "full").expect("initialize");
+    finalize(&mut driver, "full");
+    let mut grants = Vec::new();
+    for _ in 0..3 {
+        let waiter = driver.lease_with(&test_request("full"));
+        driver.settle();
+        grants.push(driver.grant_of(waiter).expect("granted").clone());
+        driver.now += Duration::from_secs(1);
+    }
+    let [running, ended, starting] = [&grants[0], &grants[1], &grants[2]];
+    // A look, now: the oldest has a session; the two others none, but the newest was
+    // granted a second ago and its client may not have connected yet.
+    let seen: Vec<(LeaseId, DbName, bool)> = grants
+        .iter()
+        .map(|g| {
+            (
+                g.lease_id.clone(),
+                g.database.clone(),
+                g.lease_id == running.lease_id,
+            )
+        })
+        .collect();
+    driver.state.lease_sessions(&seen, driver.now);
+    let fourth = driver.lease_with(&test_request("full"));
+    driver.settle();
+    assert!(driver.grant_of(fourth).is_some(), "room was made");
+    assert!(driver.drops.contains(&ended.database), "{:?}", driver.drops);
+    assert!(
+        !driver.drops.contains(&running.database),
+        "the running test kept its database"
+    );
+    assert!(!driver.drops.contains(&starting.database));
+    // With none seen idle, the longest-held goes, as before.
+    let fifth = driver.lease_with(&test_request("full"));
+    driver.settle();
+    assert!(driver.grant_of(fifth).is_some());
+    assert!(driver.drops.contains(&running.database));
+}
+
+/// The same choice when the connection budget, not the template's size, makes the room.
+#[test]
+fn the_connection_budget_reclaims_a_test_database_seen_without_a_session_first() {
+    let mut driver = small_budget_driver();
+    for hash in ["aaa111", "bbb222"] {
+        initialize(&mut driver, hash).expect("initialize");
+        finalize(&mut driver, hash);
+    }
+    let held: Vec<WaiterId> = (0..3)
+        .map(|_| driver.lease_with(&test_request("aaa111")))
+        .collect();
+    driver.settle();
+    let grants: Vec<_> = held
+        .iter()
+        .map(|w| driver.grant_of(*w).expect("granted").clone())
+        .collect();
+    driver.now += STARTING_GRACE;
+    let seen: Vec<(LeaseId, DbName, bool)> = grants
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.lease_id.clone(), g.database.clone(), i != 1))
+        .collect();
+    driver.state.lease_sessions(&seen, driver.now);
+    let next = driver.lease_with(&test_request("bbb222"));
+    driver.settle();
+    assert!(driver.grant_of(next).is_some());
+    assert!(
+        driver.drops.contains(&grants[1].database),
+        "{:?}",
+        driver.drops
+    );
+    assert!(
+        !driver.drops.contains(&grants[0].database),
+        "the oldest is in use"
+    );
 }
 
 #[test]
