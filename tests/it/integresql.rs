@@ -400,8 +400,9 @@ async fn a_full_template_recreates_a_test_database_nobody_is_connected_to_first(
     assert_eq!(count_items(&ended).await, 1);
     drop(ended);
     // The daemon looks for sessions on test databases a few times a second, and counts a
-    // database without one as idle once it has been held for two seconds.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // database without one as idle once it has been held for two seconds (three seconds
+    // more for a look on a busy machine).
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let (status, third) = compat.test_database("busy").await;
     assert_eq!(status, 200, "{third}");
     assert_eq!(
