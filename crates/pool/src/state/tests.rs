@@ -1224,15 +1224,7 @@ fn a_full_client_template_recreates_a_test_database_seen_without_a_session_first
 /// The same choice when the connection budget, not the template's size, makes the room.
 #[test]
 fn the_connection_budget_reclaims_a_test_database_seen_without_a_session_first() {
-    let mut driver = small_budget_driver();
-    for hash in ["aaa111", "bbb222"] {
-        initialize(&mut driver, hash).expect("initialize");
-        finalize(&mut driver, hash);
-    }
-    let held: Vec<WaiterId> = (0..3)
-        .map(|_| driver.lease_with(&test_request("aaa111")))
-        .collect();
-    driver.settle();
+    let (mut driver, held) = budget_full_of_test_databases();
     let grants: Vec<_> = held
         .iter()
         .map(|w| driver.grant_of(*w).expect("granted").clone())
@@ -1512,19 +1504,25 @@ fn small_budget_driver() -> Driver {
     driver
 }
 
-#[test]
-fn a_request_kept_from_a_ready_clone_by_the_connection_budget_reclaims_the_oldest_integresql_lease()
-{
+/// Client-built templates `aaa111` and `bbb222` on a small budget, which three test
+/// databases of `aaa111` fill (IntegreSQL clients never give them back).
+fn budget_full_of_test_databases() -> (Driver, Vec<WaiterId>) {
     let mut driver = small_budget_driver();
     for hash in ["aaa111", "bbb222"] {
         initialize(&mut driver, hash).expect("initialize");
         finalize(&mut driver, hash);
     }
-    // IntegreSQL clients never give test databases back: three fill the budget.
     let held: Vec<WaiterId> = (0..3)
         .map(|_| driver.lease_with(&test_request("aaa111")))
         .collect();
     driver.settle();
+    (driver, held)
+}
+
+#[test]
+fn a_request_kept_from_a_ready_clone_by_the_connection_budget_reclaims_the_oldest_integresql_lease()
+{
+    let (mut driver, held) = budget_full_of_test_databases();
     let oldest = driver.grant_of(held[0]).expect("granted").clone();
     let next = driver.lease_with(&test_request("bbb222"));
     driver.settle();
