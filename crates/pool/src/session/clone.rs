@@ -94,7 +94,21 @@ impl Session {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(25)).await;
                 }
-                Err(e) => return Err(SqlError::from_pg(&e)),
+                Err(e) => {
+                    if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) {
+                        // Someone else's database of that name, made since the start: the
+                        // pool leaves it alone and never takes the name again
+                        // (`PoolState::drop_after_failed_create`), so the role made for it
+                        // above goes now, not at the next start's sweep.
+                        if let Err(drop) = client
+                            .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+                            .await
+                        {
+                            tracing::warn!(role = %clone, error = %drop, "cannot drop the role of a clone whose name was taken; the next start's sweep drops it");
+                        }
+                    }
+                    return Err(SqlError::from_pg(&e));
+                }
             }
         }
         // CREATE DATABASE does not copy database-level grants or settings.

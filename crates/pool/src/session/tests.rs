@@ -309,6 +309,50 @@ async fn a_clone_gets_its_template_database_settings_exactly() {
     server.stop().await;
 }
 
+/// A clone whose name someone else's database took since the start (a real IntegreSQL's,
+/// on a shared server) fails with 42P04, which the pool reads as "leave it, and never use
+/// the name again"; the login role made for the clone does not outlive the failure.
+#[tokio::test]
+async fn a_clone_whose_name_is_taken_leaves_no_role_behind() {
+    let server = Server::start().await;
+    let session = server.open().await;
+    let admin = server.superuser().await;
+    let template = make_template(&session, "taken").await;
+    admin
+        .batch_execute("CREATE DATABASE integresql_test_abc123_1")
+        .await
+        .expect("someone else's database");
+    let clone = DbName::from_server("integresql_test_abc123_1".into());
+    let error = session
+        .clone_database(&template, &clone, true)
+        .await
+        .expect_err("the name is taken");
+    assert_eq!(error.sqlstate.as_deref(), Some("42P04"), "{error}");
+    let count = |sql: &'static str| {
+        let admin = &admin;
+        let name = clone.as_str().to_owned();
+        async move {
+            admin
+                .query_one(sql, &[&name])
+                .await
+                .expect("count")
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM pg_roles WHERE rolname = $1").await,
+        0,
+        "the clone's role is gone"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM pg_database WHERE datname = $1").await,
+        1,
+        "someone else's database stays"
+    );
+    drop(session);
+    server.stop().await;
+}
+
 /// A session holds the server lock while any clone of it lives: another daemon (here a
 /// connection named like one) makes `open` fail naming it, and this process's own earlier
 /// session (a reconnect whose last jobs still run) is waited for.
