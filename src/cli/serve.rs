@@ -284,7 +284,9 @@ pub struct ServeArgs {
     /// Port postgres listens on [default: a free port].
     #[arg(help_heading = "The PostgreSQL server", long, value_name = "PORT")]
     pub pg_port: Option<u16>,
-    /// Extra postgres setting KEY=VALUE (applied last). Repeatable.
+    /// Extra postgres setting KEY=VALUE (applied last). Repeatable. Not the ones pglease
+    /// makes itself: port (--pg-port), listen_addresses (--pg-listen),
+    /// unix_socket_directories, data_directory, config_file, hba_file, ident_file.
     #[arg(
         help_heading = "The PostgreSQL server",
         long = "pg-setting",

@@ -177,7 +177,23 @@ fn embedded(
     Ok(embedded)
 }
 
-/// A postgres setting name is an identifier; values go as one argv element.
+/// Settings pglease gives the server itself, each with what to use instead. A user's
+/// value would win (it comes last) and break the daemon or what it promises: postgres on a
+/// port pglease does not wait on (a 30 s wait for nothing), the superuser's socket out of
+/// its private directory, or a `pg_hba.conf` other than the one that keeps each lease role
+/// to its own database.
+const OWN_SETTINGS: &[(&str, &str)] = &[
+    ("port", "use --pg-port (`port` under [postgres])"),
+    ("listen_addresses", "use --pg-listen (`listen` under [postgres])"),
+    ("unix_socket_directories", "its superuser's socket lives in a private directory it makes"),
+    ("data_directory", "use --data-dir"),
+    ("config_file", "it reads no configuration file: use --pg-setting KEY=VALUE for each setting"),
+    ("hba_file", "it writes pg_hba.conf itself, keeping each lease role to its own database (docs/security.md)"),
+    ("ident_file", "it writes pg_hba.conf itself, which uses no ident map"),
+];
+
+/// A postgres setting name is an identifier, and not one of [`OWN_SETTINGS`]; values go as
+/// one argv element.
 fn checked_setting(key: &str, value: &str) -> Result<(String, String), String> {
     let valid = !key.is_empty()
         && key
@@ -185,6 +201,15 @@ fn checked_setting(key: &str, value: &str) -> Result<(String, String), String> {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
     if !valid {
         return Err(format!("postgres setting name {key:?} is not valid"));
+    }
+    // Postgres reads setting names case-insensitively.
+    if let Some((name, instead)) = OWN_SETTINGS
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(key))
+    {
+        return Err(format!(
+            "postgres setting {name} is pglease's own: {instead}"
+        ));
     }
     Ok((key.to_owned(), value.to_owned()))
 }

@@ -303,6 +303,34 @@ async fn an_early_exit_quotes_the_server_log() {
     embedded.cleanup();
 }
 
+/// When another process binds the port pglease found free before postgres does (many
+/// servers starting at once, as in a test suite), postgres exits at start-up with "Address
+/// already in use"; the start is tried again on another port, three attempts in all. Here
+/// the port stays taken (a `port` setting of one the test holds: the command line refuses
+/// it, the library does not), so every attempt meets it and the start fails with postgres'
+/// words.
+#[tokio::test]
+async fn a_port_taken_before_postgres_binds_it_is_tried_again_then_reported() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to hold");
+    let port = held.local_addr().expect("its address").port();
+    let cache = Scratch::new("cache-port-taken");
+    let mut config = test_config(cache.path());
+    config.settings.push(("port".into(), port.to_string()));
+    let mut embedded = prepare(&config).await;
+    match embedded.start().await {
+        Err(StartError::EarlyExit { tail, log_path, .. }) => {
+            assert!(tail.contains("Address already in use"), "tail:\n{tail}");
+            let log = std::fs::read_to_string(&log_path).expect("the server log");
+            let attempts = log.matches("---- pglease: starting generation").count();
+            assert_eq!(attempts, 3, "three attempts:\n{log}");
+        }
+        Err(other) => panic!("expected EarlyExit, got {other}"),
+        Ok(running) => panic!("expected EarlyExit, got a server on port {}", running.port),
+    }
+    drop(held);
+    embedded.cleanup();
+}
+
 #[tokio::test]
 async fn the_sweep_stops_a_stale_postmaster_and_removes_its_dir() {
     let cache = Scratch::new("cache-sweep");
