@@ -100,10 +100,7 @@ impl Session {
                         // pool leaves it alone and never takes the name again
                         // (`PoolState::drop_after_failed_create`), so the role made for it
                         // above goes now, not at the next start's sweep.
-                        if let Err(drop) = client
-                            .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
-                            .await
-                        {
+                        if let Err(drop) = Self::drop_role(client, clone).await {
                             tracing::warn!(role = %clone, error = %drop, "cannot drop the role of a clone whose name was taken; the next start's sweep drops it");
                         }
                     }

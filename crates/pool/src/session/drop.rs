@@ -132,7 +132,10 @@ impl Session {
     }
 
     /// Drops the lease role named like `db`, if there is one (templates have none).
-    async fn drop_role(client: &tokio_postgres::Client, db: &DbName) -> Result<(), SqlError> {
+    pub(super) async fn drop_role(
+        client: &tokio_postgres::Client,
+        db: &DbName,
+    ) -> Result<(), SqlError> {
         let exists = client
             .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&db.as_str()])
             .await
