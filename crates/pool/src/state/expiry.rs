@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::dbs::Phase;
+use super::dbs::{Db, LeaseRecord, Phase};
 use super::lifecycle::Waiter;
 use super::{Action, PoolState};
 use crate::error::{Blocked, LeaseError};
@@ -145,9 +145,7 @@ impl PoolState {
 
     /// Connections the leases [`PoolState::reclaim_oldest`] may take back hold.
     pub(super) fn reclaimable_connections(&self) -> u32 {
-        self.dbs
-            .leases()
-            .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
+        self.reclaimable_leases()
             .map(|(_, _, r)| r.connections)
             .sum()
     }
@@ -176,11 +174,8 @@ impl PoolState {
     /// longest-held of all (a test may still be on it: IntegreSQL's clients never say when
     /// they are done). A lease being handed over is never taken back.
     pub(super) fn reclaim_candidate(&self, template: Option<&TemplateName>) -> Option<Reclaim> {
-        self.dbs
-            .leases()
-            .filter(|(_, db, r)| {
-                r.reclaimable && r.pending.is_none() && template.is_none_or(|t| db.template == *t)
-            })
+        self.reclaimable_leases()
+            .filter(|(_, db, _)| template.is_none_or(|t| db.template == *t))
             .min_by_key(|(_, _, r)| (!r.seen_idle, r.granted_at))
             .map(|(database, db, r)| Reclaim {
                 database: database.clone(),
@@ -211,11 +206,17 @@ impl PoolState {
     /// The reclaimable leases handed over, each with its database: those whose sessions
     /// the actor looks at (`actor/space.rs`).
     pub fn leases_to_look_at(&self) -> Vec<(LeaseId, DbName)> {
+        self.reclaimable_leases()
+            .map(|(database, _, r)| (r.id.clone(), database.clone()))
+            .collect()
+    }
+
+    /// The leases the pool may take back to make room: IntegreSQL test databases handed
+    /// over (one being handed over is never taken back).
+    fn reclaimable_leases(&self) -> impl Iterator<Item = (&DbName, &Db, &LeaseRecord)> {
         self.dbs
             .leases()
             .filter(|(_, _, r)| r.reclaimable && r.pending.is_none())
-            .map(|(database, _, r)| (r.id.clone(), database.clone()))
-            .collect()
     }
 }
 
